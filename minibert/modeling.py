@@ -1,0 +1,606 @@
+"""BERT (Devlin et al. 2019) with a hand-written backward for every sub-layer.
+
+The module tree and parameter names are those of Hugging Face ``modeling_bert.py``
+(``bert.encoder.layer.0.attention.self.query.weight`` ...), so ``state_dict`` lines up
+with ``transformers.BertForPreTraining.state_dict()`` key for key.
+
+Shape legend: B = batch, T = sequence length, C = hidden size, NH = heads,
+HS = C // NH, I = intermediate size, V = vocab size, N = masked positions in the batch,
+P = max_position_embeddings.
+
+Every module caches in ``forward`` what its ``backward`` needs, so a forward must be
+followed by at most one backward before the next forward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backend import get_array_module
+from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
+                 Module, ModuleList, Parameter, attention_backward, attention_forward,
+                 cross_entropy_backward, cross_entropy_forward, extended_attention_mask)
+from .nn.activations import tanh_backward, tanh_forward
+
+# (num_hidden_layers, hidden_size) of the compact models of Turc et al. 2019
+# ("Well-Read Students Learn Better", table of 24 BERT miniatures) and of BERT-Base.
+# Heads = hidden / 64 and intermediate = 4 * hidden, as in those releases.
+PRESETS: dict[str, tuple[int, int]] = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+}
+
+
+@dataclass
+class BertConfig:
+    """Model hyper-parameters, with Hugging Face ``BertConfig`` field names.
+
+    Raises:
+        ValueError: hidden_size not divisible by num_attention_heads, an unknown
+            hidden_act / position_embedding_type / norm_position, or a non-positive size.
+    """
+
+    vocab_size: int = 30522               # rows of the word-embedding matrix (tokens)
+    hidden_size: int = 768                # C: width of every token representation
+    num_hidden_layers: int = 12           # encoder layers
+    num_attention_heads: int = 12         # NH; must divide hidden_size
+    intermediate_size: int = 3072         # I: feed-forward inner width
+    hidden_act: str = "gelu"              # "gelu" (exact erf), "gelu_new" (tanh), "relu"
+    hidden_dropout_prob: float = 0.1      # dropout on embeddings and sub-layer outputs
+    attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
+    max_position_embeddings: int = 512    # P: longest sequence, in tokens
+    type_vocab_size: int = 2              # segment ids (sentence A / B)
+    initializer_range: float = 0.02       # std of the normal weight initialisation
+    layer_norm_eps: float = 1e-12         # LayerNorm epsilon
+    pad_token_id: int = 0                 # word-embedding row that gets no gradient
+    position_embedding_type: str = "absolute"  # "absolute" (learned) or "sinusoidal" (fixed)
+    norm_position: str = "post"           # "post" (BERT) or "pre" (Xiong et al. 2020)
+    num_labels: int = 2                   # classes for sequence classification heads
+    classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"BertConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig: hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"BertConfig.hidden_act: expected one of {sorted(ACTIVATIONS)}, "
+                             f"got {self.hidden_act!r}")
+        if self.position_embedding_type not in ("absolute", "sinusoidal"):
+            raise ValueError("BertConfig.position_embedding_type: expected 'absolute' or "
+                             f"'sinusoidal', got {self.position_embedding_type!r}")
+        if self.norm_position not in ("post", "pre"):
+            raise ValueError(f"BertConfig.norm_position: expected 'post' or 'pre', "
+                             f"got {self.norm_position!r}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "BertConfig":
+        """A config for a named size (tiny, mini, small, medium, base); fields may be
+        overridden. Raises ValueError for an unknown name."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}: expected one of {', '.join(PRESETS)}")
+        layers, hidden = PRESETS[name]
+        base = dict(num_hidden_layers=layers, hidden_size=hidden,
+                    num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+        base.update(overrides)
+        return cls(**base)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
+        """Build from a dict such as a Hugging Face ``config.json``; keys that are not
+        fields here (architectures, model_type, ...) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------
+
+def sinusoidal_positions(num_positions: int, dim: int) -> np.ndarray:
+    """Fixed position encodings of Vaswani et al. 2017, section 3.5:
+    PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(pos / 10000^(2i/dim)).
+    Returns (num_positions, dim) float64."""
+    pos = np.arange(num_positions)[:, None]
+    inv = np.exp(-math.log(10000.0) * np.arange(0, dim, 2) / dim)       # (ceil(dim/2),)
+    pe = np.zeros((num_positions, dim))
+    pe[:, 0::2] = np.sin(pos * inv)
+    pe[:, 1::2] = np.cos(pos * inv[: dim // 2])
+    return pe
+
+
+class BertEmbeddings(Module):
+    """word + position + token-type embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        C, std = config.hidden_size, config.initializer_range
+        self.word_embeddings = Embedding(config.vocab_size, C, config.pad_token_id,
+                                         rng=rng, std=std, dtype=dtype)
+        if config.position_embedding_type == "absolute":
+            self.position_embeddings = Embedding(config.max_position_embeddings, C,
+                                                 rng=rng, std=std, dtype=dtype)
+        else:
+            self.position_buffer = sinusoidal_positions(config.max_position_embeddings,
+                                                        C).astype(dtype)
+        self.token_type_embeddings = Embedding(config.type_vocab_size, C, rng=rng, std=std,
+                                               dtype=dtype)
+        self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids):
+        """input_ids, token_type_ids: (B, T) int -> (B, T, C)."""
+        xp = get_array_module(self.word_embeddings.weight.data)
+        T = input_ids.shape[1]
+        x = self.word_embeddings(input_ids)                              # (B, T, C)
+        x = x + self.token_type_embeddings(token_type_ids)               # (B, T, C)
+        if hasattr(self, "position_embeddings"):
+            x += self.position_embeddings(xp.arange(T))                  # (T, C) broadcast
+        else:
+            x += self.position_buffer[:T]
+        return self.dropout(self.LayerNorm(x))
+
+    def backward(self, dout) -> None:
+        """dout: (B, T, C); adds into the three embedding tables' grads."""
+        d = self.LayerNorm.backward(self.dropout.backward(dout))          # (B, T, C)
+        self.word_embeddings.backward(d)
+        self.token_type_embeddings.backward(d)
+        if hasattr(self, "position_embeddings"):
+            self.position_embeddings.backward(d.sum(axis=0))             # (T, C), ids unique
+
+
+# ---------------------------------------------------------------------------------------
+# Encoder
+# ---------------------------------------------------------------------------------------
+
+class BertSelfAttention(Module):
+    """query / key / value projections and multi-head scaled dot-product attention."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        C, std = config.hidden_size, config.initializer_range
+        self.num_attention_heads = config.num_attention_heads
+        self.query = Linear(C, C, rng=rng, std=std, dtype=dtype)
+        self.key = Linear(C, C, rng=rng, std=std, dtype=dtype)
+        self.value = Linear(C, C, rng=rng, std=std, dtype=dtype)
+        self.dropout = Dropout(config.attention_probs_dropout_prob)  # holds p and the rng
+        self.attention_probs = None  # (B, NH, T, T) of the last forward, if asked for
+        self._cache = None
+
+    def forward(self, x, mask_add, output_attentions: bool = False):
+        """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
+        q, k, v = self.query(x), self.key(x), self.value(x)              # (B, T, C) each
+        p = self.dropout.p if self.dropout.training else 0.0
+        ctx, probs, self._cache = attention_forward(q, k, v, mask_add, self.num_attention_heads,
+                                                    p, self.dropout.rng)
+        self.attention_probs = probs if output_attentions else None
+        return ctx
+
+    def backward(self, dctx):
+        """dctx: (B, T, C) -> dx (B, T, C), summed over the three projections."""
+        dq, dk, dv = attention_backward(dctx, self._cache)
+        self._cache = None
+        return self.query.backward(dq) + self.key.backward(dk) + self.value.backward(dv)
+
+
+class BertOutput(Module):
+    """dense -> dropout -> + residual (-> LayerNorm when post-LN).
+
+    HF has two classes of this shape, ``BertSelfOutput`` (after attention, in = C) and
+    ``BertOutput`` (after the feed-forward, in = I); one class serves both here. In
+    pre-LN mode its LayerNorm normalises the *input* of the sub-layer instead (applied by
+    the caller), and the residual sum is returned as is.
+    """
+
+    def __init__(self, in_features: int, config: BertConfig, rng: np.random.Generator,
+                 dtype=np.float32):
+        C = config.hidden_size
+        self.dense = Linear(in_features, C, rng=rng, std=config.initializer_range, dtype=dtype)
+        self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.pre_ln = config.norm_position == "pre"
+
+    def forward(self, h, residual):
+        """h: (B, T, in_features); residual: (B, T, C) -> (B, T, C)."""
+        y = self.dropout(self.dense(h)) + residual                       # (B, T, C)
+        return y if self.pre_ln else self.LayerNorm(y)
+
+    def backward(self, dout):
+        """dout: (B, T, C) -> (dh (B, T, in_features), dresidual (B, T, C))."""
+        if not self.pre_ln:
+            dout = self.LayerNorm.backward(dout)
+        dh = self.dense.backward(self.dropout.backward(dout))
+        return dh, dout
+
+
+class BertAttention(Module):
+    """Self-attention sub-layer with its residual connection and LayerNorm."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        self.self = BertSelfAttention(config, rng, dtype)
+        self.output = BertOutput(config.hidden_size, config, rng, dtype)
+        self.pre_ln = config.norm_position == "pre"
+
+    def forward(self, x, mask_add, output_attentions: bool = False):
+        """x: (B, T, C) -> (B, T, C)."""
+        h = self.output.LayerNorm(x) if self.pre_ln else x
+        return self.output(self.self(h, mask_add, output_attentions), x)
+
+    def backward(self, dout):
+        dctx, dx = self.output.backward(dout)
+        dh = self.self.backward(dctx)
+        return dx + (self.output.LayerNorm.backward(dh) if self.pre_ln else dh)
+
+
+class BertIntermediate(Module):
+    """Feed-forward expansion: dense (C -> I) then the activation."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        self.dense = Linear(config.hidden_size, config.intermediate_size, rng=rng,
+                            std=config.initializer_range, dtype=dtype)
+        self.intermediate_act_fn = Activation(config.hidden_act)
+
+    def forward(self, x):
+        """(B, T, C) -> (B, T, I)."""
+        return self.intermediate_act_fn(self.dense(x))
+
+    def backward(self, dout):
+        return self.dense.backward(self.intermediate_act_fn.backward(dout))
+
+
+class BertLayer(Module):
+    """One Transformer encoder block: attention sub-layer, then feed-forward sub-layer."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        self.attention = BertAttention(config, rng, dtype)
+        self.intermediate = BertIntermediate(config, rng, dtype)
+        self.output = BertOutput(config.intermediate_size, config, rng, dtype)
+        self.pre_ln = config.norm_position == "pre"
+
+    def forward(self, x, mask_add, output_attentions: bool = False):
+        """(B, T, C) -> (B, T, C)."""
+        a = self.attention(x, mask_add, output_attentions)               # (B, T, C)
+        h = self.output.LayerNorm(a) if self.pre_ln else a
+        return self.output(self.intermediate(h), a)                      # (B, T, C)
+
+    def backward(self, dout):
+        di, da = self.output.backward(dout)                              # (B,T,I), (B,T,C)
+        dh = self.intermediate.backward(di)                              # (B, T, C)
+        da = da + (self.output.LayerNorm.backward(dh) if self.pre_ln else dh)
+        return self.attention.backward(da)
+
+
+class BertEncoder(Module):
+    """A stack of BertLayer; with pre-LN, a final LayerNorm ``ln`` (as Megatron-BERT)."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        self.layer = ModuleList([BertLayer(config, rng, dtype)
+                                 for _ in range(config.num_hidden_layers)])
+        if config.norm_position == "pre":
+            self.ln = LayerNorm(config.hidden_size, config.layer_norm_eps, dtype=dtype)
+
+    def forward(self, x, mask_add, output_attentions: bool = False):
+        for layer in self.layer:
+            x = layer(x, mask_add, output_attentions)
+        return self.ln(x) if hasattr(self, "ln") else x
+
+    def backward(self, dout):
+        if hasattr(self, "ln"):
+            dout = self.ln.backward(dout)
+        for layer in reversed(list(self.layer)):
+            dout = layer.backward(dout)
+        return dout
+
+
+class BertPooler(Module):
+    """tanh(dense(hidden state of the first token, [CLS]))."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        C = config.hidden_size
+        self.dense = Linear(C, C, rng=rng, std=config.initializer_range, dtype=dtype)
+        self._cache = None
+
+    def forward(self, hidden):
+        """(B, T, C) -> (B, C)."""
+        out, self._cache = tanh_forward(self.dense(hidden[:, 0]))
+        return out
+
+    def backward(self, dout):
+        """(B, C) -> d(hidden[:, 0]) (B, C)."""
+        d = self.dense.backward(tanh_backward(dout, self._cache))
+        self._cache = None
+        return d
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class BertModelOutput:
+    """last_hidden_state (B, T, C); pooler_output (B, C) or None; attentions: one
+    (B, NH, T, T) array per layer when asked for, else None."""
+
+    last_hidden_state: Any
+    pooler_output: Any = None
+    attentions: list | None = None
+
+
+@dataclass
+class BertForPreTrainingOutput:
+    """Outputs of :class:`BertForPreTraining`.
+
+    loss: mlm_loss + nsp_loss over those whose labels were given (0-d array, nats), or None.
+    mlm_loss, nsp_loss: 0-d arrays (mean nats per masked token / per sequence) or None.
+    prediction_logits: (N, V) MLM logits at ``mlm_positions`` only, the positions whose
+        label is not -100 (all B*T positions, row-major, when no labels are given). Hugging
+        Face returns (B, T, V); computing only the masked rows is what the original BERT
+        does (``gather_indexes`` in run_pretraining.py) and saves most of the head's work.
+    mlm_positions: (batch_index (N,), position_index (N,)) integer arrays.
+    seq_relationship_logits: (B, 2) NSP logits (0 = IsNext, 1 = random).
+    """
+
+    loss: Any
+    mlm_loss: Any
+    nsp_loss: Any
+    prediction_logits: Any
+    seq_relationship_logits: Any
+    mlm_positions: tuple
+    hidden_states: Any = None
+    attentions: list | None = None
+
+
+class BertPreTrainedModel(Module):
+    """Shared helpers of the BERT models: construction RNG, dropout generator, devices."""
+
+    config: BertConfig
+
+    def set_dropout_rng(self, rng) -> None:
+        """Give every Dropout in the model the generator ``rng`` (numpy or cupy Generator,
+        on the model's device)."""
+        for m in self.modules():
+            if isinstance(m, Dropout):
+                m.rng = rng
+
+    @property
+    def dtype(self):
+        return self.parameters()[0].data.dtype
+
+
+def _check_inputs(config: BertConfig, input_ids, token_type_ids, attention_mask):
+    """Validate (B, T) integer inputs; fill defaults. Value range checks run on the CPU only
+    (on the GPU they would cost a device sync every step)."""
+    xp = get_array_module(input_ids)
+    if input_ids.ndim != 2 or input_ids.dtype.kind not in "iu":
+        raise ValueError(f"input_ids: expected a (B, T) integer array, got shape "
+                         f"{tuple(input_ids.shape)} dtype {input_ids.dtype}")
+    B, T = input_ids.shape
+    if T > config.max_position_embeddings:
+        raise ValueError(f"input_ids: sequence length {T} exceeds max_position_embeddings "
+                         f"{config.max_position_embeddings}")
+    if token_type_ids is None:
+        token_type_ids = xp.zeros_like(input_ids)
+    if attention_mask is None:
+        attention_mask = xp.ones_like(input_ids)
+    for name, a in (("token_type_ids", token_type_ids), ("attention_mask", attention_mask)):
+        if tuple(a.shape) != (B, T):
+            raise ValueError(f"{name}: expected shape {(B, T)}, got {tuple(a.shape)}")
+    if xp is np:
+        for name, a, hi in (("input_ids", input_ids, config.vocab_size),
+                            ("token_type_ids", token_type_ids, config.type_vocab_size)):
+            if a.size and (a.min() < 0 or a.max() >= hi):
+                raise ValueError(f"{name}: values must be in [0, {hi}), got range "
+                                 f"[{a.min()}, {a.max()}]")
+    return token_type_ids, attention_mask
+
+
+class BertModel(BertPreTrainedModel):
+    """The BERT encoder: embeddings, encoder stack and (optionally) the pooler.
+
+    Args:
+        config: the hyper-parameters.
+        add_pooling_layer: build ``pooler`` (needed by NSP and classification heads).
+        seed: seed of the NumPy generator that draws the initial weights.
+        dtype: parameter dtype, float32 for training, float64 for gradient checks.
+    """
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True, *, seed: int = 0,
+                 dtype=np.float32, rng: np.random.Generator | None = None):
+        self.config = config
+        rng = rng if rng is not None else np.random.default_rng(seed)
+        self.embeddings = BertEmbeddings(config, rng, dtype)
+        self.encoder = BertEncoder(config, rng, dtype)
+        if add_pooling_layer:
+            self.pooler = BertPooler(config, rng, dtype)
+        self._hidden_meta = None
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                output_attentions: bool = False) -> BertModelOutput:
+        """Encode a batch.
+
+        Args:
+            input_ids: (B, T) int token ids in [0, vocab_size).
+            token_type_ids: (B, T) int segment ids, default zeros.
+            attention_mask: (B, T) 1 for real tokens, 0 for padding; default all ones.
+            output_attentions: also return each layer's attention probabilities.
+        Returns:
+            :class:`BertModelOutput`.
+        Raises:
+            ValueError: wrong shapes or dtypes, T > max_position_embeddings, ids out of range.
+        """
+        token_type_ids, attention_mask = _check_inputs(self.config, input_ids, token_type_ids,
+                                                       attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)                  # (B, T, C)
+        mask_add = extended_attention_mask(attention_mask, x.dtype)     # (B, 1, 1, T)
+        h = self.encoder(x, mask_add, output_attentions)                # (B, T, C)
+        self._hidden_meta = (h.shape, h.dtype)
+        pooled = self.pooler(h) if hasattr(self, "pooler") else None    # (B, C)
+        attentions = ([layer.attention.self.attention_probs for layer in self.encoder.layer]
+                      if output_attentions else None)
+        return BertModelOutput(h, pooled, attentions)
+
+    def backward(self, d_last_hidden_state=None, d_pooler_output=None) -> None:
+        """Back-propagate upstream gradients of the two outputs (either may be None) into
+        every parameter's ``grad``. d_last_hidden_state: (B, T, C); d_pooler_output: (B, C)."""
+        if d_last_hidden_state is None and d_pooler_output is None:
+            raise ValueError("BertModel.backward needs at least one upstream gradient")
+        if self._hidden_meta is None:
+            raise RuntimeError("BertModel.backward called without a preceding forward")
+        shape, dtype = self._hidden_meta
+        self._hidden_meta = None
+        if d_last_hidden_state is None:
+            d = get_array_module(d_pooler_output).zeros(shape, dtype=dtype)  # (B, T, C)
+        else:
+            d = d_last_hidden_state.astype(dtype, copy=True)                 # (B, T, C)
+        if d_pooler_output is not None:
+            d[:, 0] += self.pooler.backward(d_pooler_output)
+        self.embeddings.backward(self.encoder.backward(d))
+
+
+class BertPredictionHeadTransform(Module):
+    """dense -> activation -> LayerNorm, applied before the MLM decoder."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
+        C = config.hidden_size
+        self.dense = Linear(C, C, rng=rng, std=config.initializer_range, dtype=dtype)
+        self.transform_act_fn = Activation(config.hidden_act)
+        self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
+
+    def forward(self, h):
+        return self.LayerNorm(self.transform_act_fn(self.dense(h)))
+
+    def backward(self, dout):
+        return self.dense.backward(self.transform_act_fn.backward(self.LayerNorm.backward(dout)))
+
+
+class BertLMPredictionHead(Module):
+    """MLM head: transform, then the decoder whose weight *is* the word-embedding matrix
+    (tied, Press & Wolf 2017; google-research/bert ``get_masked_lm_output``) plus an
+    output bias ``bias`` (V,), shared with ``decoder.bias`` as in HF."""
+
+    def __init__(self, config: BertConfig, word_embeddings, rng: np.random.Generator,
+                 dtype=np.float32):
+        self.bias = Parameter(np.zeros(config.vocab_size, dtype=dtype))
+        self.transform = BertPredictionHeadTransform(config, rng, dtype)
+        self.decoder = Linear.tied(word_embeddings.weight, self.bias)
+
+    def forward(self, h):
+        """(N, C) -> logits (N, V)."""
+        return self.decoder(self.transform(h))
+
+    def backward(self, dlogits):
+        """(N, V) -> (N, C); the decoder's weight gradient lands in the word embeddings."""
+        return self.transform.backward(self.decoder.backward(dlogits))
+
+
+class BertPreTrainingHeads(Module):
+    """``cls``: the MLM head ``predictions`` and the NSP head ``seq_relationship``."""
+
+    def __init__(self, config: BertConfig, word_embeddings, rng: np.random.Generator,
+                 dtype=np.float32):
+        self.predictions = BertLMPredictionHead(config, word_embeddings, rng, dtype)
+        self.seq_relationship = Linear(config.hidden_size, 2, rng=rng,
+                                       std=config.initializer_range, dtype=dtype)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """BERT with the masked-LM and next-sentence-prediction heads (Devlin et al. 2019,
+    section 3.1), parameter names as HF ``BertForPreTraining``.
+
+    Args:
+        config: the hyper-parameters.
+        seed: seed of the NumPy generator that draws the initial weights.
+        dtype: parameter dtype (float32 to train, float64 to check gradients).
+        label_smoothing: eps of the MLM cross-entropy (0 = plain cross-entropy).
+    """
+
+    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32,
+                 label_smoothing: float = 0.0):
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.bert = BertModel(config, rng=rng, dtype=dtype)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, rng, dtype)
+        self.label_smoothing = label_smoothing
+        self._cache = None
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                next_sentence_label=None, output_attentions: bool = False
+                ) -> BertForPreTrainingOutput:
+        """Run the model and, with labels, the losses.
+
+        Args:
+            input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
+            labels: (B, T) int, the original token id at masked positions and -100 elsewhere.
+            next_sentence_label: (B,) int, 0 = B follows A, 1 = B is random.
+            output_attentions: also return per-layer attention probabilities.
+        Returns:
+            :class:`BertForPreTrainingOutput`; ``loss`` sums the losses whose labels were given.
+        Raises:
+            ValueError: bad input shapes or values (see BertModel.forward), labels not (B, T)
+                or next_sentence_label not (B,).
+        """
+        xp = get_array_module(input_ids)
+        B, T = input_ids.shape[:2] if input_ids.ndim == 2 else (None, None)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        h = out.last_hidden_state                                        # (B, T, C)
+        if labels is not None:
+            if tuple(labels.shape) != (B, T):
+                raise ValueError(f"labels: expected shape {(B, T)}, got {tuple(labels.shape)}")
+            positions = xp.nonzero(labels != IGNORE_INDEX)               # 2 x (N,)
+        else:
+            positions = tuple(a.reshape(-1) for a in xp.indices((B, T)))
+        logits = self.cls.predictions(h[positions])                      # (N, V)
+        seq_logits = self.cls.seq_relationship(out.pooler_output)        # (B, 2)
+
+        mlm_loss = nsp_loss = mlm_cache = nsp_cache = None
+        if labels is not None:
+            mlm_loss, mlm_cache = cross_entropy_forward(logits, labels[positions],
+                                                        self.label_smoothing)
+        if next_sentence_label is not None:
+            if tuple(next_sentence_label.shape) != (B,):
+                raise ValueError(f"next_sentence_label: expected shape {(B,)}, "
+                                 f"got {tuple(next_sentence_label.shape)}")
+            nsp_loss, nsp_cache = cross_entropy_forward(seq_logits, next_sentence_label)
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(losses[1:], losses[0]) if losses else None
+        self._cache = (h.shape, h.dtype, positions, mlm_cache, nsp_cache)
+        return BertForPreTrainingOutput(loss, mlm_loss, nsp_loss, logits, seq_logits, positions,
+                                        h, out.attentions)
+
+    def backward(self) -> None:
+        """Add d(loss)/d(param) into every parameter's ``grad`` for the loss of the last
+        forward.
+
+        Raises:
+            RuntimeError: no forward with labels came before.
+        """
+        if self._cache is None or (self._cache[3] is None and self._cache[4] is None):
+            raise RuntimeError("backward() needs a preceding forward with labels and/or "
+                               "next_sentence_label")
+        shape, dtype, positions, mlm_cache, nsp_cache = self._cache
+        self._cache = None
+        xp = get_array_module(positions[0])
+        dh = xp.zeros(shape, dtype=dtype)                                # (B, T, C)
+        if mlm_cache is not None:
+            dlogits = cross_entropy_backward(mlm_cache)                  # (N, V)
+            dh[positions] = self.cls.predictions.backward(dlogits)       # positions are unique
+        d_pooled = None
+        if nsp_cache is not None:
+            d_pooled = self.cls.seq_relationship.backward(cross_entropy_backward(nsp_cache))
+        self.bert.backward(dh, d_pooled)

@@ -1,0 +1,114 @@
+"""Elementwise activations and the row softmax, each with its backward.
+
+The GELU names follow Hugging Face ``ACT2FN``: ``"gelu"`` is the exact form
+x * Phi(x) (Hendrycks & Gimpel 2016, used by google-research/bert's released models
+through HF), ``"gelu_new"`` the tanh approximation of the same paper (GPT-2, original
+BERT TF code).
+"""
+from __future__ import annotations
+
+import math
+
+from ..backend import erf, get_array_module
+from .module import Module
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_TANH_C = 0.044715
+
+
+def gelu_forward(x):
+    """Exact GELU: 0.5 * x * (1 + erf(x / sqrt(2))). x: any shape -> same shape."""
+    cdf = 0.5 * (1.0 + erf(x * _SQRT_HALF))
+    return x * cdf, (x, cdf)
+
+
+def gelu_backward(dout, cache):
+    """d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density."""
+    x, cdf = cache
+    xp = get_array_module(x)
+    pdf = _INV_SQRT_2PI * xp.exp(-0.5 * x * x)
+    return dout * (cdf + x * pdf)
+
+
+def gelu_new_forward(x):
+    """Tanh GELU: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
+    xp = get_array_module(x)
+    t = xp.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x))
+    return 0.5 * x * (1.0 + t), (x, t)
+
+
+def gelu_new_backward(dout, cache):
+    """With u = sqrt(2/pi)(x + c x^3): d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x)."""
+    x, t = cache
+    du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * x * x)
+    return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+
+
+def relu_forward(x):
+    """max(x, 0)."""
+    xp = get_array_module(x)
+    return xp.maximum(x, 0), (x,)
+
+
+def relu_backward(dout, cache):
+    (x,) = cache
+    return dout * (x > 0)
+
+
+def tanh_forward(x):
+    """tanh(x); cache keeps the output, since d tanh = 1 - tanh^2."""
+    out = get_array_module(x).tanh(x)
+    return out, (out,)
+
+
+def tanh_backward(dout, cache):
+    (out,) = cache
+    return dout * (1.0 - out * out)
+
+
+ACTIVATIONS = {
+    "gelu": (gelu_forward, gelu_backward),
+    "gelu_new": (gelu_new_forward, gelu_new_backward),
+    "relu": (relu_forward, relu_backward),
+    "tanh": (tanh_forward, tanh_backward),
+}
+
+
+class Activation(Module):
+    """An elementwise activation chosen by its HF name (``gelu``, ``gelu_new``, ``relu``,
+    ``tanh``).
+
+    Raises:
+        ValueError: unknown name (the known ones are listed).
+    """
+
+    def __init__(self, name: str):
+        if name not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {name!r}: expected one of {sorted(ACTIVATIONS)}")
+        self.name = name
+        self._fwd, self._bwd = ACTIVATIONS[name]
+        self._cache = None
+
+    def forward(self, x):
+        out, self._cache = self._fwd(x)
+        return out
+
+    def backward(self, dout):
+        dx = self._bwd(dout, self._cache)
+        self._cache = None
+        return dx
+
+
+def softmax_forward(x, axis: int = -1):
+    """Numerically stable softmax along ``axis`` (max subtracted first). Same shape out."""
+    xp = get_array_module(x)
+    e = xp.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def softmax_backward(dprobs, probs, axis: int = -1):
+    """Jacobian-vector product of softmax, row by row:
+    dx = p * (dp - sum(dp * p)), from dp_i/dx_j = p_i (delta_ij - p_j)."""
+    return probs * (dprobs - (dprobs * probs).sum(axis=axis, keepdims=True))

@@ -1,0 +1,67 @@
+"""Layer normalisation over the last axis (Ba, Kiros & Hinton 2016), BERT's eps 1e-12.
+
+Shape legend: N = leading dims (B*T), C = normalised size.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .module import Module, Parameter
+
+
+def layernorm_forward(x, w, b, eps: float = 1e-12):
+    """out = (x - mean) / sqrt(var + eps) * w + b, statistics over the last axis.
+
+    Args:
+        x: (..., C) float; w, b: (C,).
+    Returns:
+        out (..., C) and a cache (xhat, rstd, w).
+    """
+    mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
+    xc = x - mu                                          # (..., C)
+    var = (xc * xc).mean(axis=-1, keepdims=True)         # (..., 1), biased as in BERT
+    rstd = (var + eps) ** -0.5                          # (..., 1)
+    xhat = xc * rstd                                     # (..., C)
+    return xhat * w + b, (xhat, rstd, w)
+
+
+def layernorm_backward(dout, cache):
+    """Gradients of :func:`layernorm_forward`.
+
+    With g = dout * w, the input gradient is
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), means over the last axis.
+    Returns dx (..., C), dw (C,), db (C,).
+    """
+    xhat, rstd, w = cache
+    C = xhat.shape[-1]
+    # forward: out = xhat * w + b
+    dw = (dout * xhat).reshape(-1, C).sum(axis=0)        # (C,)
+    db = dout.reshape(-1, C).sum(axis=0)                 # (C,)
+    g = dout * w                                         # (..., C) = d out / d xhat
+    # forward: xhat = (x - mean(x)) * rstd; rstd depends on x through var
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
+                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx, dw, db
+
+
+class LayerNorm(Module):
+    """``nn.LayerNorm(C, eps)``: weight ones, bias zeros (HF names ``LayerNorm.weight/bias``)."""
+
+    def __init__(self, size: int, eps: float = 1e-12, *, dtype=np.float32):
+        self.weight = Parameter(np.ones(size, dtype=dtype))
+        self.bias = Parameter(np.zeros(size, dtype=dtype))
+        self.eps = eps
+        self._cache = None
+
+    def forward(self, x):
+        """x: (..., C) -> (..., C)."""
+        out, self._cache = layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        return out
+
+    def backward(self, dout):
+        """dout: (..., C) -> dx (..., C); accumulates weight/bias grads."""
+        dx, dw, db = layernorm_backward(dout, self._cache)
+        self.weight.grad += dw
+        self.bias.grad += db
+        self._cache = None
+        return dx

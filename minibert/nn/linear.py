@@ -1,0 +1,82 @@
+"""Fully connected layer, y = x W^T + b, with W stored (out, in) as in PyTorch / HF.
+
+Shape legend: N = any leading dims flattened (B*T), I = in features, O = out features.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .module import Module, Parameter
+
+
+def linear_forward(x, w, b=None):
+    """y = x @ w.T + b.
+
+    Args:
+        x: (..., I) float array.
+        w: (O, I) weight.
+        b: (O,) bias or None.
+    Returns:
+        out: (..., O); cache: what :func:`linear_backward` needs.
+    """
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    out = x2 @ w.T                                       # (N, O)
+    if b is not None:
+        out += b
+    return out.reshape(*x.shape[:-1], w.shape[0]), (x, w, b is not None)
+
+
+def linear_backward(dout, cache):
+    """Gradients of :func:`linear_forward`.
+
+    Args:
+        dout: (..., O) upstream gradient.
+    Returns:
+        dx (..., I), dw (O, I), db (O,) or None.
+    """
+    x, w, has_bias = cache
+    d2 = dout.reshape(-1, dout.shape[-1])                # (N, O)
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    # forward: out = x @ w.T + b
+    dx = (d2 @ w).reshape(x.shape)                       # (..., I)
+    dw = d2.T @ x2                                       # (O, I)
+    db = d2.sum(axis=0) if has_bias else None            # (O,)
+    return dx, dw, db
+
+
+class Linear(Module):
+    """``nn.Linear``: weight (out_features, in_features), bias (out_features,).
+
+    Initialised N(0, std^2) for the weight and zeros for the bias, as BERT's
+    ``initializer_range`` (google-research/bert modeling.py, HF ``_init_weights``).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 rng: np.random.Generator, std: float = 0.02, dtype=np.float32):
+        w = rng.normal(0.0, std, size=(out_features, in_features))
+        self.weight = Parameter(w.astype(dtype))
+        self.bias = Parameter(np.zeros(out_features, dtype=dtype)) if bias else None
+        self._cache = None
+
+    @classmethod
+    def tied(cls, weight: Parameter, bias: Parameter | None = None) -> "Linear":
+        """A Linear that shares existing Parameters (weight (O, I), bias (O,)) instead of
+        owning new ones: how the MLM decoder reuses the word-embedding matrix."""
+        layer = cls.__new__(cls)
+        layer.weight, layer.bias, layer._cache = weight, bias, None
+        return layer
+
+    def forward(self, x):
+        """x: (..., in_features) -> (..., out_features)."""
+        b = self.bias.data if self.bias is not None else None
+        out, self._cache = linear_forward(x, self.weight.data, b)
+        return out
+
+    def backward(self, dout):
+        """dout: (..., out_features) -> dx (..., in_features); accumulates weight/bias grads."""
+        dx, dw, db = linear_backward(dout, self._cache)
+        self.weight.grad += dw
+        if db is not None:
+            self.bias.grad += db
+        self._cache = None
+        return dx

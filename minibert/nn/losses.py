@@ -1,0 +1,67 @@
+"""Softmax cross-entropy with an ignore index and optional label smoothing.
+
+Semantics of PyTorch ``F.cross_entropy(logits, labels, ignore_index=-100,
+label_smoothing=eps, reduction="mean")``: the mean is over rows whose label is not ignored,
+and with smoothing the target is (1 - eps) * one_hot + eps / K (Szegedy et al. 2016).
+
+Shape legend: N = rows (e.g. masked positions), K = classes.
+"""
+from __future__ import annotations
+
+from ..backend import get_array_module
+
+IGNORE_INDEX = -100
+
+
+def log_softmax(x):
+    """log softmax along the last axis, max-subtracted. (..., K) -> (..., K)."""
+    xp = get_array_module(x)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
+                          ignore_index: int = IGNORE_INDEX):
+    """Mean softmax cross-entropy over the rows whose label is not ``ignore_index``.
+
+    Args:
+        logits: (N, K) float.
+        labels: (N,) int in [0, K) or ``ignore_index``.
+        label_smoothing: eps in [0, 1).
+    Returns:
+        loss: 0-d array (nats per counted row; 0 if every row is ignored) and a cache.
+    Raises:
+        ValueError: a label outside [0, K) that is not ``ignore_index`` (only checked on
+            the CPU, to avoid a device sync on the GPU).
+    """
+    xp = get_array_module(logits)
+    N, K = logits.shape
+    valid = labels != ignore_index                              # (N,)
+    if xp.__name__ == "numpy" and ((labels[valid] < 0) | (labels[valid] >= K)).any():
+        raise ValueError(f"cross_entropy: labels must be in [0, {K}) or {ignore_index}, "
+                         f"got values {sorted(set(labels[valid].tolist()))[:10]}")
+    safe = xp.where(valid, labels, 0)                           # (N,)
+    logp = log_softmax(logits)                                  # (N, K)
+    nll = -logp[xp.arange(N), safe]                             # (N,)
+    if label_smoothing:
+        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
+    count = valid.sum()
+    denom = xp.maximum(count, 1).astype(logits.dtype)
+    loss = (nll * valid).sum() / denom
+    return loss, (logp, safe, valid, denom, label_smoothing)
+
+
+def cross_entropy_backward(cache, dloss=1.0):
+    """d loss / d logits = (softmax - target) * valid / count, times the upstream dloss.
+
+    target = (1 - eps) * one_hot(label) + eps / K. Returns dlogits (N, K).
+    """
+    logp, safe, valid, denom, eps = cache
+    xp = get_array_module(logp)
+    N, K = logp.shape
+    dlogits = xp.exp(logp)                                      # softmax, (N, K)
+    dlogits[xp.arange(N), safe] -= 1.0 - eps
+    if eps:
+        dlogits -= eps / K
+    dlogits *= (valid / denom * dloss)[:, None].astype(logp.dtype)
+    return dlogits

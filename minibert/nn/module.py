@@ -1,0 +1,181 @@
+"""Parameter and Module: the core contract every layer follows.
+
+* A :class:`Parameter` holds ``data`` and ``grad`` of the same shape on the same device.
+  Gradients accumulate (``grad += ...``) and are reset in one place only,
+  :meth:`Module.zero_grad`. Weight tying is sharing one Parameter object between two
+  modules: both uses add into the same ``grad``.
+* A :class:`Module` caches in ``forward`` what its ``backward(dout)`` needs; ``backward``
+  returns the gradient for the input(s) and adds into its parameters' ``grad``.
+
+Parameter names follow the attribute path, as in PyTorch (``encoder.layer.0.attention.
+self.query.weight``), so state dicts line up with Hugging Face checkpoints key for key.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ..backend import get_array_module, to_numpy, xp_for
+
+
+class Parameter:
+    """A trainable array and its accumulated gradient.
+
+    Args:
+        data: array (numpy or cupy) of any shape and float dtype.
+    Attributes:
+        data: the values.
+        grad: same shape, dtype and device as ``data``; zero after :meth:`zero_grad`.
+    """
+
+    def __init__(self, data):
+        self.data = data
+        self.grad = get_array_module(data).zeros_like(data)
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    def zero_grad(self) -> None:
+        self.grad[...] = 0
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """Base class of every layer and model.
+
+    Sub-modules and Parameters are found from instance attributes in assignment order
+    (own Parameters first, then sub-modules, as PyTorch does), which fixes the order of
+    ``named_parameters`` and ``state_dict``.
+    """
+
+    training: bool = True
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def backward(self, *args, **kwargs):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    # -- traversal -----------------------------------------------------------------
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                yield name, value
+
+    def modules(self) -> Iterator["Module"]:
+        """This module and all sub-modules, depth first."""
+        yield self
+        for _, child in self.named_children():
+            yield from child.modules()
+
+    def _named_parameters_all(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        for name, value in vars(self).items():
+            if isinstance(value, Parameter):
+                yield prefix + name, value
+        for name, child in self.named_children():
+            yield from child._named_parameters_all(prefix + name + ".")
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        """(name, Parameter) pairs, each tied Parameter once under its first name."""
+        seen: set[int] = set()
+        for name, p in self._named_parameters_all():
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable scalars (tied weights counted once)."""
+        return int(sum(p.data.size for p in self.parameters()))
+
+    # -- state ---------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Reset every gradient to zero: the one place gradients are cleared."""
+        for p in self.parameters():
+            p.zero_grad()
+
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            m.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def to(self, device: str, dtype=None) -> "Module":
+        """Move (and optionally cast) every parameter and array buffer to ``device``."""
+        xp = xp_for(device)
+        for m in self.modules():
+            for name, value in list(vars(m).items()):
+                if isinstance(value, Parameter):
+                    data = to_numpy(value.data) if xp is np else value.data
+                    value.data = xp.asarray(data, dtype=dtype or value.data.dtype)
+                    value.grad = xp.zeros_like(value.data)
+                elif name.endswith("_buffer"):
+                    data = to_numpy(value) if xp is np else value
+                    setattr(m, name, xp.asarray(data, dtype=dtype or value.dtype))
+        return self
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host NumPy copies of all parameters, keyed by name; tied weights appear under
+        every name they have (as in PyTorch's ``state_dict``)."""
+        return {name: to_numpy(p.data).copy() for name, p in self._named_parameters_all()}
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Copy arrays from ``state`` into the parameters.
+
+        Args:
+            state: name -> array (NumPy, or anything ``numpy.asarray`` accepts, e.g. a
+                CPU torch tensor's ``.numpy()``). Values are cast to each parameter's dtype.
+            strict: if True, missing and unexpected keys are errors. A tied parameter
+                counts as present if any one of its names is given.
+        Raises:
+            KeyError: missing or unexpected keys (all of them listed).
+            ValueError: a key whose shape differs (expected vs got).
+        """
+        names = list(self._named_parameters_all())
+        expected = {n for n, _ in names}
+        unexpected = sorted(set(state) - expected)
+        given_ids = {id(p) for n, p in names if n in state}
+        missing = sorted(n for n, p in names if id(p) not in given_ids)
+        if strict and (missing or unexpected):
+            raise KeyError(f"state dict does not match the model: missing keys {missing}, "
+                           f"unexpected keys {unexpected}")
+        for n, p in names:
+            if n not in state:
+                continue
+            value = np.asarray(to_numpy(state[n]))
+            if value.shape != p.data.shape:
+                raise ValueError(f"state dict key {n!r}: expected shape {tuple(p.data.shape)}, "
+                                 f"got {tuple(value.shape)}")
+            xp = get_array_module(p.data)
+            p.data[...] = xp.asarray(value, dtype=p.data.dtype)
+
+
+class ModuleList(Module):
+    """An indexable list of modules, named "0", "1", ... in parameter names."""
+
+    def __init__(self, modules):
+        for i, m in enumerate(modules):
+            setattr(self, str(i), m)
+        self._len = len(modules)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> Module:
+        if not -self._len <= i < self._len:
+            raise IndexError(i)
+        return getattr(self, str(i % self._len))
+
+    def __iter__(self):
+        return (self[i] for i in range(self._len))
