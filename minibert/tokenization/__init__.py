@@ -1,0 +1,30 @@
+"""BERT tokenization from scratch: basic tokenizer, WordPiece, the full BERT tokenizer, and a WordPiece trainer.
+
+Public API::
+
+    from minibert.tokenization import (
+        BertTokenizer, BasicTokenizer, WordpieceTokenizer, train_wordpiece, load_vocab,
+    )
+
+The tokenizer reproduces transformers' Python ``BertTokenizer`` token for token; the
+trainer learns a ``vocab.txt`` from raw text (``python -m minibert.tokenization train
+--help``). See ``docs/tokenization.md``.
+"""
+
+from .basic import BasicTokenizer
+from .bert import BertTokenizer
+from .trainer import TrainedVocab, TrainingReport, train_wordpiece
+from .vocab import load_vocab, read_vocab_tokens, write_vocab
+from .wordpiece import WordpieceTokenizer
+
+__all__ = [
+    "BasicTokenizer",
+    "BertTokenizer",
+    "TrainedVocab",
+    "TrainingReport",
+    "WordpieceTokenizer",
+    "load_vocab",
+    "read_vocab_tokens",
+    "train_wordpiece",
+    "write_vocab",
+]

@@ -1,0 +1,606 @@
+"""The full BERT tokenizer: special tokens, basic tokenization, WordPiece, ids, encode/decode.
+
+Behaviour follows transformers' Python ``BertTokenizer`` (``BertTokenizerLegacy`` in
+transformers 5, ``tokenization_bert.py`` before): the text is first cut around exact
+occurrences of the special tokens ([CLS], [SEP], [PAD], [MASK], [UNK]), which pass
+through untouched; every other piece goes through :class:`BasicTokenizer` and then
+:class:`WordpieceTokenizer`. ``encode`` / ``__call__`` add ``[CLS] A [SEP]`` or
+``[CLS] A [SEP] B [SEP]``, with the truncation and padding rules of transformers'
+``PreTrainedTokenizer.prepare_for_model`` / ``truncate_sequences`` / ``pad``.
+
+Speed: the result of basic + WordPiece tokenization is cached per whitespace-separated
+word (as tokens and as ids), so a corpus costs a few regex passes per line plus one dict
+lookup per word.
+
+Deliberate differences from the reference, all on inputs it only logs about:
+truncation that cannot reach ``max_length`` raises ``ValueError`` (the reference logs an
+error and returns the over-long sequence), and a special token missing from the vocab
+file raises ``ValueError`` (the reference silently appends it after the vocab).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import regex
+
+from .basic import BasicTokenizer
+from .vocab import load_vocab, write_vocab
+from .wordpiece import WordpieceTokenizer
+
+__all__ = ["BertTokenizer"]
+
+_TRUNCATION = {
+    True: "longest_first",
+    "longest_first": "longest_first",
+    "only_first": "only_first",
+    "only_second": "only_second",
+    False: None,
+    None: None,
+    "do_not_truncate": None,
+}
+_PADDING = {
+    True: "longest",
+    "longest": "longest",
+    "max_length": "max_length",
+    False: None,
+    None: None,
+    "do_not_pad": None,
+}
+
+
+class BertTokenizer:
+    """BERT WordPiece tokenizer reading a standard ``vocab.txt``.
+
+    Args:
+        vocab_file: path of the vocabulary, one token per line (id = line number).
+        do_lower_case: lower-case the text (uncased models).
+        do_basic_tokenize: run :class:`BasicTokenizer` before WordPiece; if false, the
+            text is only split on whitespace.
+        never_split: words that are neither lower-cased nor split (basic tokenizer).
+        unk_token, sep_token, pad_token, cls_token, mask_token: the special tokens; each
+            must be in the vocabulary.
+        tokenize_chinese_chars: every CJK ideograph is a word of its own.
+        strip_accents: ``None`` = strip exactly when lower-casing (original BERT).
+        max_input_chars_per_word: longer words become ``unk_token`` (100).
+        clean_up_tokenization_spaces: default for ``decode``: remove the space before
+            ``. , ? !`` and in English contractions, as transformers does.
+
+    Raises:
+        FileNotFoundError: ``vocab_file`` does not exist.
+        ValueError: the vocab file is empty or lacks one of the special tokens.
+
+    Source of the semantics: transformers ``tokenization_bert.py`` (Python tokenizer) and
+    google-research/bert ``tokenization.py``.
+    """
+
+    def __init__(
+        self,
+        vocab_file: str | os.PathLike,
+        do_lower_case: bool = True,
+        do_basic_tokenize: bool = True,
+        never_split: Iterable[str] | None = None,
+        unk_token: str = "[UNK]",
+        sep_token: str = "[SEP]",
+        pad_token: str = "[PAD]",
+        cls_token: str = "[CLS]",
+        mask_token: str = "[MASK]",
+        tokenize_chinese_chars: bool = True,
+        strip_accents: bool | None = None,
+        max_input_chars_per_word: int = 100,
+        clean_up_tokenization_spaces: bool = True,
+    ):
+        self.vocab_file = str(vocab_file)
+        self.vocab: dict[str, int] = load_vocab(vocab_file)
+        self.ids_to_tokens: dict[int, str] = {i: t for t, i in self.vocab.items()}
+        self.do_lower_case = bool(do_lower_case)
+        self.do_basic_tokenize = bool(do_basic_tokenize)
+        self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
+        self.unk_token, self.sep_token, self.pad_token = unk_token, sep_token, pad_token
+        self.cls_token, self.mask_token = cls_token, mask_token
+        for field, tok in (
+            ("unk_token", unk_token),
+            ("sep_token", sep_token),
+            ("pad_token", pad_token),
+            ("cls_token", cls_token),
+            ("mask_token", mask_token),
+        ):
+            if tok not in self.vocab:
+                raise ValueError(
+                    f"{field}={tok!r} is not in the vocab file {self.vocab_file!r} "
+                    f"({len(self.vocab)} tokens); every special token must have a line in it"
+                )
+        # As in the reference, the special tokens are never split by the basic tokenizer
+        # (this matters only for a special token that appears once the text is cleaned,
+        # e.g. "[CL\x00S]"), while only the user's ``never_split`` words skip WordPiece.
+        self._user_never_split = frozenset(never_split or ())
+        self.basic_tokenizer = BasicTokenizer(
+            do_lower_case=do_lower_case,
+            never_split=set(self._user_never_split) | set(self.all_special_tokens),
+            tokenize_chinese_chars=tokenize_chinese_chars,
+            strip_accents=strip_accents,
+        )
+        self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, unk_token, max_input_chars_per_word)
+        # longest first, so that one special token that is a prefix of another loses
+        specials = sorted(set(self.all_special_tokens), key=lambda s: (-len(s), s))
+        self._special_re = regex.compile("|".join(regex.escape(s) for s in specials))
+        self._special_set = frozenset(specials)
+        self._special_ids = frozenset(self.vocab[s] for s in specials)
+        self._word_cache: dict[str, tuple[str, ...]] = {}
+        self._id_cache: dict[str, tuple[int, ...]] = {}
+
+    # ------------------------------------------------------------------ basic facts
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The five special tokens: unk, sep, pad, cls, mask (the reference's order)."""
+        return [self.unk_token, self.sep_token, self.pad_token, self.cls_token, self.mask_token]
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        """Ids of :attr:`all_special_tokens`, in the same order."""
+        return [self.vocab[t] for t in self.all_special_tokens]
+
+    @property
+    def unk_token_id(self) -> int:
+        return self.vocab[self.unk_token]
+
+    @property
+    def sep_token_id(self) -> int:
+        return self.vocab[self.sep_token]
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.vocab[self.pad_token]
+
+    @property
+    def cls_token_id(self) -> int:
+        return self.vocab[self.cls_token]
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.vocab[self.mask_token]
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of distinct tokens in the vocabulary."""
+        return len(self.vocab)
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def get_vocab(self) -> dict[str, int]:
+        """A copy of the token -> id dict."""
+        return dict(self.vocab)
+
+    def __repr__(self) -> str:
+        return (
+            f"BertTokenizer(vocab_file={self.vocab_file!r}, vocab_size={len(self.vocab)}, "
+            f"do_lower_case={self.do_lower_case})"
+        )
+
+    # ------------------------------------------------------------------ tokenizing
+    def _word_pieces(self, word: str) -> tuple[str, ...]:
+        """Basic split + WordPiece of one whitespace-free word, cached."""
+        pieces = self._word_cache.get(word)
+        if pieces is None:
+            bt = self.basic_tokenizer
+            out: list[str] = []
+            for tok in bt.split_word(word):
+                if tok in self._user_never_split:
+                    out.append(tok)
+                else:
+                    out.extend(self.wordpiece_tokenizer.tokenize_word(tok))
+            pieces = tuple(out)
+            if len(self._word_cache) >= BasicTokenizer.max_cache_size:
+                self._word_cache.clear()
+                self._id_cache.clear()
+            self._word_cache[word] = pieces
+        return pieces
+
+    def _word_ids(self, word: str) -> tuple[int, ...]:
+        ids = self._id_cache.get(word)
+        if ids is None:
+            unk = self.vocab[self.unk_token]
+            ids = tuple(self.vocab.get(p, unk) for p in self._word_pieces(word))
+            self._id_cache[word] = ids
+        return ids
+
+    def _segments(self, text: str) -> list[tuple[bool, str]]:
+        """Cut ``text`` around special tokens: [(is_special, piece), ...]."""
+        out = []
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if m.start() > pos:
+                out.append((False, text[pos : m.start()]))
+            out.append((True, m.group()))
+            pos = m.end()
+        if pos < len(text):
+            out.append((False, text[pos:]))
+        return out
+
+    def _pre_split(self, text: str) -> list[str]:
+        if self.do_basic_tokenize:
+            return self.basic_tokenizer.pre_split(text)
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        return text.split()
+
+    def tokenize(self, text: str) -> list[str]:
+        """Split ``text`` into WordPiece tokens (str), special tokens kept whole.
+
+        Raises ``TypeError`` if ``text`` is not a ``str``; never raises on a ``str``.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        out: list[str] = []
+        if self.do_basic_tokenize:
+            pieces = self._word_pieces
+        else:
+            pieces = lambda w: self.wordpiece_tokenizer.tokenize_word(w)  # noqa: E731
+        cache = self._word_cache if self.do_basic_tokenize else {}
+        segments = self._segments(text) if self._special_re.search(text) else ((False, text),)
+        for special, seg in segments:
+            if special:
+                out.append(seg)
+                continue
+            for w in self._pre_split(seg):
+                p = cache.get(w)
+                out.extend(pieces(w) if p is None else p)
+        return out
+
+    def text_to_ids(self, text: str) -> list[int]:
+        """``convert_tokens_to_ids(tokenize(text))``, faster (ids cached per word); no [CLS]/[SEP]."""
+        if not self.do_basic_tokenize:
+            return self.convert_tokens_to_ids(self.tokenize(text))
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        out: list[int] = []
+        word_ids = self._word_ids
+        cache = self._id_cache
+        segments = self._segments(text) if self._special_re.search(text) else ((False, text),)
+        for special, seg in segments:
+            if special:
+                out.append(self.vocab[seg])
+                continue
+            for w in self.basic_tokenizer.pre_split(seg):
+                p = cache.get(w)
+                out.extend(word_ids(w) if p is None else p)
+        return out
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
+        """Token(s) -> id(s); a token not in the vocab maps to ``unk_token_id``."""
+        unk = self.vocab[self.unk_token]
+        if isinstance(tokens, str):
+            return self.vocab.get(tokens, unk)
+        get = self.vocab.get
+        return [get(t, unk) for t in tokens]
+
+    def convert_ids_to_tokens(
+        self, ids: int | Sequence[int], skip_special_tokens: bool = False
+    ) -> str | list[str]:
+        """Id(s) -> token(s); an id outside the vocab maps to ``unk_token``."""
+        if isinstance(ids, (int, np.integer)):
+            return self.ids_to_tokens.get(int(ids), self.unk_token)
+        special = self._special_ids if skip_special_tokens else ()
+        get = self.ids_to_tokens.get
+        unk = self.unk_token
+        return [get(int(i), unk) for i in ids if int(i) not in special]
+
+    # ------------------------------------------------------------------ model inputs
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        """2 for ``[CLS] A [SEP]``, 3 for ``[CLS] A [SEP] B [SEP]``."""
+        return 3 if pair else 2
+
+    def build_inputs_with_special_tokens(self, ids_a: list[int], ids_b: list[int] | None = None) -> list[int]:
+        """``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` (ids)."""
+        cls, sep = self.cls_token_id, self.sep_token_id
+        if ids_b is None:
+            return [cls, *ids_a, sep]
+        return [cls, *ids_a, sep, *ids_b, sep]
+
+    def create_token_type_ids_from_sequences(self, ids_a: list[int], ids_b: list[int] | None = None) -> list[int]:
+        """Segment ids for :meth:`build_inputs_with_special_tokens`: 0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]``."""
+        first = [0] * (len(ids_a) + 2)
+        return first if ids_b is None else first + [1] * (len(ids_b) + 1)
+
+    def get_special_tokens_mask(self, ids_a: list[int], ids_b: list[int] | None = None) -> list[int]:
+        """1 where :meth:`build_inputs_with_special_tokens` puts a special token, else 0."""
+        if ids_b is None:
+            return [1] + [0] * len(ids_a) + [1]
+        return [1] + [0] * len(ids_a) + [1] + [0] * len(ids_b) + [1]
+
+    def truncate_sequences(
+        self,
+        ids_a: list[int],
+        ids_b: list[int] | None,
+        num_tokens_to_remove: int,
+        strategy: str = "longest_first",
+    ) -> tuple[list[int], list[int] | None]:
+        """Remove ``num_tokens_to_remove`` ids from the right, as transformers' ``truncate_sequences``.
+
+        ``longest_first`` first trims the longer sequence down to the length of the
+        shorter, then takes the rest half from each (the second sequence gives the odd
+        one); ``only_first`` / ``only_second`` trim that sequence only.
+
+        Raises:
+            ValueError: unknown strategy, ``only_second`` without a second sequence, or
+                not enough tokens in the sequence(s) allowed to shrink.
+        """
+        if num_tokens_to_remove <= 0:
+            return ids_a, ids_b
+        len_a, len_b = len(ids_a), len(ids_b) if ids_b is not None else 0
+        if strategy == "only_first" or (strategy == "longest_first" and ids_b is None):
+            if num_tokens_to_remove >= len_a:
+                raise ValueError(
+                    f"cannot truncate: {num_tokens_to_remove} tokens must go but the first sequence "
+                    f"has only {len_a} (truncation={strategy!r}); raise max_length or use another strategy"
+                )
+            return ids_a[:-num_tokens_to_remove], ids_b
+        if strategy == "only_second":
+            if ids_b is None:
+                raise ValueError("truncation='only_second' needs a text pair, got a single sequence")
+            if num_tokens_to_remove >= len_b:
+                raise ValueError(
+                    f"cannot truncate: {num_tokens_to_remove} tokens must go but the second sequence "
+                    f"has only {len_b} (truncation='only_second'); raise max_length or use 'longest_first'"
+                )
+            return ids_a, ids_b[:-num_tokens_to_remove]
+        if strategy != "longest_first":
+            raise ValueError(
+                f"truncation must be one of True, False, 'longest_first', 'only_first', 'only_second', "
+                f"'do_not_truncate'; got {strategy!r}"
+            )
+        if num_tokens_to_remove > len_a + len_b:
+            raise ValueError(
+                f"cannot truncate: {num_tokens_to_remove} tokens must go but the pair has only "
+                f"{len_a} + {len_b}; max_length is smaller than the special tokens"
+            )
+        first = min(abs(len_a - len_b), num_tokens_to_remove)
+        rest = num_tokens_to_remove - first
+        if len_a > len_b:
+            cut_a, cut_b = first + rest // 2, rest - rest // 2
+        else:
+            cut_a, cut_b = rest // 2, first + rest - rest // 2
+        if cut_a:
+            ids_a = ids_a[:-cut_a]
+        if cut_b:
+            ids_b = ids_b[:-cut_b]
+        return ids_a, ids_b
+
+    def _encode_one(
+        self,
+        text,
+        text_pair,
+        add_special_tokens: bool,
+        truncation: str | None,
+        max_length: int | None,
+    ) -> tuple[list[int], list[int], list[int]]:
+        """-> (input_ids, token_type_ids, special_tokens_mask) of one example, unpadded."""
+        ids_a = self._as_ids(text)
+        ids_b = self._as_ids(text_pair) if text_pair is not None else None
+        if truncation is not None and max_length is not None:
+            n_special = self.num_special_tokens_to_add(ids_b is not None) if add_special_tokens else 0
+            total = len(ids_a) + (len(ids_b) if ids_b is not None else 0) + n_special
+            if total > max_length:
+                ids_a, ids_b = self.truncate_sequences(ids_a, ids_b, total - max_length, truncation)
+        if add_special_tokens:
+            return (
+                self.build_inputs_with_special_tokens(ids_a, ids_b),
+                self.create_token_type_ids_from_sequences(ids_a, ids_b),
+                self.get_special_tokens_mask(ids_a, ids_b),
+            )
+        ids = ids_a + (ids_b or [])
+        types = [0] * len(ids_a) + [1] * (len(ids_b) if ids_b is not None else 0)
+        return ids, types, [0] * len(ids)
+
+    def _as_ids(self, text) -> list[int]:
+        if isinstance(text, str):
+            return self.text_to_ids(text)
+        if isinstance(text, (list, tuple)) and all(isinstance(i, (int, np.integer)) for i in text):
+            return [int(i) for i in text]  # already ids
+        raise TypeError(f"expected a str (or a list of int ids), got {type(text).__name__}")
+
+    @staticmethod
+    def _check_options(truncation, padding, max_length):
+        if truncation not in _TRUNCATION:
+            raise ValueError(
+                f"truncation must be one of {[k for k in _TRUNCATION]}; got {truncation!r}"
+            )
+        if padding not in _PADDING:
+            raise ValueError(f"padding must be one of {[k for k in _PADDING]}; got {padding!r}")
+        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 1):
+            raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+        if _PADDING[padding] == "max_length" and max_length is None:
+            raise ValueError("padding='max_length' needs max_length, got None")
+        return _TRUNCATION[truncation], _PADDING[padding]
+
+    def encode(
+        self,
+        text: str | list[int],
+        text_pair: str | list[int] | None = None,
+        add_special_tokens: bool = True,
+        truncation: bool | str = False,
+        max_length: int | None = None,
+        padding: bool | str = False,
+    ) -> list[int]:
+        """Ids of ``[CLS] text [SEP]`` (or ``[CLS] text [SEP] text_pair [SEP]``).
+
+        Args:
+            text, text_pair: strings (or lists of ids, used as they are).
+            add_special_tokens: add [CLS] / [SEP].
+            truncation: ``False`` / ``True`` (= ``'longest_first'``) / ``'only_first'`` /
+                ``'only_second'``; applied when ``max_length`` is given.
+            max_length: the length (in tokens, specials included) to truncate / pad to.
+            padding: ``'max_length'`` pads with ``pad_token_id`` up to ``max_length``.
+
+        Returns:
+            list of int token ids.
+
+        Raises:
+            ValueError: bad option, or a truncation that cannot reach ``max_length``.
+        """
+        trunc, pad = self._check_options(truncation, padding, max_length)
+        ids, _, _ = self._encode_one(text, text_pair, add_special_tokens, trunc, max_length)
+        if pad == "max_length" and len(ids) < max_length:
+            ids = ids + [self.pad_token_id] * (max_length - len(ids))
+        return ids
+
+    def __call__(
+        self,
+        text: str | Sequence[str] | Sequence[tuple[str, str]],
+        text_pair: str | Sequence[str] | None = None,
+        add_special_tokens: bool = True,
+        padding: bool | str = False,
+        truncation: bool | str = False,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        return_token_type_ids: bool = True,
+        return_attention_mask: bool = True,
+        return_special_tokens_mask: bool = False,
+        return_length: bool = False,
+        return_tensors: str | None = None,
+    ) -> dict:
+        """Encode one example or a batch into model inputs.
+
+        ``text`` is a str (one example; ``text_pair`` a str or None), or a list of str
+        (a batch; ``text_pair`` None or a list of the same length), or a list of
+        ``(a, b)`` tuples (a batch of pairs).
+
+        Args:
+            padding: ``False``; ``True`` / ``'longest'`` pads a batch to its longest
+                example; ``'max_length'`` pads to ``max_length``. Padding is on the right
+                with ``pad_token_id`` (token type 0, attention 0).
+            truncation: see :meth:`encode`.
+            max_length: target length in tokens (special tokens included).
+            pad_to_multiple_of: round the padded length up to a multiple of this.
+            return_tensors: ``None`` (lists) or ``'np'`` (int64 arrays; shape ``(T,)`` for one
+                example, ``(B, T)`` for a batch, which must then be padded to one length).
+
+        Returns:
+            dict with ``input_ids`` and, as asked, ``token_type_ids``, ``attention_mask``,
+            ``special_tokens_mask``, ``length`` (unpadded lengths).
+
+        Raises:
+            ValueError: bad option, mismatched batch sizes, ragged batch with
+                ``return_tensors='np'``, or an impossible truncation.
+        """
+        trunc, pad = self._check_options(truncation, padding, max_length)
+        if return_tensors not in (None, "np"):
+            raise ValueError(f"return_tensors must be None or 'np', got {return_tensors!r}")
+        batched = isinstance(text, (list, tuple)) and not (
+            text and all(isinstance(i, (int, np.integer)) for i in text)
+        )
+        if batched:
+            if text_pair is not None:
+                if not isinstance(text_pair, (list, tuple)) or len(text_pair) != len(text):
+                    got = len(text_pair) if isinstance(text_pair, (list, tuple)) else type(text_pair).__name__
+                    raise ValueError(f"text is a batch of {len(text)}; text_pair must be a list of the same length, got {got}")
+                examples = list(zip(text, text_pair))
+            else:
+                examples = [tuple(t) if isinstance(t, tuple) else (t, None) for t in text]
+                for i, ex in enumerate(examples):
+                    if len(ex) != 2:
+                        raise ValueError(f"batch item {i}: expected a str or an (a, b) pair, got a tuple of {len(ex)}")
+        else:
+            examples = [(text, text_pair)]
+        rows = [self._encode_one(a, b, add_special_tokens, trunc, max_length) for a, b in examples]
+        lengths = [len(r[0]) for r in rows]
+        target = None
+        if pad == "max_length":
+            target = max_length
+        elif pad == "longest":
+            target = max(lengths, default=0)
+        if target is not None and pad_to_multiple_of:
+            target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
+        out: dict[str, list] = {"input_ids": []}
+        if return_token_type_ids:
+            out["token_type_ids"] = []
+        if return_attention_mask:
+            out["attention_mask"] = []
+        if return_special_tokens_mask:
+            out["special_tokens_mask"] = []
+        pad_id = self.pad_token_id
+        for ids, types, special in rows:
+            n_pad = max(0, target - len(ids)) if target is not None else 0
+            out["input_ids"].append(ids + [pad_id] * n_pad)
+            if return_token_type_ids:
+                out["token_type_ids"].append(types + [0] * n_pad)
+            if return_attention_mask:
+                out["attention_mask"].append([1] * len(ids) + [0] * n_pad)
+            if return_special_tokens_mask:
+                out["special_tokens_mask"].append(special + [1] * n_pad)
+        if return_length:
+            out["length"] = lengths
+        if return_tensors == "np":
+            widths = {len(r) for r in out["input_ids"]}
+            if len(widths) > 1:
+                raise ValueError(
+                    f"return_tensors='np' needs equal lengths, got lengths {sorted(widths)}; pass padding=True"
+                )
+            out = {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+        if not batched:
+            out = {k: v[0] for k, v in out.items()}
+        return out
+
+    # ------------------------------------------------------------------ decoding
+    @staticmethod
+    def clean_up_tokenization(text: str) -> str:
+        """Drop the space before ``. ? ! ,`` and inside English contractions (transformers' rule)."""
+        return (
+            text.replace(" .", ".")
+            .replace(" ?", "?")
+            .replace(" !", "!")
+            .replace(" ,", ",")
+            .replace(" ' ", "'")
+            .replace(" n't", "n't")
+            .replace(" 'm", "'m")
+            .replace(" 's", "'s")
+            .replace(" 've", "'ve")
+            .replace(" 're", "'re")
+        )
+
+    def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
+        """Join tokens with spaces and glue ``##`` pieces to the piece before them."""
+        return " ".join(tokens).replace(" ##", "").strip()
+
+    def decode(
+        self,
+        ids: Sequence[int],
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
+    ) -> str:
+        """Ids -> text: tokens joined by spaces, ``##`` pieces glued (transformers' ``decode``).
+
+        Args:
+            ids: token ids (list, tuple or 1-D array).
+            skip_special_tokens: leave out [CLS], [SEP], [PAD], [MASK], [UNK].
+            clean_up_tokenization_spaces: ``None`` uses the constructor's setting.
+        """
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()
+        text = self.convert_tokens_to_string(self.convert_ids_to_tokens(list(ids), skip_special_tokens))
+        clean = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
+        return self.clean_up_tokenization(text) if clean else text
+
+    def batch_decode(self, batch: Sequence[Sequence[int]], **kwargs) -> list[str]:
+        """:meth:`decode` for each row of ``batch``."""
+        return [self.decode(ids, **kwargs) for ids in batch]
+
+    # ------------------------------------------------------------------ saving
+    def save_vocabulary(self, save_directory: str | os.PathLike, filename_prefix: str | None = None) -> tuple[str]:
+        """Write the vocab (by id) to ``save_directory/[prefix-]vocab.txt`` atomically.
+
+        If ``save_directory`` is not an existing directory it is taken as the file path.
+        Returns a 1-tuple with the path written (as transformers does).
+        """
+        directory = Path(save_directory)
+        name = (filename_prefix + "-" if filename_prefix else "") + "vocab.txt"
+        path = directory / name if directory.is_dir() else Path(
+            (filename_prefix + "-" if filename_prefix else "") + str(save_directory)
+        )
+        tokens = [t for t, _ in sorted(self.vocab.items(), key=lambda kv: kv[1])]
+        write_vocab(tokens, path)
+        return (str(path),)
