@@ -1101,7 +1101,8 @@ def unigram_cross_entropy(counts: np.ndarray, labels: np.ndarray | Iterable[np.n
         float, nats per prediction (nan if there is no prediction).
     """
     counts = np.asarray(counts, dtype=np.float64)
-    logp = np.log(counts + smoothing) - math.log(counts.sum() + smoothing * len(counts))
+    with np.errstate(divide="ignore"):  # unseen ids get -inf only when smoothing == 0
+        logp = np.log(counts + smoothing) - math.log(counts.sum() + smoothing * len(counts))
     if isinstance(labels, np.ndarray):
         labels = [labels]
     total, n = 0.0, 0

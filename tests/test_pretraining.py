@@ -1,0 +1,634 @@
+"""Tests for minibert.pretraining: corpus errors, token store, NSP pairs, masking, batches."""
+
+from __future__ import annotations
+
+import collections
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from minibert.pretraining import (
+    IGNORE_INDEX,
+    CorpusError,
+    TokenStore,
+    VocabInfo,
+    build_or_load_store,
+    build_store,
+    count_instances,
+    create_instances_from_document,
+    create_masked_lm_predictions,
+    iter_documents,
+    iterate_batches,
+    iterate_instances,
+    load_store,
+    make_eval_batches,
+    resolve_corpus_files,
+    save_store,
+    split_documents,
+    token_counts,
+    truncate_seq_pair,
+    unigram_cross_entropy,
+)
+
+VOCAB_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "vocab" / "bert-base-uncased-vocab.txt"
+if not VOCAB_FILE.is_file():
+    VOCAB_FILE = Path("/work/shared/data/vocab/bert-base-uncased-vocab.txt")
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+PAD, UNK, CLS, SEP, MASK = range(5)
+
+
+class StandInTokenizer:
+    """A tiny whitespace + greedy longest-match WordPiece tokenizer for tests."""
+
+    def __init__(self, words):
+        self.vocab = {t: i for i, t in enumerate(SPECIALS + list(words))}
+        self.ids_to_tokens = {i: t for t, i in self.vocab.items()}
+        self.calls = 0
+
+    def tokenize(self, text):
+        self.calls += 1
+        out = []
+        for word in text.lower().split():
+            start, pieces = 0, []
+            while start < len(word):
+                end = len(word)
+                while end > start:
+                    piece = word[start:end] if start == 0 else "##" + word[start:end]
+                    if piece in self.vocab:
+                        break
+                    end -= 1
+                if end == start:
+                    pieces = ["[UNK]"]
+                    break
+                pieces.append(piece)
+                start = end
+            out.extend(pieces)
+        return out
+
+    def convert_tokens_to_ids(self, tokens):
+        return [self.vocab.get(t, self.vocab["[UNK]"]) for t in tokens]
+
+
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "play", "##ing", "##ed", "un", "##do", "a", "."]
+
+
+@pytest.fixture
+def tok():
+    return StandInTokenizer(WORDS)
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    path.write_bytes(text)
+    return path
+
+
+def position_store(doc_sentence_lengths, first_id=10):
+    """A store whose token ids are consecutive integers in corpus order, so each id says where it came from."""
+    lengths = [n for doc in doc_sentence_lengths for n in doc]
+    sent = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    docs = np.concatenate([[0], np.cumsum([len(d) for d in doc_sentence_lengths])]).astype(np.int64)
+    tokens = np.arange(first_id, first_id + sent[-1], dtype=np.int32)
+    return TokenStore(tokens, sent, docs)
+
+
+def random_position_store(rng, n_docs=40, max_sents=12, min_len=1, max_len=12):
+    return position_store(
+        [list(rng.integers(min_len, max_len + 1, size=int(rng.integers(1, max_sents + 1)))) for _ in range(n_docs)]
+    )
+
+
+def big_vocab_info(V=5000):
+    words = {f"w{i}": i for i in range(5, V)}
+    words.update({t: i for i, t in enumerate(SPECIALS)})
+    return VocabInfo.from_vocab(words)
+
+
+def doc_of_token(store, ids):
+    """Underlying document index of each (position-encoded) token id."""
+    tok_pos = np.asarray(ids) - store.tokens[0]
+    sent = np.searchsorted(store.sentence_offsets, tok_pos, side="right") - 1
+    return np.searchsorted(store.document_offsets, sent, side="right") - 1
+
+
+def unmasked(batch):
+    return np.where(batch.labels != IGNORE_INDEX, batch.labels, batch.input_ids)
+
+
+# ------------------------------------------------------------------ reading errors
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(CorpusError, match="not found.*nope.txt"):
+        resolve_corpus_files([tmp_path / "nope.txt"])
+
+
+def test_empty_corpus(tmp_path, tok):
+    f = write(tmp_path / "empty.txt", "")
+    with pytest.raises(CorpusError, match="empty.*empty.txt"):
+        build_store([f], tok, show_progress=False)
+    g = write(tmp_path / "blank.txt", "\n\n  \n")
+    with pytest.raises(CorpusError, match="empty"):
+        build_store([g], tok, show_progress=False)
+
+
+def test_no_document_break(tmp_path, tok):
+    f = write(tmp_path / "one.txt", "the cat sat .\nthe dog ran .\na mat .\n")
+    with pytest.raises(CorpusError, match=r"1 document.*blank line") as e:
+        build_store([f], tok, show_progress=False)
+    assert "one.txt" in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_bad_utf8_names_file_and_line(tmp_path, tok):
+    f = write(tmp_path / "bad.txt", b"the cat .\n\nthe dog .\nplay\xff\xfeing\n")
+    with pytest.raises(CorpusError, match=r"bad\.txt:4: not valid UTF-8"):
+        build_store([f], tok, show_progress=False)
+
+
+def test_directory_expansion_sorted_and_empty_dir(tmp_path):
+    write(tmp_path / "d" / "b.txt", "x\n")
+    write(tmp_path / "d" / "a.txt", "x\n")
+    write(tmp_path / "d" / "c.md", "x\n")
+    one = write(tmp_path / "z.txt", "x\n")
+    files = resolve_corpus_files([one, tmp_path / "d"])
+    assert [f.name for f in files] == ["z.txt", "a.txt", "b.txt"]
+    (tmp_path / "e").mkdir()
+    with pytest.raises(CorpusError, match="no \\*.txt"):
+        resolve_corpus_files(tmp_path / "e")
+
+
+# ------------------------------------------------------------------ the store
+
+
+def test_iter_documents_format(tmp_path):
+    f = write(tmp_path / "a.txt", "\ufeffone two\r\n  three \r\n\r\n\r\nfour\n\nfive\nsix")
+    g = write(tmp_path / "b.txt", "seven\n")
+    assert list(iter_documents([f, g])) == [["one two", "three"], ["four"], ["five", "six"], ["seven"]]
+
+
+def test_build_store_structure(tmp_path, tok):
+    text = "the cat sat .\nplaying undo\n\n\nthe dog ran\n???\na mat\n\n!!!\n\nthe end"
+    f = write(tmp_path / "c.txt", text)
+    store = build_store([f], tok, show_progress=False)
+    # "???" tokenizes to [UNK] (kept); "!!!" too. Lines whose tokenization is empty are
+    # dropped: none here, so 3 + 1 + 1 + ... documents:
+    docs = [[tok.convert_tokens_to_ids(tok.tokenize(s)) for s in d] for d in iter_documents([f])]
+    assert store.num_documents == len(docs) == 4
+    for d, want in enumerate(docs):
+        assert [list(s) for s in store.document(d)] == want
+    assert store.tokens.dtype == np.int32
+    assert store.sentence_offsets.dtype == np.int64 and store.document_offsets.dtype == np.int64
+    assert tok.vocab["##ing"] in store.tokens
+
+
+def test_lines_without_tokens_are_dropped(tmp_path, tok):
+    class Dropper(StandInTokenizer):
+        def tokenize(self, text):
+            return [] if text == "skip" else super().tokenize(text)
+
+    t = Dropper(WORDS)
+    f = write(tmp_path / "c.txt", "the cat\nskip\n\nskip\n\nthe dog\n")
+    store = build_store([f], t, show_progress=False)
+    assert store.num_documents == 2 and store.num_sentences == 2
+
+
+def test_save_load_roundtrip_mmap(tmp_path):
+    store = random_position_store(np.random.default_rng(0))
+    save_store(store, tmp_path / "s")
+    back = load_store(tmp_path / "s")
+    assert isinstance(back.tokens, np.memmap)
+    for a, b in [(store.tokens, back.tokens), (store.sentence_offsets, back.sentence_offsets),
+                 (store.document_offsets, back.document_offsets)]:
+        np.testing.assert_array_equal(a, b)
+    # A view saves as a compact store with the same documents.
+    view = store.subset([5, 1, 7])
+    save_store(view, tmp_path / "v")
+    vb = load_store(tmp_path / "v", mmap=False)
+    assert vb.num_documents == 3
+    for d in range(3):
+        assert [list(s) for s in vb.document(d)] == [list(s) for s in view.document(d)]
+    (tmp_path / "v" / "tokens.npy").unlink()
+    with pytest.raises(CorpusError, match="tokens.npy"):
+        load_store(tmp_path / "v")
+
+
+def test_build_or_load_store_caches(tmp_path, tok):
+    f = write(tmp_path / "c.txt", "the cat\n\nthe dog\n")
+    s1 = build_or_load_store([f], tok, tmp_path / "cache", show_progress=False)
+    calls = tok.calls
+    s2 = build_or_load_store([f], tok, tmp_path / "cache", show_progress=False)
+    assert tok.calls == calls + 1  # only the fingerprint probe, no re-tokenization
+    np.testing.assert_array_equal(s1.tokens, s2.tokens)
+    write(f, "the cat\n\nthe dog ran ran\n")
+    s3 = build_or_load_store([f], tok, tmp_path / "cache", show_progress=False)
+    assert s3.num_tokens == s1.num_tokens + 2
+
+
+def test_split_documents():
+    store = random_position_store(np.random.default_rng(1), n_docs=50)
+    tr, ev = split_documents(store, eval_fraction=0.1, seed=3)
+    assert ev.num_documents == 5 and tr.num_documents == 45
+    assert set(tr.doc_ids).isdisjoint(ev.doc_ids) and set(tr.doc_ids) | set(ev.doc_ids) == set(range(50))
+    tr2, ev2 = split_documents(store, eval_fraction=0.1, seed=3)
+    np.testing.assert_array_equal(ev.doc_ids, ev2.doc_ids)
+    _, ev3 = split_documents(store, eval_documents=5, seed=4)
+    assert not np.array_equal(ev.doc_ids, ev3.doc_ids)
+    assert tr.num_tokens + ev.num_tokens == store.num_tokens
+    with pytest.raises(CorpusError):
+        split_documents(position_store([[3], [4], [5]]), eval_documents=2)
+    with pytest.raises(ValueError):
+        split_documents(store, eval_fraction=0.1, eval_documents=3)
+
+
+# ------------------------------------------------------------------ NSP instances
+
+
+@settings(max_examples=200, deadline=None)
+@given(la=st.integers(1, 60), lb=st.integers(1, 60), m=st.integers(2, 60), seed=st.integers(0, 2**32 - 1))
+def test_truncate_seq_pair(la, lb, m, seed):
+    a0, a1, b0, b1 = truncate_seq_pair(la, lb, m, np.random.default_rng(seed))
+    na, nb = a1 - a0, b1 - b0
+    assert 0 <= a0 <= a1 <= la and 0 <= b0 <= b1 <= lb
+    assert na + nb == min(la + lb, m)
+    assert na >= 1 and nb >= 1
+    # Lengths are deterministic: one token at a time comes off the longer side (B on a tie);
+    # only front vs back is random.
+    ea, eb = la, lb
+    while ea + eb > m:
+        if ea > eb:
+            ea -= 1
+        else:
+            eb -= 1
+    assert (na, nb) == (ea, eb)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), max_seq_length=st.integers(5, 40), short=st.sampled_from([0.0, 0.1, 1.0]))
+def test_instances_structure_and_nsp_provenance(seed, max_seq_length, short):
+    rng = np.random.default_rng(seed)
+    store = random_position_store(rng, n_docs=8)
+    for d in range(store.num_documents):
+        for ids, types, label in create_instances_from_document(store, d, max_seq_length, short, rng, CLS, SEP):
+            L = len(ids)
+            assert L <= max_seq_length
+            seps = np.flatnonzero(ids == SEP)
+            assert ids[0] == CLS and len(seps) == 2 and seps[1] == L - 1
+            a, b = ids[1 : seps[0]], ids[seps[0] + 1 : L - 1]
+            assert len(a) >= 1 and len(b) >= 1
+            np.testing.assert_array_equal(types, np.r_[np.zeros(len(a) + 2), np.ones(len(b) + 1)])
+            # A and B are each one contiguous run of the corpus (truncation only trims ends).
+            assert np.all(np.diff(a) == 1) and np.all(np.diff(b) == 1)
+            assert set(doc_of_token(store, a)) == {d}
+            db = set(doc_of_token(store, b))
+            assert len(db) == 1
+            if label == 0:  # IsNext: B comes after A in the same document
+                assert db == {d} and b[0] > a[-1]
+            else:
+                assert db != {d}
+
+
+def test_nsp_is_about_half_random():
+    rng = np.random.default_rng(0)
+    store = random_position_store(rng, n_docs=800, max_sents=20, min_len=3, max_len=8)
+    labels = [lab for d in range(store.num_documents)
+              for _, _, lab in create_instances_from_document(store, d, 64, 0.1, rng, CLS, SEP)]
+    # Slightly above 1/2: chunks of a single sentence always take a random B, as in the reference.
+    assert len(labels) > 1000
+    assert 0.47 < np.mean(labels) < 0.6
+
+
+def test_random_next_puts_back_unused_sentences():
+    # With sequences too long to ever truncate, the A segments and the IsNext B segments of
+    # a document partition its tokens: when B is random, the chunk's unused sentences are
+    # put back and start the next chunk instead of being lost (reference behaviour).
+    rng = np.random.default_rng(5)
+    store = random_position_store(rng, n_docs=40, max_sents=20, min_len=1, max_len=3)
+    n_random = 0
+    for d in range(store.num_documents):
+        used = []
+        for ids, _, lab in create_instances_from_document(store, d, 1000, 1.0, rng, CLS, SEP):
+            sep = int(np.flatnonzero(ids == SEP)[0])
+            used.extend(ids[1:sep].tolist())
+            if lab == 0:
+                used.extend(ids[sep + 1 : -1].tolist())
+            n_random += lab
+        t0, t1 = store.token_range(d)
+        assert sorted(used) == store.tokens[t0:t1].tolist()
+    assert n_random > 20
+
+
+# ------------------------------------------------------------------ masking
+
+
+@settings(max_examples=200, deadline=None)
+@given(L=st.integers(3, 128), prob=st.sampled_from([0.05, 0.15, 0.5]), max_pred=st.integers(1, 30),
+       seed=st.integers(0, 2**32 - 1), wwm=st.booleans())
+def test_masking_positions_and_counts(L, prob, max_pred, seed, wwm):
+    vi = big_vocab_info()
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, vi.vocab_size, size=L)
+    ids[0] = CLS
+    ids[rng.integers(1, L)] = SEP
+    ids[-1] = SEP
+    before = ids.copy()
+    out, pos, labels = create_masked_lm_predictions(ids, vi, prob, max_pred, rng, whole_word_mask=wwm)
+    np.testing.assert_array_equal(ids, before)  # input not mutated
+    n_cand = int(np.sum((ids != CLS) & (ids != SEP)))
+    want = min(max_pred, max(1, int(round(L * prob))))
+    assert len(pos) == min(want, n_cand)  # no ## pieces in this vocab: groups are single tokens
+    assert np.all(np.diff(pos) > 0)
+    assert not np.isin(ids[pos], [CLS, SEP, PAD]).any()
+    np.testing.assert_array_equal(labels, ids[pos])
+    rest = np.setdiff1d(np.arange(L), pos)
+    np.testing.assert_array_equal(out[rest], ids[rest])
+    assert out.dtype == np.int32 and pos.dtype == np.int32 and labels.dtype == np.int32
+
+
+def test_mask_keep_random_proportions():
+    vi = big_vocab_info(20000)
+    rng = np.random.default_rng(0)
+    n_mask = n_keep = n_rand = 0
+    specials_seen = 0
+    for _ in range(1500):
+        ids = np.r_[CLS, rng.integers(5, vi.vocab_size, size=126), SEP].astype(np.int64)
+        out, pos, labels = create_masked_lm_predictions(ids, vi, 0.15, 20, rng)
+        new = out[pos]
+        n_mask += int(np.sum(new == MASK))
+        n_keep += int(np.sum(new == labels))
+        r = (new != MASK) & (new != labels)
+        n_rand += int(np.sum(r))
+        specials_seen += int(np.sum(new[r] < 5))
+    total = n_mask + n_keep + n_rand
+    assert total == 1500 * 19  # round(128 * 0.15) = 19
+    # sd of each share is <= 0.003 on 28500 draws; 0.015 is 5 sd.
+    assert abs(n_mask / total - 0.8) < 0.015
+    assert abs(n_keep / total - 0.1) < 0.015
+    assert abs(n_rand / total - 0.1) < 0.015
+    assert specials_seen == 0
+
+
+def test_random_replacements_cover_exactly_the_allowed_ids():
+    vocab = {t: i for i, t in enumerate(SPECIALS + ["a", "b", "c", "d", "e"])}
+    for exclude, allowed in ((True, set(range(5, 10))), (False, set(range(10)))):
+        vi = VocabInfo.from_vocab(vocab, exclude_special_from_random=exclude)
+        rng = np.random.default_rng(0)
+        seen = collections.Counter()
+        ids = np.array([CLS] + [5] * 18 + [SEP])
+        for _ in range(2000):
+            out, pos, _ = create_masked_lm_predictions(ids, vi, 0.15, 20, rng)
+            new = out[pos]
+            seen.update(new[(new != MASK) & (new != 5)].tolist())
+        # The "random" draws that differ from the original (id 5) are every other allowed id.
+        # ([MASK] drawn as a "random" token is indistinguishable from the 80% case: left out.)
+        assert set(seen) == allowed - {5, MASK}
+
+
+def test_whole_word_masking_masks_every_piece():
+    tok = StandInTokenizer(WORDS)
+    vi = VocabInfo.from_tokenizer(tok)
+    rng = np.random.default_rng(0)
+    words = ["playing", "played", "undo", "the", "cat", "undoing"]
+    saw_partial_word = False
+    for trial in range(300):
+        sent = " ".join(rng.choice(words, size=12))
+        pieces = tok.tokenize(sent)
+        ids = np.array([CLS] + tok.convert_tokens_to_ids(pieces) + [SEP])
+        # word index of every position (CLS/SEP: -1)
+        word_of, w = [-1], -1
+        for p in pieces:
+            if not p.startswith("##"):
+                w += 1
+            word_of.append(w)
+        word_of = np.array(word_of + [-1])
+        for wwm in (True, False):
+            _, pos, _ = create_masked_lm_predictions(ids, vi, 0.15, 20, rng, whole_word_mask=wwm)
+            masked = np.zeros(len(ids), bool)
+            masked[pos] = True
+            complete = all(masked[word_of == word_of[p]].all() for p in pos)
+            if wwm:
+                assert complete
+                assert len(pos) <= min(20, max(1, round(len(ids) * 0.15)))
+            elif not complete:
+                saw_partial_word = True
+    assert saw_partial_word  # without whole-word masking, pieces are masked independently
+
+
+def test_whole_word_group_does_not_cross_sep():
+    tok = StandInTokenizer(WORDS)
+    vi = VocabInfo.from_tokenizer(tok)
+    # [CLS] play [SEP] ##ing [SEP]: num_to_predict = max(1, round(5 * 0.15)) = 1. If ##ing joined
+    # "play" across the [SEP] the only group would have 2 pieces and be skipped (nothing masked).
+    ids = np.array([CLS, tok.vocab["play"], SEP, tok.vocab["##ing"], SEP])
+    for seed in range(20):
+        _, pos, _ = create_masked_lm_predictions(ids, vi, 0.15, 20, np.random.default_rng(seed), whole_word_mask=True)
+        assert len(pos) == 1 and pos[0] in (1, 3)
+    # Inside a segment the word is one group: 2 pieces > 1 prediction, so it is skipped.
+    ids = np.array([CLS, tok.vocab["play"], tok.vocab["##ing"], SEP, SEP])
+    _, pos, _ = create_masked_lm_predictions(ids, vi, 0.15, 20, np.random.default_rng(0), whole_word_mask=True)
+    assert len(pos) == 0
+
+
+def test_short_seq_prob_shortens_targets():
+    rng = np.random.default_rng(0)
+    store = position_store([list(rng.integers(2, 7, size=60)) for _ in range(60)])  # ~240 tokens each
+
+    def lengths(p):
+        r = np.random.default_rng(1)
+        return np.array([len(ids) for d in range(store.num_documents)
+                         for ids, _, _ in create_instances_from_document(store, d, 64, p, r, CLS, SEP)])
+
+    full, short = lengths(0.0), lengths(1.0)
+    assert np.mean(full < 32) < 0.2  # mostly full sequences (a few document ends)
+    assert np.mean(short < 32) > 0.4  # target uniform in [2, 61]
+    assert short.min() <= 8
+
+
+def test_vocab_info_real_vocab():
+    if not VOCAB_FILE.is_file():
+        pytest.skip("shared vocab not present")
+    lines = VOCAB_FILE.read_text(encoding="utf-8").split("\n")
+    vocab = {t: i for i, t in enumerate(lines[:-1] if lines[-1] == "" else lines)}
+    vi = VocabInfo.from_vocab(vocab)
+    assert (vi.vocab_size, vi.pad_id, vi.unk_id, vi.cls_id, vi.sep_id, vi.mask_id) == (30522, 0, 100, 101, 102, 103)
+    assert not np.isin([0, 100, 101, 102, 103], vi.random_ids).any()
+    assert len(vi.random_ids) == 30522 - 5
+    assert vi.is_continuation[vocab["##ing"]] and not vi.is_continuation[vocab["the"]]
+    full = VocabInfo.from_vocab(vocab, exclude_special_from_random=False)
+    assert len(full.random_ids) == 30522
+    with pytest.raises(ValueError, match="MASK"):
+        VocabInfo.from_vocab({t: i for t, i in vocab.items() if t != "[MASK]"})
+
+
+# ------------------------------------------------------------------ epochs and batches
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    store = random_position_store(np.random.default_rng(42), n_docs=60, max_sents=15, max_len=14)
+    return store, big_vocab_info(store.num_tokens + 20)
+
+
+def test_batches_shapes_and_invariants(corpus):
+    store, vi = corpus
+    T = 32
+    batches = list(iterate_batches(store, vi, 8, T, epoch=0, seed=1, whole_word_mask=False))
+    assert len(batches) > 10
+    for b in batches:
+        for a in (b.input_ids, b.token_type_ids, b.attention_mask, b.labels):
+            assert a.shape == (8, T) and a.dtype == np.int64
+        assert b.next_sentence_label.shape == (8,) and b.next_sentence_label.dtype == np.int64
+        real = b.attention_mask == 1
+        assert np.all(b.input_ids[~real] == PAD) and np.all(b.labels[~real] == IGNORE_INDEX)
+        assert np.all(b.token_type_ids[~real] == 0)
+        # padding is a suffix
+        assert np.all(np.diff(b.attention_mask, axis=1) <= 0)
+        lab = b.labels != IGNORE_INDEX
+        assert not np.isin(b.input_ids[lab & (b.input_ids == b.labels)], [CLS, SEP, PAD]).any()
+        assert not np.isin(b.labels[lab], [CLS, SEP, PAD]).any()
+        assert set(np.unique(b.next_sentence_label)) <= {0, 1}
+    n = count_instances(store, T, epoch=0, seed=1)
+    assert len(batches) == n // 8
+
+
+def test_same_arguments_same_batches_and_resume(corpus):
+    store, vi = corpus
+    kw = dict(batch_size=4, max_seq_length=24, epoch=3, seed=7, shuffle_buffer=50)
+    full = list(iterate_batches(store, vi, **kw))
+    again = list(iterate_batches(store, vi, **kw))
+    tail = list(iterate_batches(store, vi, start_batch=9, **kw))
+    assert len(tail) == len(full) - 9
+    for x, y in zip(full, again):
+        np.testing.assert_array_equal(x.input_ids, y.input_ids)
+        np.testing.assert_array_equal(x.labels, y.labels)
+    for x, y in zip(full[9:], tail):
+        for f in ("input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"):
+            np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
+    # Batches are the instance stream cut into groups, from its very first instance.
+    insts = list(iterate_instances(store, vi, 24, 3, 7, shuffle_buffer=50))
+    assert len(full) == len(insts) // 4
+    np.testing.assert_array_equal(full[0].input_ids[0, : len(insts[0].input_ids)], insts[0].input_ids)
+    np.testing.assert_array_equal(full[-1].input_ids[-1, : len(insts[len(full) * 4 - 1].input_ids)],
+                                  insts[len(full) * 4 - 1].input_ids)
+    other_seed = next(iterate_batches(store, vi, **{**kw, "seed": 8}))
+    assert not np.array_equal(full[0].input_ids, other_seed.input_ids)
+
+
+def _instances_by_content(store, vi, epoch, **kw):
+    """Map unmasked (ids) -> masked ids of every instance of an epoch."""
+    out = {}
+    for inst in iterate_instances(store, vi, 32, epoch, seed=3, **kw):
+        orig = inst.input_ids.copy()
+        orig[inst.masked_positions] = inst.masked_labels
+        out[orig.tobytes()] = inst.input_ids.tobytes()
+    return out
+
+
+def test_dynamic_masking_changes_masks_each_epoch(corpus):
+    store, vi = corpus
+    e0 = _instances_by_content(store, vi, 0, masking="dynamic", dupe_factor=1)
+    e1 = _instances_by_content(store, vi, 1, masking="dynamic", dupe_factor=1)
+    assert e0.keys() == e1.keys()  # same pairs (dupe_factor=1) ...
+    changed = np.mean([e0[k] != e1[k] for k in e0])
+    assert changed > 0.9  # ... with fresh masks
+
+
+def test_static_masking_cycles_dupe_factor(corpus):
+    store, vi = corpus
+    e0 = _instances_by_content(store, vi, 0, masking="static", dupe_factor=2)
+    e1 = _instances_by_content(store, vi, 1, masking="static", dupe_factor=2)
+    e2 = _instances_by_content(store, vi, 2, masking="static", dupe_factor=2)
+    assert e0 == e2  # epoch 2 replays copy 0: same pairs, same masks
+    assert e0 != e1
+    order0 = [i.input_ids.tobytes() for i in iterate_instances(store, vi, 32, 0, 3, masking="static", dupe_factor=2)]
+    order2 = [i.input_ids.tobytes() for i in iterate_instances(store, vi, 32, 2, 3, masking="static", dupe_factor=2)]
+    assert order0 != order2 and sorted(order0) == sorted(order2)  # reshuffled each epoch
+
+
+def test_epoch_covers_every_document_once_per_pass(corpus):
+    store, vi = corpus
+    docs = collections.Counter(i.document for i in iterate_instances(store, vi, 32, 0, 0, shuffle_buffer=7))
+    assert set(docs) == set(range(store.num_documents))
+    n = sum(docs.values())
+    assert n == count_instances(store, 32, 0, 0)
+
+
+def test_shuffle_buffer_of_one_keeps_documents_together(corpus):
+    store, vi = corpus
+    docs = [i.document for i in iterate_instances(store, vi, 32, 0, 0, shuffle_buffer=1)]
+    runs = [d for k, d in enumerate(docs) if k == 0 or docs[k - 1] != d]
+    assert len(runs) == store.num_documents  # each document's instances come out contiguously
+
+
+def test_pad_to_multiple_of(corpus):
+    store, vi = corpus
+    for b in iterate_batches(store, vi, 4, 30, 0, 0, pad_to_multiple_of=8, short_seq_prob=1.0):
+        T = b.input_ids.shape[1]
+        longest = int(b.attention_mask.sum(1).max())
+        assert T >= longest and (T % 8 == 0 or T == 30) and T - longest < 8
+
+
+def test_eval_batches_fixed_and_unigram_baseline(corpus):
+    store, vi = corpus
+    tr, ev = split_documents(store, eval_documents=10, seed=0)
+    e1 = make_eval_batches(ev, vi, 16, 32, seed=5)
+    e2 = make_eval_batches(ev, vi, 16, 32, seed=5)
+    assert len(e1) == len(e2) > 0
+    for a, b in zip(e1, e2):
+        np.testing.assert_array_equal(a.input_ids, b.input_ids)
+        np.testing.assert_array_equal(a.labels, b.labels)
+    # Held-out batches use only held-out documents (B sentences included).
+    eval_docs = set(ev.doc_ids.tolist())
+    for b in e1:
+        toks = unmasked(b)[b.attention_mask == 1]
+        toks = toks[(toks != CLS) & (toks != SEP)]
+        assert set(doc_of_token(store, toks).tolist()) <= eval_docs
+    counts = token_counts(tr, vi.vocab_size)
+    assert counts.sum() == tr.num_tokens
+    t0, t1 = tr.token_range(0)
+    assert counts[store.tokens[t0]] == 1  # position-encoded tokens occur once
+    # On its own tokens, with no smoothing, the cross-entropy is the entropy.
+    c = np.array([5, 3, 2, 0], dtype=np.int64)
+    lab = np.repeat(np.arange(4), c)
+    p = c[:3] / c.sum()
+    assert math.isclose(unigram_cross_entropy(c, lab, smoothing=0.0), float(-(p * np.log(p)).sum()))
+    assert np.isfinite(unigram_cross_entropy(counts, [b.labels for b in e1]))
+
+
+def test_single_document_store_is_refused():
+    store = position_store([[3, 4, 5]])
+    vi = big_vocab_info()
+    with pytest.raises(CorpusError, match="at least 2"):
+        next(iterate_batches(store, vi, 2, 16, 0, 0))
+
+
+def test_real_tokenizer_end_to_end(tmp_path):
+    try:
+        from minibert.tokenization import BertTokenizer
+    except ImportError:
+        pytest.skip("minibert.tokenization.BertTokenizer not available yet")
+    if not VOCAB_FILE.is_file():
+        pytest.skip("shared vocab not present")
+    tok = BertTokenizer(str(VOCAB_FILE), do_lower_case=True)
+    f = write(tmp_path / "c.txt", "The cat sat on the mat.\nIt was purring loudly.\n\nUnbelievable things happen.\nA second sentence!\n")
+    store = build_store([f], tok, show_progress=False)
+    vi = VocabInfo.from_tokenizer(tok)
+    assert store.num_documents == 2
+    assert list(store.document(0)[0]) == tok.convert_tokens_to_ids(tok.tokenize("The cat sat on the mat."))
+    batches = list(iterate_batches(store, vi, 2, 32, 0, 0, drop_last=False))
+    assert batches and all(b.input_ids.shape[1] == 32 for b in batches)
+
+
+def test_truncation_side_is_random():
+    fronts = backs = 0
+    for seed in range(200):
+        a0, a1, _, _ = truncate_seq_pair(10, 2, 9, np.random.default_rng(seed))
+        fronts += a0 > 0
+        backs += a1 < 10
+    assert fronts > 20 and backs > 20
