@@ -1,0 +1,98 @@
+"""Checkpoints: one ``.npz`` file holding the model, the optimizer and the run's state.
+
+Layout of the archive (NumPy ``.npz``, no pickles):
+    ``model/<name>``  parameter arrays under their HF names (tied names included);
+    ``optim/<key>``   AdamW moments and step count (``AdamW.state_dict``);
+    ``meta``          UTF-8 JSON: {"format", "config", "trainer"} as a uint8 array.
+
+Files are written atomically: to a temporary file in the same directory, flushed and
+fsync-ed, then renamed over the target, so a crash mid-write never damages the last good
+checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .modeling import BertConfig
+
+FORMAT = "minibert-checkpoint-1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that does not fit the model it is loaded into."""
+
+
+def atomic_write(path: str | os.PathLike, write) -> Path:
+    """Call ``write(fileobj)`` on a temporary file beside ``path``, then rename it to
+    ``path``. Returns the final path. The temporary file is removed on failure."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
+                    trainer_state: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (its config and state_dict), ``optimizer`` (if given) and a JSON-able
+    ``trainer_state`` to ``path`` atomically. Returns the path written."""
+    arrays = {"model/" + k: v for k, v in model.state_dict().items()}
+    if optimizer is not None:
+        arrays.update({"optim/" + k: v for k, v in optimizer.state_dict().items()})
+    meta = {"format": FORMAT, "config": model.config.to_dict(), "trainer": trainer_state or {}}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    return atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Returns:
+        {"config": BertConfig, "model": {name: array}, "optim": {key: array},
+         "trainer": dict}.
+    Raises:
+        CheckpointError: missing file, not a minibert checkpoint, or a damaged archive.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            files = {k: z[k] for k in z.files}
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path}: cannot be read as .npz ({e})") from e
+    if "meta" not in files:
+        raise CheckpointError(f"checkpoint {path}: no 'meta' entry, not a minibert checkpoint")
+    meta = json.loads(files.pop("meta").tobytes().decode("utf-8"))
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, "
+                              f"expected {FORMAT!r}")
+    return {
+        "config": BertConfig.from_dict(meta["config"]),
+        "model": {k[6:]: v for k, v in files.items() if k.startswith("model/")},
+        "optim": {k[6:]: v for k, v in files.items() if k.startswith("optim/")},
+        "trainer": meta.get("trainer", {}),
+    }
+
+
+def check_same_config(saved: BertConfig, current: BertConfig, source: str) -> None:
+    """Raise CheckpointError listing every field where ``saved`` differs from ``current``."""
+    diffs = [f"{k}: checkpoint has {v!r}, this run has {current.to_dict()[k]!r}"
+             for k, v in saved.to_dict().items() if current.to_dict()[k] != v]
+    if diffs:
+        raise CheckpointError(f"checkpoint {source} was made with another model config: "
+                              + "; ".join(diffs))

@@ -1,0 +1,169 @@
+"""Gradient checks, float64 central differences, for every layer's hand-written backward.
+
+Shapes and values are drawn by hypothesis; the upstream gradient G is random (an all-ones
+upstream gradient would hide, for example, a LayerNorm backward that forgets the mean term).
+The scalar checked is L = sum(out * G).
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minibert.gradcheck import numerical_gradient
+from minibert.nn import (Embedding, attention_backward, attention_forward,
+                         cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
+                         layernorm_backward, layernorm_forward, linear_backward, linear_forward,
+                         softmax_backward, softmax_forward)
+from minibert.nn.activations import ACTIVATIONS
+from minibert.nn.dropout import dropout_backward, dropout_forward
+from minibert.testing import assert_gradients_match, float_arrays, seeds
+
+SETTINGS = settings(max_examples=25, deadline=None)
+dims = st.integers(1, 5)
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+@SETTINGS
+@given(lead=st.lists(dims, min_size=1, max_size=2), i=dims, o=dims, bias=st.booleans(),
+       seed=seeds)
+def test_linear_gradients(lead, i, o, bias, seed):
+    rng = np.random.default_rng(seed)
+    x, w, b = rand(rng, *lead, i), rand(rng, o, i), (rand(rng, o) if bias else None)
+    G = rand(rng, *lead, o)
+    out, cache = linear_forward(x, w, b)
+    np.testing.assert_allclose(out, x @ w.T + (0 if b is None else b), rtol=1e-12)
+    dx, dw, db = linear_backward(G, cache)
+    f = lambda: float((linear_forward(x, w, b)[0] * G).sum())
+    assert_gradients_match(dx, numerical_gradient(f, x), "dx")
+    assert_gradients_match(dw, numerical_gradient(f, w), "dw")
+    if bias:
+        assert_gradients_match(db, numerical_gradient(f, b), "db")
+    else:
+        assert db is None
+
+
+@SETTINGS
+@given(lead=st.lists(dims, min_size=1, max_size=2), c=st.integers(2, 8), seed=seeds)
+def test_layernorm_gradients(lead, c, seed):
+    rng = np.random.default_rng(seed)
+    x, w, b, G = rand(rng, *lead, c), rand(rng, c), rand(rng, c), rand(rng, *lead, c)
+    _, cache = layernorm_forward(x, w, b)
+    dx, dw, db = layernorm_backward(G, cache)
+    f = lambda: float((layernorm_forward(x, w, b)[0] * G).sum())
+    assert_gradients_match(dx, numerical_gradient(f, x), "dx", tol=1e-5)
+    assert_gradients_match(dw, numerical_gradient(f, w), "dw")
+    assert_gradients_match(db, numerical_gradient(f, b), "db")
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(ACTIVATIONS)), x=float_arrays(st.tuples(dims, dims), 2.0),
+       seed=seeds)
+def test_activation_gradients(name, x, seed):
+    fwd, bwd = ACTIVATIONS[name]
+    if name == "relu":  # keep away from the kink, where the derivative is undefined
+        x = np.where(np.abs(x) < 1e-3, 0.5, x)
+    G = rand(np.random.default_rng(seed), *x.shape)
+    _, cache = fwd(x)
+    f = lambda: float((fwd(x)[0] * G).sum())
+    assert_gradients_match(bwd(G, cache), numerical_gradient(f, x), name)
+
+
+def test_gelu_values_match_the_formulas():
+    from scipy.stats import norm
+    x = np.linspace(-5, 5, 101)
+    np.testing.assert_allclose(ACTIVATIONS["gelu"][0](x)[0], x * norm.cdf(x), rtol=1e-12,
+                               atol=1e-15)
+    tanh_form = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    np.testing.assert_allclose(ACTIVATIONS["gelu_new"][0](x)[0], tanh_form, rtol=1e-12)
+
+
+@SETTINGS
+@given(x=float_arrays(st.tuples(dims, st.integers(1, 7)), 3.0), seed=seeds)
+def test_softmax_gradient(x, seed):
+    G = rand(np.random.default_rng(seed), *x.shape)
+    p = softmax_forward(x)
+    f = lambda: float((softmax_forward(x) * G).sum())
+    assert_gradients_match(softmax_backward(G, p), numerical_gradient(f, x), "softmax")
+
+
+@SETTINGS
+@given(b=st.integers(1, 3), t=st.integers(1, 5), heads=st.sampled_from([1, 2, 3]),
+       hs=st.integers(1, 3), dropout=st.sampled_from([0.0, 0.3]), seed=seeds)
+def test_attention_gradients_with_padding_and_fixed_dropout(b, t, heads, hs, dropout, seed):
+    rng = np.random.default_rng(seed)
+    C = heads * hs
+    q, k, v, G = (rand(rng, b, t, C) for _ in range(4))
+    lengths = rng.integers(1, t + 1, size=b)
+    mask_add = extended_attention_mask((np.arange(t)[None] < lengths[:, None]).astype(np.int64),
+                                       np.float64)
+    drop_seed = int(rng.integers(1 << 30))
+
+    def run():  # a fresh generator with the same seed replays the same dropout mask
+        return attention_forward(q, k, v, mask_add, heads, dropout, np.random.default_rng(drop_seed))
+
+    ctx, probs, cache = run()
+    assert np.all(probs[..., :, :][np.broadcast_to(mask_add < 0, probs.shape)] == 0)
+    dq, dk, dv = attention_backward(G, cache)
+    f = lambda: float((run()[0] * G).sum())
+    assert_gradients_match(dq, numerical_gradient(f, q), "dq")
+    assert_gradients_match(dk, numerical_gradient(f, k), "dk")
+    assert_gradients_match(dv, numerical_gradient(f, v), "dv")
+
+
+@SETTINGS
+@given(n=st.integers(1, 6), k=st.integers(2, 6), smoothing=st.sampled_from([0.0, 0.1]),
+       seed=seeds)
+def test_cross_entropy_gradient_with_ignored_rows(n, k, smoothing, seed):
+    rng = np.random.default_rng(seed)
+    logits = rand(rng, n, k) * 2
+    labels = np.where(rng.random(n) < 0.3, -100, rng.integers(0, k, n))
+    loss, cache = cross_entropy_forward(logits, labels, smoothing)
+    valid = labels != -100
+    if valid.any():
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        target = np.full((n, k), smoothing / k)
+        target[np.arange(n), np.where(valid, labels, 0)] += 1 - smoothing
+        expected = -(target * logp).sum(-1)[valid].mean()
+        assert abs(float(loss) - expected) < 1e-12
+    else:
+        assert float(loss) == 0.0
+    dloss = float(rng.standard_normal())
+    f = lambda: float(cross_entropy_forward(logits, labels, smoothing)[0]) * dloss
+    assert_gradients_match(cross_entropy_backward(cache, dloss), numerical_gradient(f, logits),
+                           "dlogits")
+
+
+def test_cross_entropy_rejects_out_of_range_labels():
+    with pytest.raises(ValueError, match=r"labels must be in \[0, 3\)"):
+        cross_entropy_forward(np.zeros((2, 3)), np.array([0, 3]))
+
+
+@SETTINGS
+@given(x=float_arrays(st.tuples(dims, dims)), p=st.sampled_from([0.1, 0.5]), seed=seeds)
+def test_dropout_gradient_with_fixed_mask(x, p, seed):
+    G = rand(np.random.default_rng(seed), *x.shape)
+    _, mask = dropout_forward(x, p, np.random.default_rng(seed))
+    f = lambda: float((dropout_forward(x, p, np.random.default_rng(seed))[0] * G).sum())
+    assert_gradients_match(dropout_backward(G, mask), numerical_gradient(f, x), "dropout")
+
+
+@SETTINGS
+@given(v=st.integers(2, 6), c=st.integers(1, 4), lead=st.lists(dims, min_size=1, max_size=2),
+       padding=st.booleans(), seed=seeds)
+def test_embedding_gradient_with_repeated_ids(v, c, lead, padding, seed):
+    """Repeated ids must all contribute (fancy-index += would keep one); the padding row
+    gets nothing."""
+    rng = np.random.default_rng(seed)
+    emb = Embedding(v, c, padding_idx=0 if padding else None, rng=rng, dtype=np.float64)
+    ids = rng.integers(0, v, size=lead)
+    G = rand(rng, *lead, c)
+    emb(ids)
+    emb.backward(G)
+    expected = np.zeros((v, c))
+    for i, g in zip(ids.ravel(), G.reshape(-1, c)):
+        if not (padding and i == 0):
+            expected[i] += g
+    np.testing.assert_allclose(emb.weight.grad, expected, rtol=1e-12, atol=1e-12)

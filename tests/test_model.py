@@ -1,0 +1,202 @@
+"""Whole-model gradient checks (float64) and the model's properties and contracts."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minibert import BertConfig, BertForPreTraining, BertModel
+from minibert.gradcheck import directional_derivative, numerical_gradient
+from minibert.modeling import BertEncoder
+from minibert.testing import assert_gradients_match, bert_configs, seeds, token_batches
+
+FULL_CHECK_MAX_SIZE = 48  # tensors up to this size are checked entry by entry
+
+
+def check_all_parameters(model, loss_fn, rng, label):
+    """Compare every parameter's .grad with central differences of loss_fn: entry by entry
+    for small tensors, along a random unit direction for the others."""
+    for name, p in model.named_parameters():
+        if p.data.size <= FULL_CHECK_MAX_SIZE:
+            assert_gradients_match(p.grad, numerical_gradient(loss_fn, p.data),
+                                   f"{label}: {name}", tol=1e-5)
+        else:
+            u = rng.standard_normal(p.data.shape)
+            u /= np.linalg.norm(u)
+            num = directional_derivative(loss_fn, p.data, u)
+            ana = float((p.grad * u).sum())
+            assert_gradients_match(ana, num, f"{label}: {name} (directional)", tol=1e-5)
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_bert_model_gradients_random_upstream(data, seed):
+    config = data.draw(bert_configs(max_hidden=8, max_positions=6))
+    batch = data.draw(token_batches(config, max_batch=2))
+    rng = np.random.default_rng(seed)
+    model = BertModel(config, seed=seed % 1000, dtype=np.float64)
+    out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+    G_h = rng.standard_normal(out.last_hidden_state.shape)
+    G_h *= batch.attention_mask[..., None]  # a loss that ignores padded positions
+    G_p = rng.standard_normal(out.pooler_output.shape)
+    model.zero_grad()
+    model.backward(G_h, G_p)
+
+    def loss():
+        o = model(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+        return float((o.last_hidden_state * G_h).sum() + (o.pooler_output * G_p).sum())
+
+    check_all_parameters(model, loss, rng, "BertModel")
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), dropout=st.sampled_from([0.0, 0.2]), smoothing=st.sampled_from([0.0, 0.1]),
+       seed=seeds)
+def test_pretraining_model_gradients_with_fixed_dropout(data, dropout, smoothing, seed):
+    config = data.draw(bert_configs(max_hidden=8, max_positions=6, dropout=dropout))
+    batch = data.draw(token_batches(config, max_batch=2))
+    model = BertForPreTraining(config, seed=seed % 1000, dtype=np.float64,
+                               label_smoothing=smoothing)
+
+    def loss():  # the same generator seed every call: the same dropout masks
+        model.set_dropout_rng(np.random.default_rng(seed))
+        return float(model(**batch.as_kwargs()).loss)
+
+    loss()
+    model.zero_grad()
+    model.backward()
+    check_all_parameters(model, loss, np.random.default_rng(seed), "BertForPreTraining")
+
+
+def tiny_config(**kw):
+    base = dict(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=16, max_position_embeddings=10, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0)
+    base.update(kw)
+    return BertConfig(**base)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_padding_changes_nothing_at_real_positions(data):
+    config = data.draw(bert_configs(max_hidden=8, max_positions=8))
+    batch = data.draw(token_batches(config, max_batch=3))
+    model = BertModel(config, dtype=np.float64).eval()
+    h = model(batch.input_ids, batch.token_type_ids, batch.attention_mask).last_hidden_state
+    rng = np.random.default_rng(0)
+    pad = batch.attention_mask == 0
+    ids2 = np.where(pad, rng.integers(0, config.vocab_size, pad.shape), batch.input_ids)
+    h2 = model(ids2, batch.token_type_ids, batch.attention_mask).last_hidden_state
+    real = ~pad
+    np.testing.assert_allclose(h2[real], h[real], rtol=1e-10, atol=1e-12)
+    # and each padded row equals the same row run alone without its padding
+    for b in range(batch.input_ids.shape[0]):
+        n = int(batch.attention_mask[b].sum())
+        alone = model(batch.input_ids[b:b + 1, :n], batch.token_type_ids[b:b + 1, :n]).last_hidden_state
+        np.testing.assert_allclose(alone[0], h[b, :n], rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(config=bert_configs(max_hidden=8), t=st.integers(2, 6), seed=seeds)
+def test_encoder_is_permutation_equivariant(config, t, seed):
+    """Without position embeddings, self-attention commutes with permuting positions."""
+    rng = np.random.default_rng(seed)
+    enc = BertEncoder(config, np.random.default_rng(seed), np.float64).eval()
+    x = rng.standard_normal((2, t, config.hidden_size))
+    mask = np.ones((2, t), dtype=np.int64)
+    mask[1, rng.integers(1, t):] = 0
+    mask_add = (1 - mask[:, None, None, :]) * -1e9
+    perm = rng.permutation(t)
+    y = enc(x, mask_add)
+    y_perm = enc(x[:, perm], mask_add[..., perm])
+    np.testing.assert_allclose(y_perm, y[:, perm], rtol=1e-9, atol=1e-10)
+
+
+def test_layernorm_output_is_normalised():
+    from minibert.nn import layernorm_forward
+    x = np.random.default_rng(0).standard_normal((4, 7, 16)) * 5 + 3
+    out, _ = layernorm_forward(x, np.ones(16), np.zeros(16))
+    np.testing.assert_allclose(out.mean(-1), 0, atol=1e-12)
+    np.testing.assert_allclose(out.var(-1), 1, rtol=1e-9)
+
+
+def test_softmax_rows_sum_to_one_even_for_large_scores():
+    from minibert.nn import softmax_forward
+    x = np.random.default_rng(0).standard_normal((5, 9)) * 1e4
+    p = softmax_forward(x)
+    assert np.all(np.isfinite(p)) and np.all(p >= 0)
+    np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-12)
+
+
+def test_state_dict_names_tying_and_round_trip():
+    model = BertForPreTraining(tiny_config(), seed=1)
+    sd = model.state_dict()
+    assert "cls.predictions.decoder.weight" in sd and "cls.predictions.decoder.bias" in sd
+    names = [n for n, _ in model.named_parameters()]
+    assert "cls.predictions.decoder.weight" not in names  # tied: listed once
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    other = BertForPreTraining(tiny_config(), seed=2)
+    other.load_state_dict(sd)
+    for k, v in other.state_dict().items():
+        np.testing.assert_array_equal(v, sd[k])
+
+
+def test_load_state_dict_errors_name_the_key():
+    model = BertForPreTraining(tiny_config())
+    sd = model.state_dict()
+    bad = dict(sd)
+    del bad["bert.pooler.dense.bias"]
+    bad["bert.extra.weight"] = np.zeros(3)
+    with pytest.raises(KeyError, match=r"missing keys \['bert.pooler.dense.bias'\].*"
+                                       r"unexpected keys \['bert.extra.weight'\]"):
+        model.load_state_dict(bad)
+    bad = dict(sd)
+    bad["bert.pooler.dense.weight"] = np.zeros((8, 7))
+    with pytest.raises(ValueError, match=r"bert.pooler.dense.weight.*expected shape \(8, 8\), "
+                                         r"got \(8, 7\)"):
+        model.load_state_dict(bad)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match=r"hidden_size \(10\) must be divisible by "
+                                         r"num_attention_heads \(4\)"):
+        BertConfig(hidden_size=10, num_attention_heads=4)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        BertConfig.from_preset("huge")
+    with pytest.raises(ValueError, match="hidden_act"):
+        BertConfig(hidden_act="swish")
+
+
+def test_input_errors():
+    model = BertForPreTraining(tiny_config())
+    with pytest.raises(ValueError, match="sequence length 11 exceeds max_position_embeddings 10"):
+        model(np.zeros((1, 11), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"input_ids: values must be in \[0, 30\)"):
+        model(np.full((1, 3), 30))
+    with pytest.raises(ValueError, match="integer"):
+        model(np.zeros((1, 3)))
+    with pytest.raises(RuntimeError, match="backward"):
+        BertForPreTraining(tiny_config()).backward()
+
+
+def test_presets_follow_turc_et_al():
+    c = BertConfig.from_preset("mini", vocab_size=100)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == \
+        (4, 256, 4, 1024)
+
+
+def test_gradients_accumulate_until_zero_grad():
+    model = BertForPreTraining(tiny_config(), dtype=np.float64)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 30, (2, 5))
+    labels = np.where(rng.random((2, 5)) < 0.5, ids, -100)
+    labels[0, 0] = ids[0, 0]
+    kw = dict(labels=labels, next_sentence_label=np.array([0, 1]))
+    model(ids, **kw)
+    model.backward()
+    once = {n: p.grad.copy() for n, p in model.named_parameters()}
+    model(ids, **kw)
+    model.backward()
+    for n, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad, 2 * once[n], rtol=1e-12, atol=1e-15)
+    model.zero_grad()
+    assert all(not p.grad.any() for p in model.parameters())
