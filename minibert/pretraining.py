@@ -36,6 +36,7 @@ import json
 import math
 import os
 import warnings
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -218,8 +219,30 @@ class TokenStore:
         """The sentences of document ``d``, as a list of (len,) int32 views of ``tokens``."""
         s0, s1 = self.sentence_range(d)
         offs = np.asarray(self.sentence_offsets[s0 : s1 + 1])
-        toks = self.tokens
+        offs = (offs - offs[0]).tolist()
+        # One slice of the (possibly memory-mapped) array, then plain-ndarray views of it:
+        # slicing a np.memmap many times is slow.
+        toks = np.asarray(self.tokens[int(self.sentence_offsets[s0]) : int(self.sentence_offsets[s1])])
         return [toks[offs[k] : offs[k + 1]] for k in range(len(offs) - 1)]
+
+    def read_from(self, d: int, start: int, min_tokens: int) -> np.ndarray:
+        """Whole sentences of document ``d`` from sentence ``start`` on, until at least ``min_tokens``.
+
+        Stops early at the end of the document; always returns at least the sentence
+        ``start``. Returns a (n,) int32 array (a view of ``tokens``).
+        """
+        s0, s1 = self.sentence_range(d)
+        so = self.sentence_offsets
+        t0 = int(so[s0 + start])
+        ends = np.asarray(so[s0 + start + 1 : s1 + 1])
+        j = int(np.searchsorted(ends - t0, max(min_tokens, 1), side="left"))
+        t1 = int(ends[min(j, len(ends) - 1)])
+        return np.asarray(self.tokens[t0:t1])
+
+    def num_sentences_in(self, d: int) -> int:
+        """Sentences in document ``d``."""
+        s0, s1 = self.sentence_range(d)
+        return s1 - s0
 
     def document_lengths(self) -> np.ndarray:
         """(D',) int64 tokens per document of this store (or view)."""
@@ -296,9 +319,10 @@ def build_store(
     """
     files = resolve_corpus_files(paths)
     total = sum(f.stat().st_size for f in files)
-    tokens: list[np.ndarray] = []
-    sent_ends: list[int] = []
-    doc_ends: list[int] = [0]
+    # Compact growable buffers (4 bytes per token, 8 per sentence), not a list of arrays.
+    tokens = array("i")
+    sent_ends = array("q", [0])
+    doc_ends = array("q", [0])
     n_tok = 0
     empty_files = []
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing corpus",
@@ -311,7 +335,7 @@ def build_store(
                     ids = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(line))
                     if not ids:
                         continue
-                    tokens.append(np.asarray(ids, dtype=np.int32))
+                    tokens.extend(ids)
                     n_tok += len(ids)
                     sent_ends.append(n_tok)
                     n_sent += 1
@@ -334,9 +358,9 @@ def build_store(
             "Insert blank lines between documents."
         )
     return TokenStore(
-        np.concatenate(tokens).astype(np.int32, copy=False),
-        np.asarray([0] + sent_ends, dtype=np.int64),
-        np.asarray(doc_ends, dtype=np.int64),
+        np.frombuffer(tokens, dtype=np.intc).astype(np.int32),
+        np.frombuffer(sent_ends, dtype=np.int64).copy(),
+        np.frombuffer(doc_ends, dtype=np.int64).copy(),
     )
 
 
@@ -677,15 +701,9 @@ def create_instances_from_document(
                     rand_doc = int(rng.integers(0, n_docs))
                     if rand_doc != document_index:
                         break
-                other = store.document(rand_doc)
-                start = int(rng.integers(0, len(other)))
-                pieces, n_b = [], 0
-                for j in range(start, len(other)):
-                    pieces.append(other[j])
-                    n_b += len(other[j])
-                    if n_b >= target_b_length:
-                        break
-                tokens_b = np.concatenate(pieces)
+                start = int(rng.integers(0, store.num_sentences_in(rand_doc)))
+                # Sentences from `start` on until B reaches its target length (or the document ends).
+                tokens_b = store.read_from(rand_doc, start, target_b_length)
                 # Put the chunk's sentences after A back, so they start the next chunk.
                 i -= len(chunk) - a_end
             else:
@@ -744,18 +762,18 @@ def create_masked_lm_predictions(
         joins = vocab.is_continuation[ids[cand]]
         joins[0] = False
         joins[1:] &= np.diff(cand) == 1
-        starts = np.flatnonzero(~joins)
-        bounds = np.append(starts, len(cand))
-        order = rng.permutation(len(starts))
-        chosen: list[int] = []
-        for g in order:
-            if len(chosen) >= num_to_predict:
+        group_of = np.cumsum(~joins) - 1                     # group index of each candidate
+        sizes = np.bincount(group_of).tolist()
+        taken = np.zeros(len(sizes), dtype=bool)
+        count = 0
+        for g in rng.permutation(len(sizes)).tolist():       # groups in random order
+            if count >= num_to_predict:
                 break
-            members = cand[bounds[g] : bounds[g + 1]]
-            if len(chosen) + len(members) > num_to_predict:
+            if count + sizes[g] > num_to_predict:            # would overshoot: skip this word
                 continue
-            chosen.extend(members.tolist())
-        positions = np.asarray(chosen, dtype=np.int64)
+            taken[g] = True
+            count += sizes[g]
+        positions = cand[taken[group_of]]
     else:
         positions = cand[rng.permutation(len(cand))[:num_to_predict]]
 
