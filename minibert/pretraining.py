@@ -512,6 +512,7 @@ def split_documents(
             f"the corpus has {D} documents; holding out {n_eval} leaves {D - n_eval} for training, "
             f"at least {min_documents} are needed"
         )
+    _check_seed(seed=seed)
     perm = np.random.default_rng([_TAG_SPLIT, seed]).permutation(D)
     eval_ids = np.sort(perm[:n_eval])
     train_ids = np.sort(perm[n_eval:])
@@ -819,6 +820,12 @@ def _document_instances(store, vocab, d, seed, pair_copy, mask_copy, max_seq_len
     return out
 
 
+def _check_seed(**values: int) -> None:
+    for name, v in values.items():
+        if int(v) != v or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+
+
 def _copies(epoch: int, masking: str, dupe_factor: int) -> tuple[int, int]:
     if masking not in ("static", "dynamic"):
         raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}")
@@ -866,6 +873,7 @@ def iterate_instances(
         ValueError: bad masking mode, dupe_factor < 1 or max_seq_length < 5.
     """
     _check_store(store)
+    _check_seed(seed=seed, epoch=epoch)
     pair_copy, mask_copy = _copies(epoch, masking, dupe_factor)
     order_rng = np.random.default_rng([_TAG_ORDER, seed, epoch])
     doc_order = order_rng.permutation(store.num_documents)
@@ -900,6 +908,7 @@ def count_instances(
     of generating the epoch; use it to size a learning-rate schedule.
     """
     _check_store(store)
+    _check_seed(seed=seed, epoch=epoch)
     pair_copy = epoch % dupe_factor
     n = 0
     for d in range(store.num_documents):
@@ -1059,11 +1068,14 @@ def make_eval_batches(
     be smaller. Build it once and reuse it: the list is held in memory.
 
     Returns:
-        list of Batch.
+        list of Batch; empty when the store holds no document (nothing held out).
     Raises:
-        CorpusError: fewer than 2 documents.
+        CorpusError: exactly 1 document (NSP needs a second one).
     """
+    if store.num_documents == 0:
+        return []
     _check_store(store)
+    _check_seed(seed=seed)
     insts: list[Instance] = []
     for d in range(store.num_documents):
         insts.extend(_document_instances(store, vocab, d, seed, 0, 0, max_seq_length, short_seq_prob,

@@ -606,6 +606,21 @@ def test_single_document_store_is_refused():
     vi = big_vocab_info()
     with pytest.raises(CorpusError, match="at least 2"):
         next(iterate_batches(store, vi, 2, 16, 0, 0))
+    with pytest.raises(CorpusError, match="at least 2"):
+        make_eval_batches(store, vi, 2, 16, 0)
+
+
+def test_no_held_out_documents_gives_no_eval_batches():
+    store = position_store([[3, 4], [5], [2, 2]])
+    tr, ev = split_documents(store, eval_fraction=0.0)
+    assert ev.num_documents == 0 and tr.num_documents == 3
+    assert make_eval_batches(ev, big_vocab_info(), 2, 16, 0) == []
+
+
+def test_negative_seed_is_refused():
+    store = position_store([[3, 4], [5], [2, 2]])
+    with pytest.raises(ValueError, match="seed"):
+        next(iterate_batches(store, big_vocab_info(), 2, 16, 0, -1))
 
 
 def test_real_tokenizer_end_to_end(tmp_path):
