@@ -116,13 +116,14 @@ class BertTokenizer:
         # As in the reference, the special tokens are never split by the basic tokenizer
         # (this matters only for a special token that appears once the text is cleaned,
         # e.g. "[CL\x00S]"), while only the user's ``never_split`` words skip WordPiece.
+        # ``basic_tokenizer`` is the public one (user's never_split only, as the
+        # reference's attribute); ``_basic`` is the one used inside ``tokenize``.
         self._user_never_split = frozenset(never_split or ())
-        self.basic_tokenizer = BasicTokenizer(
-            do_lower_case=do_lower_case,
-            never_split=set(self._user_never_split) | set(self.all_special_tokens),
-            tokenize_chinese_chars=tokenize_chinese_chars,
-            strip_accents=strip_accents,
+        basic_kw = dict(
+            do_lower_case=do_lower_case, tokenize_chinese_chars=tokenize_chinese_chars, strip_accents=strip_accents
         )
+        self.basic_tokenizer = BasicTokenizer(never_split=self._user_never_split, **basic_kw)
+        self._basic = BasicTokenizer(never_split=self._user_never_split | set(self.all_special_tokens), **basic_kw)
         self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, unk_token, max_input_chars_per_word)
         # longest first, so that one special token that is a prefix of another loses
         specials = sorted(set(self.all_special_tokens), key=lambda s: (-len(s), s))
@@ -186,7 +187,7 @@ class BertTokenizer:
         """Basic split + WordPiece of one whitespace-free word, cached."""
         pieces = self._word_cache.get(word)
         if pieces is None:
-            bt = self.basic_tokenizer
+            bt = self._basic
             out: list[str] = []
             for tok in bt.split_word(word):
                 if tok in self._user_never_split:
@@ -223,7 +224,7 @@ class BertTokenizer:
 
     def _pre_split(self, text: str) -> list[str]:
         if self.do_basic_tokenize:
-            return self.basic_tokenizer.pre_split(text)
+            return self._basic.pre_split(text)
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
         return text.split()
@@ -265,7 +266,7 @@ class BertTokenizer:
             if special:
                 out.append(self.vocab[seg])
                 continue
-            for w in self.basic_tokenizer.pre_split(seg):
+            for w in self._basic.pre_split(seg):
                 p = cache.get(w)
                 out.extend(word_ids(w) if p is None else p)
         return out
@@ -333,7 +334,7 @@ class BertTokenizer:
             return ids_a, ids_b
         len_a, len_b = len(ids_a), len(ids_b) if ids_b is not None else 0
         if strategy == "only_first" or (strategy == "longest_first" and ids_b is None):
-            if num_tokens_to_remove >= len_a:
+            if num_tokens_to_remove > len_a:
                 raise ValueError(
                     f"cannot truncate: {num_tokens_to_remove} tokens must go but the first sequence "
                     f"has only {len_a} (truncation={strategy!r}); raise max_length or use another strategy"
@@ -342,7 +343,7 @@ class BertTokenizer:
         if strategy == "only_second":
             if ids_b is None:
                 raise ValueError("truncation='only_second' needs a text pair, got a single sequence")
-            if num_tokens_to_remove >= len_b:
+            if num_tokens_to_remove > len_b:
                 raise ValueError(
                     f"cannot truncate: {num_tokens_to_remove} tokens must go but the second sequence "
                     f"has only {len_b} (truncation='only_second'); raise max_length or use 'longest_first'"
