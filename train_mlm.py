@@ -28,7 +28,7 @@ from minibert.checkpoint import (CheckpointError, atomic_write, check_same_confi
                                  load_checkpoint, save_checkpoint)
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
 from minibert.optim import AdamW, clip_grad_norm, linear_schedule_with_warmup
-from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
+from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store, iter_documents,
                                   iterate_batches, make_eval_batches, resolve_corpus_files,
                                   split_documents, token_counts, unigram_cross_entropy)
 from minibert.tokenization import BertTokenizer, train_wordpiece
@@ -155,6 +155,15 @@ def get_tokenizer(args, out: Path, files) -> BertTokenizer:
     """The given vocab, the run's own vocab.txt (on resume), or a newly learned one."""
     vocab_path = Path(args.vocab) if args.vocab else out / "vocab.txt"
     if not args.vocab and not vocab_path.exists():
+        # read the corpus once first: bad bytes, an empty corpus or a single document are
+        # reported with file and line before any time goes into learning a vocab
+        documents = sum(1 for _ in iter_documents(files))
+        where = ", ".join(map(str, files))
+        if documents == 0:
+            raise CorpusError(f"{where}: the corpus is empty (no non-blank line)")
+        if documents < 2:
+            raise CorpusError(f"{where}: one document only; NSP needs at least 2 "
+                              "(separate documents with a blank line)")
         print(f"learning a {args.vocab_size}-token WordPiece vocab from "
               f"{', '.join(str(f) for f in files)}")
         t0 = time.time()
@@ -245,21 +254,24 @@ def main(argv=None) -> int:
 
     model = BertForPreTraining(config, seed=args.seed, dtype=dtype,
                                label_smoothing=args.label_smoothing)
-    optimizer = AdamW(model.named_parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                      correct_bias=args.correct_bias)
     step, epoch, batch_in_epoch = 0, 0, 0
     if resume_state is not None:
         try:
             check_same_config(resume_state["config"], config, str(ckpt_path))
             model.load_state_dict(resume_state["model"])
-            optimizer.load_state_dict(resume_state["optim"])
         except (CheckpointError, KeyError, ValueError) as e:
             fail(str(e))
+    model.to(device)
+    optimizer = AdamW(model.named_parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                      correct_bias=args.correct_bias)
+    if resume_state is not None:
+        try:
+            optimizer.load_state_dict(resume_state["optim"])
+        except (KeyError, ValueError) as e:
+            fail(f"checkpoint {ckpt_path}: {e}")
         t = resume_state["trainer"]
         step, epoch, batch_in_epoch = t["step"], t["epoch"], t["batch_in_epoch"]
         print(f"resuming from {ckpt_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
-    model.to(device)
-    optimizer.load_state_dict(optimizer.state_dict())  # moments onto the model's device
     atomic_write(out / "config.json", lambda f: f.write(config.to_json().encode()))
 
     data_kw = dict(masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,

@@ -84,8 +84,8 @@ class AdamW:
         """Host copies of the moments ("m.<name>", "v.<name>") and the step count ("t")."""
         state = {"t": np.asarray(self.t)}
         for n, _ in self.params:
-            state["m." + n] = to_numpy(self.m[n])
-            state["v." + n] = to_numpy(self.v[n])
+            state["m." + n] = to_numpy(self.m[n]).copy()
+            state["v." + n] = to_numpy(self.v[n]).copy()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -104,7 +104,7 @@ class AdamW:
                 if arr.shape != p.data.shape:
                     raise ValueError(f"optimizer state {key!r}: expected shape "
                                      f"{tuple(p.data.shape)}, got {arr.shape}")
-                store[n] = xp.asarray(arr, dtype=p.data.dtype)
+                store[n] = xp.array(arr, dtype=p.data.dtype)  # a copy, never an alias
         self.t = int(state["t"])
 
 

@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""Time one full pretraining step (forward, backward, clip, AdamW) of minibert and of
+transformers' BertForPreTraining on the same config and the same batch, in one run.
+
+    python bench/bench_train_step.py                       # tiny and mini, CPU
+    python bench/bench_train_step.py --presets mini --device cuda
+
+Both models train in float32 with dropout on, batch 32 x 128 tokens, 15% of tokens
+masked (at most 20 per sequence, as BERT's data), vocab 30522. Reported: median seconds per
+step over --steps timed steps after --warmup untimed ones (the two models alternate, so
+both see the same machine load), tokens/s (B*T / step time) and the ratio
+minibert / transformers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import numpy as np
+
+
+def make_batch(rng, B, T, V, max_pred=20):
+    ids = rng.integers(1000, V, size=(B, T))
+    labels = np.full((B, T), -100)
+    for b in range(B):
+        pos = rng.choice(np.arange(1, T - 1), size=min(max_pred, round(0.15 * T)), replace=False)
+        labels[b, pos] = ids[b, pos]
+    tt = (np.arange(T)[None] >= T // 2).astype(np.int64).repeat(B, 0)
+    return dict(input_ids=ids, token_type_ids=tt, attention_mask=np.ones((B, T), np.int64),
+                labels=labels, next_sentence_label=rng.integers(0, 2, size=B))
+
+
+def minibert_step_fn(config, batch, device):
+    from minibert import backend
+    from minibert.modeling import BertForPreTraining
+    from minibert.optim import AdamW, clip_grad_norm
+    backend.set_device(device)
+    xp = backend.xp_for(device)
+    model = BertForPreTraining(config).to(device)
+    model.set_dropout_rng(backend.make_rng(0, device))
+    opt = AdamW(model.named_parameters(), lr=1e-4)
+    inputs = {k: xp.asarray(v) for k, v in batch.items()}
+
+    def step():
+        model.zero_grad()
+        out = model(**inputs)
+        model.backward()
+        clip_grad_norm(model.parameters(), 1.0)
+        opt.step()
+        return float(out.loss)  # a host sync, as a training loop that logs the loss has
+    return step
+
+
+def torch_step_fn(config, batch, device):
+    import torch
+    import transformers
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "intermediate_size", "hidden_act", "hidden_dropout_prob",
+              "attention_probs_dropout_prob", "max_position_embeddings")
+    hf_config = transformers.BertConfig(**{k: getattr(config, k) for k in fields})
+    dev = "cuda" if device == "cuda" else "cpu"
+    model = transformers.BertForPreTraining(hf_config).to(dev).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.01)
+    inputs = {k: torch.from_numpy(v).to(dev) for k, v in batch.items()}
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = model(**inputs)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return out.loss.item()
+    return step
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--presets", nargs="+", default=["tiny", "mini"])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per model")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--json", help="also write the results to this file")
+    args = p.parse_args()
+
+    import torch
+    from minibert import BertConfig
+    print(f"machine: {platform.processor() or platform.machine()}, torch threads "
+          f"{torch.get_num_threads()}, torch {torch.__version__}, numpy {np.__version__}, "
+          f"device {args.device}")
+    results = []
+    for preset in args.presets:
+        config = BertConfig.from_preset(preset, vocab_size=args.vocab_size)
+        batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
+                           args.vocab_size)
+        steps = {"minibert": minibert_step_fn(config, batch, args.device),
+                 "transformers": torch_step_fn(config, batch, args.device)}
+        for fn in steps.values():
+            for _ in range(args.warmup):
+                fn()
+        times = {k: [] for k in steps}
+        for _ in range(args.steps):
+            for name, fn in steps.items():
+                if args.device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        tokens = args.batch_size * args.seq_len
+        row = {"preset": preset, "device": args.device, "batch": args.batch_size,
+               "seq_len": args.seq_len, "vocab": args.vocab_size}
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            row[f"{name}_s_per_step"] = round(med, 4)
+            row[f"{name}_tokens_per_s"] = round(tokens / med, 1)
+        row["ratio_minibert_over_transformers"] = round(
+            row["minibert_tokens_per_s"] / row["transformers_tokens_per_s"], 3)
+        results.append(row)
+        print(f"{preset:>6}: minibert {row['minibert_tokens_per_s']:>9.0f} tok/s "
+              f"({row['minibert_s_per_step']:.3f} s/step) | transformers "
+              f"{row['transformers_tokens_per_s']:>9.0f} tok/s "
+              f"({row['transformers_s_per_step']:.3f} s/step) | ratio "
+              f"{row['ratio_minibert_over_transformers']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
