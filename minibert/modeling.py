@@ -604,3 +604,129 @@ class BertForPreTraining(BertPreTrainedModel):
         if nsp_cache is not None:
             d_pooled = self.cls.seq_relationship.backward(cross_entropy_backward(nsp_cache))
         self.bert.backward(dh, d_pooled)
+
+
+# ---------------------------------------------------------------------------------------
+# Sequence classification (fine-tuning)
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class SequenceClassifierOutput:
+    """Outputs of :class:`BertForSequenceClassification`.
+
+    loss: 0-d array (mean nats per sequence for classification, mean squared error for
+        regression) or None when no labels were given.
+    logits: (B, K) scores before the softmax, K = num_labels.
+    pooler_output: (B, C) the pooled [CLS] representation the head reads.
+    attentions: one (B, NH, T, T) array per layer when asked for, else None.
+    """
+
+    loss: Any
+    logits: Any
+    pooler_output: Any = None
+    attentions: list | None = None
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """BERT with a classification head on the pooled [CLS] vector (Devlin et al. 2019,
+    section 4.1; HF ``BertForSequenceClassification``; google-research/bert
+    ``run_classifier.py create_model``):
+
+        logits = dropout(pooler_output) @ W^T + b        W: (K, C), b: (K,)
+        loss   = mean cross-entropy(logits, labels)      (num_labels >= 2)
+               = mean (logits[:, 0] - labels)^2          (num_labels == 1, regression)
+
+    Parameter names are HF's: ``bert.*`` and ``classifier.weight`` / ``classifier.bias``.
+    The dropout probability is ``config.classifier_dropout``, or ``hidden_dropout_prob``
+    when that is None (as HF).
+
+    Args:
+        config: the hyper-parameters; ``config.num_labels`` = K >= 1.
+        seed: seed of the NumPy generator that draws the initial weights (the encoder
+            first, then the classifier, N(0, initializer_range^2), bias 0).
+        dtype: parameter dtype (float32 to train, float64 to check gradients).
+    Raises:
+        ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
+    """
+
+    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
+        if int(config.num_labels) < 1:
+            raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.bert = BertModel(config, add_pooling_layer=True, rng=rng, dtype=dtype)
+        p = (config.classifier_dropout if config.classifier_dropout is not None
+             else config.hidden_dropout_prob)
+        self.dropout = Dropout(p)
+        self.classifier = Linear(config.hidden_size, config.num_labels, rng=rng,
+                                 std=config.initializer_range, dtype=dtype)
+        self._cache = None
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.config.num_labels)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                output_attentions: bool = False) -> SequenceClassifierOutput:
+        """Classify a batch.
+
+        Args:
+            input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
+            labels: (B,) int class ids in [0, K) (or -100 to ignore a row) when K >= 2;
+                (B,) float targets when K == 1; None for no loss.
+            output_attentions: also return per-layer attention probabilities.
+        Returns:
+            :class:`SequenceClassifierOutput`.
+        Raises:
+            ValueError: bad input shapes or values (see BertModel.forward), labels not (B,),
+                or a class id outside [0, K) (checked on the CPU only).
+        """
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        pooled = out.pooler_output                                       # (B, C)
+        logits = self.classifier(self.dropout(pooled))                   # (B, K)
+        loss = loss_cache = None
+        if labels is not None:
+            B = input_ids.shape[0]
+            if tuple(labels.shape) != (B,):
+                raise ValueError(f"labels: expected shape {(B,)}, got {tuple(labels.shape)}")
+            if self.num_labels == 1:
+                # forward: loss = mean_i (logits[i, 0] - y_i)^2     (torch MSELoss)
+                diff = logits[:, 0] - labels.astype(logits.dtype)        # (B,)
+                loss = (diff * diff).mean()
+                loss_cache = ("mse", diff)
+            else:
+                loss, ce = cross_entropy_forward(logits, labels)
+                loss_cache = ("ce", ce)
+        self._cache = (logits.shape, logits.dtype, loss_cache)
+        return SequenceClassifierOutput(loss, logits, pooled, out.attentions)
+
+    def backward(self, d_logits=None) -> None:
+        """Add gradients into every parameter's ``grad``.
+
+        Args:
+            d_logits: (B, K) upstream gradient of the logits; None means d(loss)/d(logits)
+                of the loss of the last forward (which then needs labels).
+        Raises:
+            RuntimeError: no forward came before, or d_logits is None and that forward
+                had no labels.
+            ValueError: d_logits of the wrong shape.
+        """
+        if self._cache is None:
+            raise RuntimeError("backward() needs a preceding forward")
+        shape, dtype, loss_cache = self._cache
+        if d_logits is None:
+            if loss_cache is None:
+                raise RuntimeError("backward() without d_logits needs a forward with labels")
+            kind, c = loss_cache
+            if kind == "ce":
+                d_logits = cross_entropy_backward(c)                     # (B, K)
+            else:
+                # forward: loss = mean (logits[:, 0] - y)^2  ->  d = 2 (logits - y) / B
+                d_logits = (2.0 / c.shape[0]) * c[:, None]               # (B, 1)
+        elif tuple(d_logits.shape) != tuple(shape):
+            raise ValueError(f"d_logits: expected shape {tuple(shape)}, "
+                             f"got {tuple(d_logits.shape)}")
+        self._cache = None
+        # forward: logits = dropout(pooled) @ W^T + b
+        d_pooled = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
+        self.bert.backward(None, d_pooled)                               # (B, C) upstream
