@@ -37,7 +37,7 @@ DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
 
 # Arguments that must match between a checkpoint's run and a resumed run: they decide the
 # data stream and the schedule, so changing them would not continue the same curve.
-RESUME_FIXED = ("corpus", "vocab", "vocab_size", "lowercase", "seed", "max_seq_length",
+RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase", "seed", "max_seq_length",
                 "batch_size", "masking", "dupe_factor", "short_seq_prob", "masked_lm_prob",
                 "max_predictions_per_seq", "whole_word_mask", "eval_fraction", "max_steps",
                 "lr", "warmup_steps", "weight_decay", "correct_bias", "max_grad_norm",
@@ -56,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--vocab", default=None,
                    help="WordPiece vocab.txt to use; if absent one is learned from the corpus")
     g.add_argument("--vocab-size", type=int, default=8192, help="size of a learned vocab")
+    g.add_argument("--vocab-algorithm", default=None,
+                   help="merge criterion of the vocab trainer (see python -m "
+                        "minibert.tokenization train --help); default: the trainer's")
     g.add_argument("--no-lowercase", dest="lowercase", action="store_false",
                    help="keep case (lower-casing and accent stripping are on by default)")
     g.add_argument("--max-seq-length", type=int, default=128, help="tokens per sequence")
@@ -167,9 +170,10 @@ def get_tokenizer(args, out: Path, files) -> BertTokenizer:
         print(f"learning a {args.vocab_size}-token WordPiece vocab from "
               f"{', '.join(str(f) for f in files)}")
         t0 = time.time()
+        algorithm = {"algorithm": args.vocab_algorithm} if args.vocab_algorithm else {}
         train_wordpiece([str(f) for f in files], vocab_size=args.vocab_size,
                         lowercase=args.lowercase, output=str(vocab_path),
-                        show_progress=args.progress)
+                        show_progress=args.progress, **algorithm)
         print(f"vocab written to {vocab_path} in {time.time() - t0:.1f} s")
     return BertTokenizer(str(vocab_path), do_lower_case=args.lowercase)
 

@@ -5,7 +5,7 @@ from .dropout import Dropout
 from .embedding import Embedding, scatter_add_rows
 from .layernorm import LayerNorm, layernorm_backward, layernorm_forward
 from .linear import Linear, linear_backward, linear_forward
-from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward, log_softmax
+from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
 from .module import Module, ModuleList, Parameter
 
 __all__ = [
@@ -13,5 +13,5 @@ __all__ = [
     "Module", "ModuleList", "Parameter", "attention_backward", "attention_forward",
     "cross_entropy_backward", "cross_entropy_forward", "extended_attention_mask",
     "layernorm_backward", "layernorm_forward", "linear_backward", "linear_forward",
-    "log_softmax", "scatter_add_rows", "softmax_backward", "softmax_forward",
+    "scatter_add_rows", "softmax_backward", "softmax_forward",
 ]

@@ -13,13 +13,6 @@ from ..backend import get_array_module
 IGNORE_INDEX = -100
 
 
-def log_softmax(x):
-    """log softmax along the last axis, max-subtracted. (..., K) -> (..., K)."""
-    xp = get_array_module(x)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
                           ignore_index: int = IGNORE_INDEX):
     """Mean softmax cross-entropy over the rows whose label is not ``ignore_index``.
@@ -41,27 +34,35 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
         raise ValueError(f"cross_entropy: labels must be in [0, {K}) or {ignore_index}, "
                          f"got values {sorted(set(labels[valid].tolist()))[:10]}")
     safe = xp.where(valid, labels, 0)                           # (N,)
-    logp = log_softmax(logits)                                  # (N, K)
-    nll = -logp[xp.arange(N), safe]                             # (N,)
-    if label_smoothing:
-        nll = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)
-    count = valid.sum()
-    denom = xp.maximum(count, 1).astype(logits.dtype)
+    rows = xp.arange(N)
+    # log p = shifted - log(sum exp(shifted)), shifted = logits - max: stable for any scale
+    shifted = logits - logits.max(axis=-1, keepdims=True)       # (N, K)
+    picked = shifted[rows, safe]                                # (N,)
+    mean_shifted = shifted.mean(axis=-1) if label_smoothing else None
+    probs = xp.exp(shifted, out=shifted)                        # (N, K), in place
+    sumexp = probs.sum(axis=-1)                                 # (N,)
+    lse = xp.log(sumexp)                                        # (N,)
+    probs /= sumexp[:, None]                                    # softmax, kept for backward
+    nll = lse - picked                                          # -log p[label], (N,)
+    if label_smoothing:  # -(1-eps) log p[label] - eps * mean_k log p[k]
+        nll = (1.0 - label_smoothing) * nll + label_smoothing * (lse - mean_shifted)
+    denom = xp.maximum(valid.sum(), 1).astype(logits.dtype)
     loss = (nll * valid).sum() / denom
-    return loss, (logp, safe, valid, denom, label_smoothing)
+    return loss, (probs, safe, valid, denom, label_smoothing)
 
 
 def cross_entropy_backward(cache, dloss=1.0):
     """d loss / d logits = (softmax - target) * valid / count, times the upstream dloss.
 
-    target = (1 - eps) * one_hot(label) + eps / K. Returns dlogits (N, K).
+    target = (1 - eps) * one_hot(label) + eps / K. Returns dlogits (N, K). The softmax in
+    the cache is overwritten (a forward's cache serves one backward).
     """
-    logp, safe, valid, denom, eps = cache
-    xp = get_array_module(logp)
-    N, K = logp.shape
-    dlogits = xp.exp(logp)                                      # softmax, (N, K)
+    probs, safe, valid, denom, eps = cache
+    xp = get_array_module(probs)
+    N, K = probs.shape
+    dlogits = probs                                             # reuses the cache, (N, K)
     dlogits[xp.arange(N), safe] -= 1.0 - eps
     if eps:
         dlogits -= eps / K
-    dlogits *= (valid / denom * dloss)[:, None].astype(logp.dtype)
+    dlogits *= (valid / denom * dloss)[:, None].astype(probs.dtype)
     return dlogits
