@@ -1,0 +1,297 @@
+"""Hugging Face BERT checkpoints in and out, without torch.
+
+Import (:func:`load_hf_directory`): a directory as transformers writes it --
+``config.json``, ``model.safetensors`` (read with the ``safetensors`` library's NumPy API),
+``vocab.txt`` and optionally ``tokenizer_config.json`` (``do_lower_case`` ...). Keys are
+normalised to minibert's names, which are HF's (``bert.embeddings.word_embeddings.weight``
+...): a bare ``BertModel`` checkpoint (``embeddings.*``) gets the ``bert.`` prefix, the
+old TensorFlow-converted ``LayerNorm.gamma`` / ``LayerNorm.beta`` become ``weight`` /
+``bias``, and buffers (``position_ids``) are dropped.
+
+``pytorch_model.bin`` (a pickle of torch tensors) is *not* read: minibert never imports
+torch, and unpickling runs arbitrary code. Such a directory raises :class:`HFFormatError`
+with the one-line conversion to ``model.safetensors`` (which needs torch installed).
+
+Export (:func:`save_hf_directory`): ``config.json``, ``model.safetensors``, ``vocab.txt``
+and ``tokenizer_config.json``, each written atomically, which
+``transformers.AutoModel*.from_pretrained`` loads with the same outputs.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .checkpoint import atomic_write
+from .modeling import BertConfig
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+BIN_NAME = "pytorch_model.bin"
+VOCAB_NAME = "vocab.txt"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+
+# BertConfig fields that have the same name and meaning in transformers' BertConfig.
+HF_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "hidden_act", "hidden_dropout_prob",
+                    "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+                    "initializer_range", "layer_norm_eps", "pad_token_id",
+                    "position_embedding_type", "classifier_dropout")
+_HEAD_PREFIXES = ("bert.", "cls.", "classifier.")
+
+
+class HFFormatError(ValueError):
+    """A Hugging Face directory that minibert cannot read (missing file, unsupported
+    architecture option, pytorch_model.bin without safetensors)."""
+
+
+@dataclass
+class HFCheckpoint:
+    """What :func:`load_hf_directory` returns.
+
+    config: the model's :class:`BertConfig` (num_labels from ``id2label`` if present).
+    state: name -> NumPy array, minibert / HF ``BertFor*`` names (``bert.*``, ``cls.*``,
+        ``classifier.*``), dtype as stored (usually float32).
+    vocab_file: path of ``vocab.txt``.
+    tokenizer_options: keyword arguments for :class:`minibert.tokenization.BertTokenizer`
+        (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``).
+    id2label: {int: str} from config.json, or None.
+    """
+
+    config: BertConfig
+    state: dict[str, np.ndarray]
+    vocab_file: Path
+    tokenizer_options: dict[str, Any] = field(default_factory=dict)
+    id2label: dict[int, str] | None = None
+
+
+def is_hf_directory(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a directory with a ``config.json`` whose ``model_type`` is
+    ``"bert"`` (or that names a ``Bert*`` architecture)."""
+    cfg = Path(path) / CONFIG_NAME
+    if not cfg.is_file():
+        return False
+    try:
+        d = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return d.get("model_type") == "bert" or any(
+        str(a).startswith("Bert") for a in d.get("architectures") or [])
+
+
+def config_from_hf(d: dict[str, Any], source: str = "config.json") -> BertConfig:
+    """A :class:`BertConfig` from a transformers BERT ``config.json`` dict.
+
+    Raises:
+        HFFormatError: a model type other than bert, an option minibert does not implement
+            (``position_embedding_type`` relative_key*, an unknown ``hidden_act``), or an
+            invalid value (the BertConfig error, prefixed with ``source``).
+    """
+    if d.get("model_type", "bert") != "bert":
+        raise HFFormatError(f"{source}: model_type {d.get('model_type')!r}, only 'bert' is "
+                            "supported")
+    kw = {k: d[k] for k in HF_CONFIG_FIELDS if k in d}
+    if kw.get("position_embedding_type", "absolute") != "absolute":
+        raise HFFormatError(f"{source}: position_embedding_type "
+                            f"{kw['position_embedding_type']!r} is not supported "
+                            "(minibert has 'absolute' only for HF checkpoints)")
+    if "id2label" in d:
+        kw["num_labels"] = len(d["id2label"])
+    elif "num_labels" in d:
+        kw["num_labels"] = int(d["num_labels"])
+    try:
+        return BertConfig(**kw)
+    except (TypeError, ValueError) as e:
+        raise HFFormatError(f"{source}: {e}") from e
+
+
+def config_to_hf(config: BertConfig, architecture: str,
+                 id2label: dict[int, str] | None = None) -> dict[str, Any]:
+    """The transformers ``config.json`` dict for ``config``.
+
+    Raises:
+        HFFormatError: options transformers' BERT does not have (pre-LN, sinusoidal
+            positions), which a HF directory could not represent.
+    """
+    if config.norm_position != "post" or config.position_embedding_type != "absolute":
+        raise HFFormatError("cannot export to Hugging Face BERT: norm_position="
+                            f"{config.norm_position!r}, position_embedding_type="
+                            f"{config.position_embedding_type!r} (HF BERT is post-LN with "
+                            "learned absolute positions)")
+    d: dict[str, Any] = {"architectures": [architecture], "model_type": "bert"}
+    d.update({k: getattr(config, k) for k in HF_CONFIG_FIELDS})
+    if id2label is None:
+        id2label = {i: f"LABEL_{i}" for i in range(config.num_labels)}
+    d["id2label"] = {str(i): str(v) for i, v in sorted(id2label.items())}
+    d["label2id"] = {str(v): int(i) for i, v in sorted(id2label.items())}
+    return d
+
+
+def normalize_state_dict(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """HF checkpoint keys -> minibert names: add ``bert.`` to bare BertModel keys, rename
+    ``gamma``/``beta`` to ``weight``/``bias``, drop ``*.position_ids`` buffers."""
+    out = {}
+    for k, v in raw.items():
+        if k.endswith("position_ids"):
+            continue
+        k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta",
+                                                                     "LayerNorm.bias")
+        if not k.startswith(_HEAD_PREFIXES):
+            k = "bert." + k
+        out[k] = np.asarray(v)
+    return out
+
+
+def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The raw tensors of ``directory/model.safetensors`` as NumPy arrays (HF key names).
+
+    Raises:
+        HFFormatError: no model.safetensors (with the conversion command when a
+            pytorch_model.bin is there), or a file safetensors cannot read.
+    """
+    directory = Path(directory)
+    st = directory / SAFETENSORS_NAME
+    if not st.is_file():
+        if (directory / BIN_NAME).is_file():
+            raise HFFormatError(
+                f"{directory}: has {BIN_NAME} but no {SAFETENSORS_NAME}. minibert reads "
+                "safetensors only (it never imports torch, and a .bin is a pickle). Convert "
+                "it once, with torch and safetensors installed:\n  python -c \"import torch; "
+                "from safetensors.torch import save_file; sd = torch.load('"
+                f"{directory / BIN_NAME}', map_location='cpu', weights_only=True); "
+                "save_file({k: v.contiguous() for k, v in sd.items()}, '"
+                f"{st}')\"")
+        if (directory / (SAFETENSORS_NAME + ".index.json")).is_file():
+            raise HFFormatError(f"{directory}: sharded safetensors checkpoints are not "
+                                "supported (BERT-sized models fit in one file)")
+        raise HFFormatError(f"{directory}: no {SAFETENSORS_NAME}")
+    from safetensors.numpy import load_file
+    try:
+        return load_file(str(st))
+    except Exception as e:  # the library raises several types
+        raise HFFormatError(f"{st}: cannot be read by safetensors ({e})") from e
+
+
+def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
+    """Read a Hugging Face BERT directory (see the module docstring).
+
+    Returns:
+        :class:`HFCheckpoint`; load ``state`` into a model with
+        :func:`load_pretrained_weights`.
+    Raises:
+        HFFormatError: missing config.json / vocab.txt / weights, an unsupported option.
+    """
+    directory = Path(directory)
+    cfg_path = directory / CONFIG_NAME
+    if not cfg_path.is_file():
+        raise HFFormatError(f"{directory}: no {CONFIG_NAME}, not a Hugging Face model directory")
+    try:
+        d = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise HFFormatError(f"{cfg_path}: not valid JSON ({e})") from e
+    config = config_from_hf(d, str(cfg_path))
+    vocab = directory / VOCAB_NAME
+    if not vocab.is_file():
+        raise HFFormatError(f"{directory}: no {VOCAB_NAME} (a WordPiece vocabulary is needed)")
+    tok_opts: dict[str, Any] = {"do_lower_case": True}
+    tc = directory / TOKENIZER_CONFIG_NAME
+    if tc.is_file():
+        t = json.loads(tc.read_text(encoding="utf-8"))
+        for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars"):
+            if k in t:
+                tok_opts[k] = t[k]
+    id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
+                else None)
+    state = normalize_state_dict(read_hf_weights(directory))
+    return HFCheckpoint(config, state, vocab, tok_opts, id2label)
+
+
+def load_pretrained_weights(model, state: dict[str, np.ndarray],
+                            source: str = "checkpoint") -> dict[str, list[str]]:
+    """Copy every tensor of ``state`` whose name and shape fit ``model``; the rest of the
+    model keeps its initialisation (e.g. a new classification head).
+
+    Args:
+        model: a minibert Module (names ``bert.*`` ...).
+        state: name -> array, already normalised (:func:`normalize_state_dict`).
+    Returns:
+        {"loaded": [...], "new": [...] (model parameters not in state, or whose shape
+        differs), "unused": [...] (state keys the model does not have)}.
+    Raises:
+        HFFormatError: the encoder itself (``bert.*`` except the pooler) is missing or has
+            other shapes, i.e. the checkpoint does not match the config.
+    """
+    params = dict(model._named_parameters_all())
+    if not any(k.startswith("bert.") for k in params):  # a bare BertModel
+        state = {k: v for k, v in state.items() if k.startswith("bert.")}
+        params = {"bert." + k: p for k, p in params.items()}
+        return _load_fitting(model, params, state, source, prefix="bert.")
+    return _load_fitting(model, params, state, source)
+
+
+def _load_fitting(model, params, state, source, prefix=""):
+    fits = {k: v for k, v in state.items() if k in params and tuple(v.shape) == params[k].shape}
+    misfit = sorted(k for k in state if k in params and k not in fits)
+    core_missing = sorted(k for k in params if k.startswith("bert.") and "pooler" not in k
+                          and k not in fits)
+    if core_missing:
+        detail = "; ".join(f"{k}: checkpoint {tuple(state[k].shape)} vs model "
+                           f"{params[k].shape}" for k in misfit if k in core_missing)
+        raise HFFormatError(f"{source}: encoder weights missing or mis-shaped: "
+                            f"{core_missing[:8]}{' ...' if len(core_missing) > 8 else ''}"
+                            + (f" ({detail})" if detail else ""))
+    model.load_state_dict({k[len(prefix):]: v for k, v in fits.items()}, strict=False)
+    given = {id(params[k]) for k in fits}
+    return {"loaded": sorted(fits),
+            "new": sorted(k for k, p in params.items() if id(p) not in given),
+            "unused": sorted(set(state) - set(fits))}
+
+
+def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.PathLike,
+                      id2label: dict[int, str] | None = None,
+                      tokenizer_options: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` as a Hugging Face directory that transformers loads.
+
+    Files (each written atomically): ``config.json`` (``architectures`` = the model's
+    class name, HF field names, ``id2label``/``label2id``), ``model.safetensors`` (float32
+    or the model's dtype; tied weights stored once, under their first name, as
+    transformers does), ``vocab.txt`` (a copy) and ``tokenizer_config.json``.
+
+    Args:
+        model: BertModel, BertForPreTraining or BertForSequenceClassification.
+        directory: created if needed.
+        vocab_file: the WordPiece vocabulary the model was trained with.
+        id2label: class names for classification models.
+        tokenizer_options: ``do_lower_case`` etc. (default: lower-case).
+    Returns:
+        the directory.
+    Raises:
+        HFFormatError: a config HF BERT cannot express (see :func:`config_to_hf`).
+    """
+    from safetensors.numpy import save as st_save
+    from .backend import to_numpy
+
+    directory = Path(directory)
+    arch = type(model).__name__
+    cfg = config_to_hf(model.config, arch, id2label)
+    tensors = {name: np.ascontiguousarray(to_numpy(p.data))
+               for name, p in model.named_parameters()}
+    directory.mkdir(parents=True, exist_ok=True)
+    blob = st_save(tensors, metadata={"format": "pt"})
+    atomic_write(directory / SAFETENSORS_NAME, lambda f: f.write(blob))
+    atomic_write(directory / CONFIG_NAME,
+                 lambda f: f.write(json.dumps(cfg, indent=2).encode("utf-8")))
+    tok = {"tokenizer_class": "BertTokenizer", "do_lower_case": True,
+           "model_max_length": model.config.max_position_embeddings}
+    tok.update(tokenizer_options or {})
+    atomic_write(directory / TOKENIZER_CONFIG_NAME,
+                 lambda f: f.write(json.dumps(tok, indent=2).encode("utf-8")))
+    src = Path(vocab_file)
+    if src.resolve() != (directory / VOCAB_NAME).resolve():
+        data = src.read_bytes()
+        atomic_write(directory / VOCAB_NAME, lambda f: f.write(data))
+    return directory
