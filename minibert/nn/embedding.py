@@ -15,7 +15,7 @@ def scatter_add_rows(dst, ids, src) -> None:
 
     ``dst[ids] += src`` is wrong with repeated ids: NumPy keeps only one of the updates
     and CuPy leaves the result undefined. On NumPy we sort the ids and sum each run
-    (faster than ``np.add.at``); on CuPy ``add.at`` is an atomic scatter-add kernel.
+    (faster than ``np.add.at``); on CuPy ``cupyx.scatter_add`` is an atomic scatter-add.
 
     Args:
         dst: (V, C) array, updated in place.
@@ -24,7 +24,8 @@ def scatter_add_rows(dst, ids, src) -> None:
     """
     xp = get_array_module(dst)
     if xp is not np:  # pragma: no cover - GPU only
-        xp.add.at(dst, ids, src)
+        import cupyx
+        cupyx.scatter_add(dst, ids, src)
         return
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
