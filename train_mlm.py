@@ -284,13 +284,15 @@ def main(argv=None) -> int:
     eval_batches = make_eval_batches(eval_store, vocab, args.batch_size, args.max_seq_length,
                                      seed=args.seed + 1, max_instances=args.eval_instances,
                                      **data_kw)
-    counts = token_counts(train_store, config.vocab_size)
-    baseline = unigram_cross_entropy(counts, [b.labels for b in eval_batches])
+    baseline = None
+    if eval_batches:  # none when --eval-fraction is 0
+        counts = token_counts(train_store, config.vocab_size)
+        baseline = unigram_cross_entropy(counts, [b.labels for b in eval_batches])
     print(f"model: {args.preset} preset, {model.num_parameters():,} parameters, vocab "
           f"{config.vocab_size}; train documents {train_store.num_documents}, tokens "
           f"{train_store.num_tokens:,}; held-out documents {eval_store.num_documents}, "
-          f"{sum(len(b.input_ids) for b in eval_batches)} sequences; "
-          f"unigram baseline {baseline:.3f} nats")
+          f"{sum(len(b.input_ids) for b in eval_batches)} sequences"
+          + (f"; unigram baseline {baseline:.3f} nats" if eval_batches else ""))
 
     # metrics.jsonl: keep the records up to the resumed step, so the file is one curve.
     metrics_path = out / "metrics.jsonl"
@@ -351,7 +353,7 @@ def main(argv=None) -> int:
                                 tok_s=f"{rec['tokens_per_s']:.0f}")
                 window, tokens, t_window = [], 0, now
             bar.update(1)
-            if step % args.eval_every == 0 or step == args.max_steps:
+            if eval_batches and (step % args.eval_every == 0 or step == args.max_steps):
                 last_eval = evaluate(model, eval_batches, xp)
                 log({"type": "eval", "step": step, **last_eval, "unigram_baseline": baseline})
                 bar.write(f"step {step}: held-out mlm_loss {last_eval['mlm_loss']:.3f} "

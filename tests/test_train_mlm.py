@@ -155,3 +155,10 @@ def test_help_lists_presets(capsys):
         train_mlm.main(["--help"])
     assert e.value.code == 0
     assert "mini (4 layers x 256 hidden)" in capsys.readouterr().out
+
+
+def test_without_held_out_documents_training_still_runs(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert train_mlm.main(args_for(corpus, out, "--eval-fraction", "0")) == 0
+    assert records(out, "eval") == [] and len(records(out, "train")) == 8
+    assert "eval_mlm_loss" not in json.loads((out / "summary.json").read_text())
