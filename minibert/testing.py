@@ -6,6 +6,17 @@ same way:
     from hypothesis import given
     from minibert.testing import bert_configs, token_batches, assert_gradients_match
 
+    @given(config=bert_configs(max_hidden=8), data=st.data())
+    def test_my_layer(config, data):
+        x = data.draw(hidden_states(config))                 # (B, T, C) float64
+        assert_module_gradients(MyLayer(config), [x])        # raises with the table
+
+What is here: ``seeds``; ``float_arrays(shape)`` and ``layer_shapes()`` for layer inputs;
+``bert_configs(max_hidden=...)``; ``padding_masks(B, T)`` (at least one real token per
+row); ``token_batches(config)`` (model inputs); ``hidden_states(config)`` and
+``attention_inputs()`` (inputs of one sub-layer); ``assert_gradients_match`` (two arrays)
+and ``assert_module_gradients`` (a whole Module, via :func:`minibert.gradcheck.check_module`).
+
 Shapes are drawn by hypothesis (so failures shrink to small shapes); the float values of
 large arrays come from a NumPy generator seeded by a drawn integer, which is much faster
 than drawing every element and still reproducible from the failing example.
@@ -17,19 +28,37 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from .gradcheck import rel_error
+from .gradcheck import GradcheckReport, check_module, random_token_batch, rel_error
 from .modeling import BertConfig
+from .nn import extended_attention_mask
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 
 
 @st.composite
 def float_arrays(draw, shape, scale: float = 1.0, dtype=np.float64):
-    """A float array of the given shape (tuple or strategy of tuples), N(0, scale^2)."""
+    """A float array of the given shape (tuple or strategy of tuples), N(0, scale^2).
+
+    Values come from a NumPy generator seeded by a drawn integer (fast, reproducible from
+    the failing example); ``dtype`` float64 by default, as gradient checks need."""
     if not isinstance(shape, tuple):
         shape = draw(shape)
     rng = np.random.default_rng(draw(seeds))
     return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def layer_shapes(min_dims: int = 1, max_dims: int = 3, min_side: int = 1, max_side: int = 5,
+                 last: int | st.SearchStrategy | None = None) -> st.SearchStrategy:
+    """Shapes of layer inputs (..., C): ``min_dims`` to ``max_dims`` axes of
+    ``min_side``..``max_side`` entries; ``last`` fixes (int) or draws (strategy) the
+    feature axis C. For ``float_arrays(layer_shapes(last=8))``."""
+    lead = st.lists(st.integers(min_side, max_side), min_size=max(0, min_dims - 1),
+                    max_size=max(0, max_dims - 1))
+    if last is None:
+        last = st.integers(min_side, max_side)
+    elif isinstance(last, int):
+        last = st.just(last)
+    return st.tuples(lead, last).map(lambda t: (*t[0], t[1]))
 
 
 @st.composite
@@ -75,25 +104,63 @@ class TokenBatch:
 def token_batches(draw, config: BertConfig, max_batch: int = 3, max_len: int | None = None,
                   min_len: int = 1) -> TokenBatch:
     """A batch for ``config``: padding at the end of rows (at least one real token per
-    row; id 0, the pad token, only at padded positions), segment ids 0 then 1, at least one masked label over the batch, labels only at
-    real positions (-100 elsewhere), NSP labels 0/1."""
+    row; id 0, the pad token, only at padded positions), segment ids 0 then 1, at least
+    one masked label over the batch, labels only at real positions (-100 elsewhere), NSP
+    labels 0/1. B <= max_batch, T <= min(max_len, max_position_embeddings). Built by
+    :func:`minibert.gradcheck.random_token_batch` from drawn (B, T, seed)."""
     max_len = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
     B = draw(st.integers(1, max_batch))
     T = draw(st.integers(max(1, min_len), max(max_len, min_len)))
     rng = np.random.default_rng(draw(seeds))
-    lengths = rng.integers(1, T + 1, size=B)
-    lengths[0] = T if draw(st.booleans()) else lengths[0]
-    positions = np.arange(T)[None, :]
-    attention_mask = (positions < lengths[:, None]).astype(np.int64)
-    input_ids = rng.integers(1, config.vocab_size, size=(B, T)) * attention_mask  # 0 = [PAD]
-    split = rng.integers(0, T + 1, size=B)
-    token_type_ids = ((positions >= split[:, None]) & (attention_mask == 1)).astype(np.int64)
-    token_type_ids %= config.type_vocab_size
-    masked = (rng.random((B, T)) < 0.3) & (attention_mask == 1)
-    masked[0, 0] = True
-    labels = np.where(masked, rng.integers(0, config.vocab_size, size=(B, T)), -100)
-    return TokenBatch(input_ids, token_type_ids, attention_mask, labels.astype(np.int64),
-                      rng.integers(0, 2, size=B))
+    full = draw(st.booleans())
+    return TokenBatch(**random_token_batch(config, rng, B, T, first_row_full=full))
+
+
+@st.composite
+def padding_masks(draw, batch: int | st.SearchStrategy, seq_len: int | st.SearchStrategy
+                  ) -> np.ndarray:
+    """A (B, T) int64 0/1 attention mask, padding at the end of each row and at least one
+    real token (1) per row (a row of padding only has no defined softmax). ``batch`` and
+    ``seq_len`` are ints or strategies of ints (>= 1)."""
+    B = batch if isinstance(batch, int) else draw(batch)
+    T = seq_len if isinstance(seq_len, int) else draw(seq_len)
+    lengths = np.array(draw(st.lists(st.integers(1, T), min_size=B, max_size=B)))
+    return (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)
+
+
+@st.composite
+def hidden_states(draw, config: BertConfig, max_batch: int = 3, max_len: int | None = None,
+                  scale: float = 1.0) -> np.ndarray:
+    """A (B, T, C) float64 input of an encoder sub-layer for ``config`` (C = hidden_size,
+    T <= max_position_embeddings), N(0, scale^2)."""
+    max_len = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
+    B, T = draw(st.integers(1, max_batch)), draw(st.integers(1, max_len))
+    return draw(float_arrays((B, T, config.hidden_size), scale))
+
+
+@dataclass
+class AttentionInputs:
+    """Inputs of :func:`minibert.nn.attention_forward`: q, k, v (B, T, C) float64, the
+    additive mask ``mask_add`` (B, 1, 1, T) built from ``attention_mask`` (B, T) int64 (at
+    least one real token per row), and ``num_heads`` (divides C)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    attention_mask: np.ndarray
+    mask_add: np.ndarray
+    num_heads: int
+
+
+@st.composite
+def attention_inputs(draw, max_batch: int = 3, max_len: int = 5, max_heads: int = 3,
+                     max_head_size: int = 3, scale: float = 1.0) -> AttentionInputs:
+    """Multi-head attention inputs with a padding mask (see :class:`AttentionInputs`)."""
+    B, T = draw(st.integers(1, max_batch)), draw(st.integers(1, max_len))
+    NH, HS = draw(st.integers(1, max_heads)), draw(st.integers(1, max_head_size))
+    q, k, v = (draw(float_arrays((B, T, NH * HS), scale)) for _ in range(3))
+    mask = draw(padding_masks(B, T))
+    return AttentionInputs(q, k, v, mask, extended_attention_mask(mask, np.float64), NH)
 
 
 def assert_gradients_match(analytic, numerical, name: str = "gradient",
@@ -108,3 +175,14 @@ def assert_gradients_match(analytic, numerical, name: str = "gradient",
         raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.1e}\n"
                              f"analytic:  {a.ravel()[:6]}\n"
                              f"numerical: {b.ravel()[:6]}")
+
+
+def assert_module_gradients(module, inputs=(), **check_kw) -> GradcheckReport:
+    """Run :func:`minibert.gradcheck.check_module` (same arguments) and raise
+    AssertionError with the whole table if any tensor fails; return the report otherwise.
+    The module's parameters and float inputs must be float64."""
+    report = check_module(module, inputs, **check_kw)
+    if not report.passed:
+        names = ", ".join(r.name for r in report.failures)
+        raise AssertionError(f"gradient check failed for {names}\n{report}")
+    return report
