@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from minibert import backend
 from minibert.checkpoint import (CheckpointError, atomic_write, check_same_config,
                                  load_checkpoint, save_checkpoint)
+from minibert.gradflow import grad_flow_record
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
 from minibert.optim import AdamW, clip_grad_norm, linear_schedule_with_warmup
 from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store, iter_documents,
@@ -120,6 +121,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR_OR_FILE",
                    help="continue from a checkpoint (default: OUTPUT_DIR/checkpoint.npz)")
     g.add_argument("--log-every", type=int, default=10, help="steps between train records")
+    g.add_argument("--log-grad-norms", type=int, default=0, metavar="N",
+                   help="every N steps, record per-layer gradient norms and update/weight "
+                        "ratios in metrics.jsonl (type grad_flow; plot: python -m "
+                        "minibert.gradflow); 0 = off")
     g.add_argument("--eval-every", type=int, default=250, help="steps between evaluations")
     g.add_argument("--save-every", type=int, default=250, help="steps between checkpoints")
     g.add_argument("--no-progress", dest="progress", action="store_false",
@@ -335,6 +340,8 @@ def main(argv=None) -> int:
             model.backward()
             grad_norm = clip_grad_norm(model.parameters(), args.max_grad_norm)
             optimizer.step(lr)
+            if args.log_grad_norms and (step + 1) % args.log_grad_norms == 0:
+                log(grad_flow_record(step + 1, model, optimizer, lr, grad_norm))
             step += 1
             batch_in_epoch += 1
             window.append(batch_stats(outputs, inputs, xp) | {"grad_norm": grad_norm})

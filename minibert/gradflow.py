@@ -1,0 +1,249 @@
+"""Gradient flow: per-layer gradient norms and update-to-weight ratios, and their plot.
+
+What people look at when a deep network's gradients vanish or explode: for each layer
+(``embeddings``, ``encoder.layer.N``, ``encoder.ln``, ``pooler``, ``cls.predictions``,
+``cls.seq_relationship``), the L2 norm of its gradient and the ratio ||dtheta|| / ||theta||
+of the optimizer's last update to the weights. cs231n ("Neural Networks Part 3", section
+"Ratio of weights:updates") suggests a ratio around 1e-3: much lower and the layer learns
+too slowly, much higher and the learning rate is probably too high.
+
+    python -m minibert.gradflow runs/pretrain/metrics.jsonl -o grad_flow.png
+
+Statistics are computed on the device (NumPy or CuPy) and copied to the host once per
+call, as one small array (convert at the edge).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from .backend import get_array_module, to_numpy
+from .optim import AdamW, decays
+
+
+def layer_of(name: str) -> str:
+    """The layer a parameter belongs to, for grouping: ``bert.`` is dropped, then
+    ``encoder.layer.N.*`` -> ``encoder.layer.N``, ``cls.X.*`` -> ``cls.X``, anything else
+    -> its first component (``embeddings``, ``pooler``, ``encoder.ln`` for the pre-LN
+    final norm; a user model's top-level children)."""
+    parts = name.split(".")
+    if parts[0] == "bert" and len(parts) > 1:
+        parts = parts[1:]
+    if parts[:2] == ["encoder", "layer"] and len(parts) > 3:
+        return ".".join(parts[:3])
+    if parts[0] in ("cls", "encoder") and len(parts) > 2:
+        return ".".join(parts[:2])
+    return parts[0] if len(parts) > 1 else name
+
+
+def adamw_updates(optimizer: AdamW, lr: float) -> dict:
+    """The update dtheta = theta_after - theta_before of the last ``optimizer.step(lr)``,
+    reconstructed from the optimizer's state after the step (no copy of the weights
+    before the step is needed).
+
+    :class:`minibert.optim.AdamW` does p <- p (1 - lr wd) - s with s = step_size * m /
+    (sqrt(v) v_scale + eps) (Loshchilov & Hutter 2019); so p_before = (p + s) / (1 - lr wd)
+    and dtheta = -s - lr wd p_before, computed without subtracting nearly equal numbers.
+
+    Args:
+        optimizer: the AdamW whose ``step`` was just called (``t`` >= 1).
+        lr: the learning rate passed to that step.
+    Returns:
+        name -> dtheta, arrays of each parameter's shape, dtype and device.
+    Raises:
+        ValueError: the optimizer has not stepped yet.
+    """
+    if optimizer.t < 1:
+        raise ValueError("adamw_updates: the optimizer has not taken a step yet")
+    b1, b2 = optimizer.betas
+    step_size, v_scale = lr, 1.0
+    if optimizer.correct_bias:
+        step_size = lr / (1.0 - b1 ** optimizer.t)
+        v_scale = 1.0 / math.sqrt(1.0 - b2 ** optimizer.t)
+    out = {}
+    for name, p in optimizer.params:
+        xp = get_array_module(p.data)
+        s = step_size * optimizer.m[name] / (xp.sqrt(optimizer.v[name]) * v_scale + optimizer.eps)
+        d = -s
+        if optimizer.weight_decay and decays(name):
+            decay = lr * optimizer.weight_decay
+            d = d - decay * (p.data + s) / (1.0 - decay)
+        out[name] = d
+    return out
+
+
+def _group_norms(named: Iterable[tuple[str, object]]) -> tuple[list[str], object]:
+    """Per-layer L2 norms of named arrays, as (layers, device array (L,))."""
+    sq = defaultdict(list)
+    for name, a in named:
+        xp = get_array_module(a)
+        sq[layer_of(name)].append(xp.vdot(a.ravel(), a.ravel()).astype(np.float64))
+    layers = list(sq)
+    xp = get_array_module(*(v[0] for v in sq.values())) if sq else np
+    return layers, xp.sqrt(xp.stack([sum(v[1:], v[0]) for v in sq.values()])) if sq else np.zeros(0)
+
+
+def grad_flow_stats(model, optimizer: AdamW | None = None, lr: float | None = None,
+                    total_grad_norm=None) -> dict:
+    """Per-layer statistics of the current gradients and of the last update.
+
+    Call after ``optimizer.step(lr)`` (gradients are still in ``.grad``; they are zeroed
+    at the start of the next step).
+
+    Args:
+        model: a Module; its ``named_parameters`` are grouped by :func:`layer_of`.
+        optimizer, lr: the AdamW that just stepped and its learning rate; without them
+            no update statistics are returned.
+        total_grad_norm: the global gradient norm *before* clipping (what
+            ``clip_grad_norm`` returns, host or 0-d device value). Clipping scales every
+            gradient by one factor, so the layers' pre-clip norms are the post-clip ones
+            times total_grad_norm / sqrt(sum of squares); without it the norms are those
+            of the gradients in ``.grad``.
+    Returns:
+        {"grad_norm": {layer: float}, "weight_norm": {layer: float},
+         "update_ratio": {layer: ||dtheta|| / ||theta_before||}} (the last only with an
+        optimizer), host floats, layers in parameter order. ``update_ratio`` uses the
+        weights before the step, reconstructed by :func:`adamw_updates`.
+    """
+    named = list(model.named_parameters())
+    layers, g = _group_norms((n, p.grad) for n, p in named)
+    xp = get_array_module(g)
+    if total_grad_norm is not None:
+        total = xp.sqrt((g * g).sum())
+        g = g * (xp.asarray(total_grad_norm, dtype=np.float64) / xp.maximum(total, 1e-30))
+    _, w = _group_norms((n, p.data) for n, p in named)
+    rows = [g, w]
+    if optimizer is not None:
+        if lr is None:
+            raise ValueError("grad_flow_stats: lr is needed with an optimizer")
+        updates = adamw_updates(optimizer, lr)
+        _, u = _group_norms((n, updates[n]) for n, _ in named)
+        # theta_before = theta_after - dtheta, per layer
+        _, wb = _group_norms((n, p.data - updates[n]) for n, p in named)
+        rows.append(u / xp.maximum(wb, 1e-30))
+    host = to_numpy(xp.stack(rows)).astype(float)  # one transfer
+    keys = ["grad_norm", "weight_norm", "update_ratio"][:len(rows)]
+    return {k: dict(zip(layers, map(float, host[i]))) for i, k in enumerate(keys)}
+
+
+def grad_flow_record(step: int, model, optimizer: AdamW | None = None, lr: float | None = None,
+                     total_grad_norm=None) -> dict:
+    """A metrics.jsonl record: {"type": "grad_flow", "step": step, "grad_norm": {...},
+    "weight_norm": {...}, "update_ratio": {...}} (see :func:`grad_flow_stats`)."""
+    return {"type": "grad_flow", "step": int(step),
+            **grad_flow_stats(model, optimizer, lr, total_grad_norm)}
+
+
+def read_grad_flow(path: str | Path) -> list[dict]:
+    """The ``grad_flow`` records of a metrics.jsonl file, in file order.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a line that is not JSON (with its
+            line number), or no grad_flow record at all (run train_mlm.py with
+            --log-grad-norms N).
+    """
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+            if rec.get("type") == "grad_flow":
+                records.append(rec)
+    if not records:
+        raise ValueError(f"{path}: no grad_flow records (train with --log-grad-norms N)")
+    return records
+
+
+def _layer_order(name: str):
+    head = ("embeddings", "encoder.layer", "encoder.ln", "pooler", "cls.predictions",
+            "cls.seq_relationship")
+    rank = next((i for i, h in enumerate(head) if name.startswith(h)), len(head))
+    n = int(name.split(".")[2]) if name.startswith("encoder.layer.") else 0
+    return rank, n, name
+
+
+def plot_grad_flow(metrics_path: str | Path, png_path: str | Path, title: str | None = None,
+                   dpi: int = 100) -> Path:
+    """Plot per-layer gradient norms and update/weight ratios against the step (PNG).
+
+    Two panels sharing the step axis, log-scaled y, one line per layer coloured from the
+    embeddings (dark) to the heads (light), a dotted reference line at ratio 1e-3 (cs231n).
+
+    Args:
+        metrics_path: a metrics.jsonl with ``grad_flow`` records (see :func:`read_grad_flow`).
+        png_path: output file; parent directories are created.
+        title: figure title (default: the metrics file's parent directory).
+        dpi: resolution (the figure is 9 x 6.5 inches).
+    Returns:
+        The PNG path.
+    Raises:
+        As :func:`read_grad_flow`; ImportError without matplotlib.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_grad_flow(metrics_path)
+    steps = [r["step"] for r in records]
+    panels = [("grad_norm", "gradient L2 norm")]
+    if any("update_ratio" in r for r in records):
+        panels.append(("update_ratio", "update / weight ratio  ||dθ|| / ||θ||"))
+    layers = sorted({k for r in records for k in r["grad_norm"]}, key=_layer_order)
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 6.5), sharex=True, squeeze=False)
+    for ax, (key, label) in zip(axes[:, 0], panels):
+        for i, layer in enumerate(layers):
+            ys = [r.get(key, {}).get(layer, float("nan")) for r in records]
+            ax.plot(steps, ys, label=layer, color=cmap(i / max(1, len(layers) - 1)),
+                    marker="." if len(steps) < 40 else None)
+        ax.set_yscale("log")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        if key == "update_ratio":
+            ax.axhline(1e-3, color="grey", linestyle=":", label="1e-3 (rule of thumb)")
+    axes[-1, 0].set_xlabel("step")
+    axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    if len(panels) > 1:
+        axes[1, 0].legend(handles=axes[1, 0].get_lines()[-1:], loc="lower left", fontsize=8)
+    fig.suptitle(title or f"gradient flow: {Path(metrics_path).parent.name}")
+    fig.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=dpi)
+    plt.close(fig)
+    return png_path
+
+
+def main(argv=None) -> int:
+    """``python -m minibert.gradflow METRICS.jsonl -o OUT.png``."""
+    p = argparse.ArgumentParser(prog="python -m minibert.gradflow",
+                                description="Plot the grad_flow records of a metrics.jsonl.")
+    p.add_argument("metrics", help="metrics.jsonl written by train_mlm.py --log-grad-norms N")
+    p.add_argument("-o", "--output", default=None,
+                   help="PNG path (default: grad_flow.png next to the metrics file)")
+    p.add_argument("--title", default=None)
+    p.add_argument("--dpi", type=int, default=100)
+    args = p.parse_args(argv)
+    out = args.output or str(Path(args.metrics).with_name("grad_flow.png"))
+    try:
+        path = plot_grad_flow(args.metrics, out, args.title, args.dpi)
+    except (OSError, ValueError) as e:
+        print(f"gradflow: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
