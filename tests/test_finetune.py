@@ -1,0 +1,230 @@
+"""finetune.py and minibert.finetuning: TSV errors naming file and line, metrics, dynamic
+padding, and tiny end-to-end runs from a minibert checkpoint and from a HF directory."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minibert import BertConfig, BertForPreTraining
+from minibert.checkpoint import save_checkpoint
+from minibert.finetuning import (DatasetError, classification_metrics, encode_split,
+                                 iterate_batches, label_ids, label_list, load_pretrained,
+                                 read_tsv)
+from minibert.hf import save_hf_directory
+from minibert.tokenization import BertTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import finetune  # noqa: E402
+
+WORDS = ["good", "great", "fine", "bad", "awful", "dull", "film", "movie", "plot", "the",
+         "a", "was", "is", "very", "not", "acting", "story", ",", "."]
+POS, NEG = ["good", "great", "fine"], ["bad", "awful", "dull"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def make_rows(n, rng, pair=False, names=("neg", "pos")):
+    rows = []
+    for _ in range(n):
+        y = int(rng.integers(0, 2))
+        words = list(rng.choice(WORDS[6:], size=int(rng.integers(2, 6))))
+        words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(POS if y else NEG)))
+        row = [names[y], " ".join(words)]
+        if pair:
+            row.append(" ".join(rng.choice(WORDS[6:], size=2)))
+        rows.append("\t".join(row))
+    return rows
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    rng = np.random.default_rng(0)
+    d = tmp_path / "data"
+    d.mkdir()
+    for split, n in (("train", 48), ("dev", 16), ("test", 16)):
+        write(d / f"{split}.tsv", "label\tsentence\n" + "\n".join(make_rows(n, rng)) + "\n")
+    return d
+
+
+@pytest.fixture
+def pretrained_run(tmp_path):
+    """A directory as train_mlm.py writes it: checkpoint.npz + vocab.txt."""
+    run = tmp_path / "pretrain"
+    run.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    write(run / "vocab.txt", "\n".join(vocab) + "\n")
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)
+    save_checkpoint(run / "checkpoint.npz", BertForPreTraining(config, seed=1),
+                    trainer_state={"args": {"lowercase": True}, "step": 0})
+    return run
+
+
+# ------------------------------------------------------------------ TSV errors
+def test_missing_column_names_file_and_line(tmp_path):
+    p = write(tmp_path / "train.tsv", "label\tsentence\npos\tgood film\nneg\n")
+    with pytest.raises(DatasetError, match=rf"{p}:3: .*missing column\(s\) sentence"):
+        read_tsv(p)
+    p = write(tmp_path / "pairs.tsv", "label\tsentence_a\tsentence_b\npos\ta\tb\npos\ta\n")
+    with pytest.raises(DatasetError, match=rf"{p}:3: .*sentence_b"):
+        read_tsv(p)
+    p = write(tmp_path / "empty_field.tsv", "label\tsentence\n\tgood film\n")
+    with pytest.raises(DatasetError, match=rf"{p}:2: empty label"):
+        read_tsv(p)
+
+
+def test_bad_header_and_empty_splits(tmp_path):
+    with pytest.raises(DatasetError, match=r":1: header must be"):
+        read_tsv(write(tmp_path / "h.tsv", "sentence\tlabel\ngood\tpos\n"))
+    with pytest.raises(DatasetError, match=rf"{tmp_path / 'e.tsv'}:2: empty split"):
+        read_tsv(write(tmp_path / "e.tsv", "label\tsentence\n\n"))
+    with pytest.raises(DatasetError, match=rf"{tmp_path / 'z.tsv'}:1: empty split"):
+        read_tsv(write(tmp_path / "z.tsv", ""))
+    with pytest.raises(DatasetError, match="no such file"):
+        read_tsv(tmp_path / "missing.tsv")
+
+
+def test_unknown_label_names_file_and_line(tmp_path):
+    train = read_tsv(write(tmp_path / "train.tsv", "label\tsentence\n10\ta\n2\tb\n2\tc\n"))
+    labels = label_list(train)
+    assert labels == ["2", "10"]  # numeric order when every label is an integer
+    dev = read_tsv(write(tmp_path / "dev.tsv", "label\tsentence\n2\ta\n3\tb\n"))
+    with pytest.raises(DatasetError, match=rf"{tmp_path / 'dev.tsv'}:3: unknown label '3'"):
+        label_ids(dev, labels)
+
+
+@pytest.mark.parametrize("split,content,pattern", [
+    ("dev", "label\tsentence\nneg\tgood\nmaybe\tfilm\n", r"dev\.tsv:3: unknown label 'maybe'"),
+    ("test", "label\tsentence\n", r"test\.tsv:2: empty split"),
+    ("train", "label\tsentence\npos\tgood film\nneg\n", r"train\.tsv:3: .*missing column"),
+])
+def test_cli_rejects_bad_splits(dataset, pretrained_run, tmp_path, capsys, split, content,
+                                pattern):
+    write(dataset / f"{split}.tsv", content)
+    with pytest.raises(SystemExit) as e:
+        finetune.main(["--init", str(pretrained_run), "--data", str(dataset),
+                       "--output-dir", str(tmp_path / "out"), "--no-progress"])
+    assert e.value.code == 2
+    import re
+    assert re.search(pattern, capsys.readouterr().err)
+
+
+def test_cli_missing_init_is_explained(dataset, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        finetune.main(["--init", str(tmp_path / "nothing"), "--data", str(dataset),
+                       "--output-dir", str(tmp_path / "out")])
+    assert "not a Hugging Face BERT directory" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ metrics, batches
+def test_metrics_by_hand_and_against_sklearn():
+    gold = np.array([0, 0, 1, 1, 1, 2])
+    pred = np.array([0, 1, 1, 1, 0, 2])
+    m = classification_metrics(gold, pred, 3)
+    assert m["accuracy"] == pytest.approx(4 / 6)
+    # F1: class 0 tp1 fp1 fn1 -> 1/2; class 1 tp2 fp1 fn1 -> 2/3; class 2 -> 1
+    assert m["macro_f1"] == pytest.approx((0.5 + 2 / 3 + 1) / 3)
+    assert classification_metrics(np.array([0, 1]), np.array([0, 0]), 2)["mcc"] == 0.0
+    assert classification_metrics(np.array([0, 1]), np.array([1, 0]), 2)["mcc"] == -1.0
+    sk = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    for k in (2, 3, 5):
+        g, p = rng.integers(0, k, 200), rng.integers(0, k, 200)
+        p[:120] = g[:120]
+        m = classification_metrics(g, p, k)
+        assert m["macro_f1"] == pytest.approx(
+            sk.f1_score(g, p, average="macro", labels=list(range(k)), zero_division=0))
+        assert m["mcc"] == pytest.approx(sk.matthews_corrcoef(g, p))
+
+
+def test_dynamic_padding(pretrained_run, dataset):
+    tok = BertTokenizer(pretrained_run / "vocab.txt")
+    ex = read_tsv(dataset / "train.tsv")
+    split = encode_split(tok, ex, 8, label_list(ex))
+    assert max(len(r) for r in split.input_ids) <= 8
+    seen = []
+    for b in iterate_batches(split, 5, np.random.default_rng(0)):
+        lengths = [len(split.input_ids[i]) for i in b.index]
+        assert b.input_ids.shape == (len(b.index), max(lengths))
+        assert (b.attention_mask.sum(1) == lengths).all()
+        assert (b.input_ids[b.attention_mask == 0] == tok.pad_token_id).all()
+        seen.extend(b.index.tolist())
+    assert sorted(seen) == list(range(len(split)))
+
+
+# ------------------------------------------------------------------ end to end
+def test_end_to_end_from_minibert_checkpoint(dataset, pretrained_run, tmp_path, capsys):
+    out = tmp_path / "ft"
+    rc = finetune.main(["--init", str(pretrained_run), "--data", str(dataset),
+                        "--output-dir", str(out), "--epochs", "8", "--batch-size", "8",
+                        "--lr", "1e-2", "--max-seq-length", "16", "--log-every", "2",
+                        "--no-progress", "--predict", "very good film",
+                        "--plot-attention", "the plot was dull",
+                        "--export-hf", str(tmp_path / "hf")])
+    assert rc == 0
+    for f in ("checkpoint.npz", "vocab.txt", "labels.json", "config.json", "metrics.jsonl",
+              "summary.json", "predictions_dev.tsv", "predictions_test.tsv",
+              "training_curves.png", "attention.png"):
+        assert (out / f).is_file(), f
+    assert not list(out.glob("*.tmp"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["labels"] == ["neg", "pos"]
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert len(evals) == 8
+    best = max(r["accuracy"] for r in evals)
+    assert summary["dev"]["accuracy"] == pytest.approx(best)  # the kept model is the best one
+    train = [r["loss"] for r in records if r["kind"] == "train"]
+    assert train[-1] < train[0]
+    assert best >= 0.75  # the task is one word away from trivial
+    lines = (out / "predictions_test.tsv").read_text().splitlines()
+    assert lines[0] == "line\tgold\tpredicted\tp_neg\tp_pos" and len(lines) == 17
+    printed = capsys.readouterr().out
+    assert "pos\t" in printed and "neg\t" in printed
+    assert (out / "attention.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the saved model predicts the same without training, and carries its labels
+    pre = load_pretrained(out)
+    assert pre.labels == ["neg", "pos"]
+    rc = finetune.main(["--model", str(out), "--predict", "very good film"])
+    again = capsys.readouterr().out
+    assert rc == 0 and [l for l in again.splitlines() if "\t" in l] == \
+        [l for l in printed.splitlines() if l.startswith(("pos\t", "neg\t"))]
+
+    # the exported HF directory gives the same probabilities in transformers
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.id2label == {0: "neg", 1: "pos"}
+    tok = BertTokenizer(out / "vocab.txt")
+    enc = tok("very good film", return_tensors="np")
+    with torch.no_grad():
+        p = torch.softmax(hf(**{k: torch.from_numpy(v[None]) for k, v in enc.items()}).logits,
+                          -1)[0].numpy()
+    probs = dict(l.split("\t") for l in again.splitlines() if "\t" in l)
+    assert float(probs["pos"]) == pytest.approx(float(p[1]), abs=1e-4)
+
+
+def test_end_to_end_pairs_from_hf_directory_with_random_init(tmp_path, pretrained_run):
+    rng = np.random.default_rng(1)
+    d = tmp_path / "pairs"
+    d.mkdir()
+    for split, n in (("train", 16), ("dev", 8), ("test", 8)):
+        write(d / f"{split}.tsv", "label\tsentence_a\tsentence_b\n"
+              + "\n".join(make_rows(n, rng, pair=True)) + "\n")
+    pre = load_pretrained(pretrained_run)
+    model = BertForPreTraining(pre.config)
+    model.load_state_dict(pre.state)
+    hf_dir = save_hf_directory(model, tmp_path / "hf", pre.vocab_file)
+    out = tmp_path / "ft"
+    rc = finetune.main(["--init", str(hf_dir), "--data", str(d), "--output-dir", str(out),
+                        "--epochs", "1", "--batch-size", "8", "--max-seq-length", "12",
+                        "--random-init", "--no-progress", "--test", "none"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["random_init"] and summary["test"] is None and summary["steps"] == 2
