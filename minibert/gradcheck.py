@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 import time
 from dataclasses import dataclass, field
