@@ -70,11 +70,19 @@ def plot_attention_grid(attentions: Sequence[np.ndarray], tokens: Sequence[str],
         for h in range(NH):
             ax = axes[l][h]
             ax.imshow(maps[l][h], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            # token labels on the outer axes only: queries down the left column,
+            # keys along the bottom row (inner labels would overlap the next map)
             ax.set_xticks(range(T))
             ax.set_yticks(range(T))
-            ax.set_xticklabels(tokens, rotation=90, fontsize=fontsize)
-            ax.set_yticklabels(tokens, fontsize=fontsize)
-            ax.set_title(f"layer {l} head {h}", fontsize=8)
+            ax.set_xticklabels(tokens if l == L - 1 else [], rotation=90, fontsize=fontsize)
+            ax.set_yticklabels(tokens if h == 0 else [], fontsize=fontsize)
+            ax.tick_params(length=0)
+            if l == 0:
+                ax.set_title(f"head {h}", fontsize=9)
+            if h == 0:
+                ax.set_ylabel(f"layer {l}\nquery", fontsize=9)
+            if l == L - 1:
+                ax.set_xlabel("key", fontsize=9)
     if title:
         fig.suptitle(title)
     return _save(fig, path, dpi)
