@@ -8,8 +8,8 @@ What it measures, all on the same text in the same run:
 
 1. Trainer: wall time and peak memory to learn a ``--vocab-size`` vocabulary from the
    English pretraining text (``pretrain/en/*.txt``, first 90% of the documents of each
-   file), for ``minibert.tokenization.train_wordpiece`` (both ``wordpiece`` and ``bpe``
-   scores) and for Hugging Face ``tokenizers``' ``WordPieceTrainer`` (Rust, all cores).
+   file), for ``minibert.tokenization.train_wordpiece`` with each merge score
+   (``wordpiece`` = likelihood gain, ``wordpiece-ratio``, ``bpe``) and for Hugging Face ``tokenizers``' ``WordPieceTrainer`` (Rust, all cores).
    Each trainer runs in a fresh child process; peak memory is that process's peak RSS
    minus its RSS after imports.
 2. Quality: tokens per whitespace word (and the [UNK] share) on the held-out last 10% of
@@ -57,7 +57,7 @@ def _child(kind: str, train_file: str, out_file: str, vocab_size: int, min_frequ
         base = _rss_mb()
         t0 = time.perf_counter()
         train_wordpiece(
-            [train_file], vocab_size, min_frequency=min_frequency, algorithm=kind.split("-")[1],
+            [train_file], vocab_size, min_frequency=min_frequency, algorithm=kind.split("-", 1)[1],
             output=out_file, show_progress=False,
         )
         dt = time.perf_counter() - t0
@@ -152,6 +152,7 @@ def main() -> None:
         for kind, label in [
             ("hf", "HF tokenizers WordPieceTrainer (Rust)"),
             ("ours-wordpiece", "ours, algorithm=wordpiece"),
+            ("ours-wordpiece-ratio", "ours, algorithm=wordpiece-ratio"),
             ("ours-bpe", "ours, algorithm=bpe"),
         ]:
             out = os.path.join(tmp, f"{kind}.txt")
@@ -159,17 +160,18 @@ def main() -> None:
             results[kind] = (r, out)
             print(f"{label:40s} {r['seconds']:7.2f} s   peak memory +{r['peak_mb']:7.1f} MiB")
         hf_s = results["hf"][0]["seconds"]
-        for kind in ("ours-wordpiece", "ours-bpe"):
+        our_kinds = ("ours-wordpiece", "ours-wordpiece-ratio", "ours-bpe")
+        for kind in our_kinds:
             print(f"ratio {kind} / HF time: {results[kind][0]['seconds'] / hf_s:.2f}x")
 
         print("\n== 2. quality: tokens per word on held-out text (same tokenizer code, each vocab) ==")
         tpw = {}
-        for kind in ("hf", "ours-wordpiece", "ours-bpe"):
+        for kind in ("hf", *our_kinds):
             out = results[kind][1]
             n_vocab = len(Path(out).read_text(encoding="utf-8").split("\n")) - 1
             tpw[kind], unk = tokens_per_word(out, test_lines)
-            print(f"{kind:16s} vocab {n_vocab:6d}   tokens/word {tpw[kind]:.4f}   [UNK] share {unk:.4%}")
-        for kind in ("ours-wordpiece", "ours-bpe"):
+            print(f"{kind:20s} vocab {n_vocab:6d}   tokens/word {tpw[kind]:.4f}   [UNK] share {unk:.4%}")
+        for kind in our_kinds:
             print(f"{kind} vs HF: {100 * (tpw[kind] / tpw['hf'] - 1):+.2f}% tokens/word")
 
     print("\n== 3. encoding speed (bert-base-uncased vocab, held-out lines, encode() per line) ==")

@@ -1,7 +1,7 @@
 """Command line: ``python -m minibert.tokenization {train,tokenize} ...``.
 
     python -m minibert.tokenization train --files data/brown.txt data/moby_dick.txt \\
-        --vocab-size 8000 --output vocab.txt
+        --vocab-size 8000 --output vocab.txt [--algorithm wordpiece|wordpiece-ratio|bpe]
     python -m minibert.tokenization tokenize --vocab vocab.txt "Some text to split."
 """
 
@@ -12,7 +12,7 @@ import logging
 import sys
 
 from .bert import BertTokenizer
-from .trainer import DEFAULT_SPECIAL_TOKENS, train_wordpiece
+from .trainer import ALGORITHMS, DEFAULT_SPECIAL_TOKENS, train_wordpiece
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,8 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--output", required=True, help="where to write vocab.txt (written atomically)")
     tr.add_argument("--min-frequency", type=int, default=2,
                     help="minimum count for a character to enter the alphabet and for a pair to be merged (2)")
-    tr.add_argument("--algorithm", choices=("wordpiece", "bpe"), default="wordpiece",
-                    help="merge score: wordpiece = count(ab)/(count(a)count(b)); bpe = count(ab) (default wordpiece)")
+    tr.add_argument("--algorithm", choices=ALGORITHMS, default="wordpiece",
+                    help="merge score: wordpiece = gain in unigram log-likelihood (Schuster & Nakajima 2012); "
+                         "wordpiece-ratio = count(ab)/(count(a)count(b)) (Hugging Face course); "
+                         "bpe = count(ab) (Hugging Face tokenizers); default wordpiece")
     tr.add_argument("--special-tokens", nargs="+", default=list(DEFAULT_SPECIAL_TOKENS),
                     help="special tokens, placed first (default: %(default)s)")
     tr.add_argument("--no-lowercase", action="store_true", help="cased vocabulary (do_lower_case=False)")

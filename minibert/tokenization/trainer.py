@@ -1,8 +1,10 @@
 """Learning a WordPiece vocabulary from raw text.
 
 google-research/bert never published its vocabulary learner, so this follows the
-description of WordPiece in Schuster & Nakajima (2012), "Japanese and Korean Voice Search"
-(section 3.2) and the Hugging Face course chapter on WordPiece:
+description of the WordPiece model in Schuster & Nakajima (2012), "Japanese and Korean
+Voice Search", ICASSP, section 3.1: start from the characters, and repeatedly add the
+combination of two current units "that increases the likelihood on the training data
+the most when added to the model".
 
 1. Split the corpus into words exactly as :class:`BasicTokenizer` will at tokenization
    time (same cleaning, CJK splitting, lower-casing, accent stripping, punctuation
@@ -18,9 +20,24 @@ description of WordPiece in Schuster & Nakajima (2012), "Japanese and Korean Voi
    until the vocabulary has ``vocab_size`` tokens or no pair occurs ``min_frequency``
    times:
 
-   - ``algorithm="wordpiece"`` (default): score = count(ab) / (count(a) * count(b)), the
-     increase in corpus likelihood of a unigram model when a and b become one unit
-     (Schuster & Nakajima's criterion as stated in the Hugging Face course);
+   - ``algorithm="wordpiece"`` (default): score = the exact increase of the training-data
+     log-likelihood under a unigram language model over the current units, the
+     criterion of Schuster & Nakajima. With unit counts ``c_t`` and ``n = sum c_t``,
+     ``L = sum_t c_t log(c_t / n)``; merging the ``m`` occurrences of a b turns
+     ``c_a, c_b`` into ``c_a - m, c_b - m`` (``c_a - 2m`` when a == b), adds ``m`` to the
+     unit ab and makes ``n`` into ``n - m``. The score is that ``dL``, computed exactly
+     (:func:`likelihood_gain` has the derivation). The segmentation of the corpus is the
+     one the merges produce (the pair's occurrences are replaced, nothing is
+     re-segmented), and a unit is a string (two pairs that spell the same string add to
+     the same unit). For ``m`` small against ``c_a``, ``c_b`` and ``n``,
+     ``dL ~ m (log(m n / (c_a c_b)) - 1)``: the pointwise mutual information of a and b,
+     weighted by how often the merge applies.
+   - ``algorithm="wordpiece-ratio"``: score = count(ab) / (count(a) * count(b)), the
+     form given in the Hugging Face course's WordPiece chapter
+     (https://huggingface.co/learn/llm-course/chapter6/6). It ranks by the PMI alone,
+     without the factor ``m``, so a pair of two rare symbols seen twice can outrank any
+     frequent pair: at a 30k vocabulary on English it spends the vocabulary on long
+     rare words spelled one character at a time (see ``bench/bench_tokenizer.py``).
    - ``algorithm="bpe"``: score = count(ab), which is what Hugging Face ``tokenizers``'
      ``WordPieceTrainer`` really does (byte-pair encoding with ``##`` prefixes).
 
@@ -31,10 +48,12 @@ Speed: the corpus is reduced to a table of distinct words with counts, and the m
 loop keeps pair counts, symbol counts and, for every pair, the set of words it occurs in.
 A merge rewrites only the words that contain the pair and updates the counts by
 difference; the best pair comes from a heap with lazy invalidation (an entry is checked
-against the live counts when it is popped and pushed again if it is stale). With the
-WordPiece score a merge also raises the score of every pair that shares a symbol with
-the merged pair (their denominators shrink), so those pairs are pushed again: the
-selection is exact, not approximate.
+against the live counts when it is popped and pushed again if it is stale). Scores that
+a merge can raise are pushed again right away (pairs sharing a symbol with the merged
+pair, pairs containing the new symbol, and for ``wordpiece`` the pairs spelling the new
+unit); scores that a merge lowers (for ``wordpiece``, every gain falls a little as ``n``
+shrinks) are corrected when popped. The selection is exact, not approximate: a test
+compares it with a naive trainer that recounts everything before every merge.
 """
 
 from __future__ import annotations
@@ -42,6 +61,8 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+from math import log as _log
+from math import log1p as _log1p
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,11 +74,13 @@ from tqdm.auto import tqdm
 from .basic import BasicTokenizer
 from .vocab import write_vocab
 
-__all__ = ["TrainedVocab", "TrainingReport", "train_wordpiece", "DEFAULT_SPECIAL_TOKENS"]
+__all__ = ["TrainedVocab", "TrainingReport", "train_wordpiece", "likelihood_gain", "ALGORITHMS",
+           "DEFAULT_SPECIAL_TOKENS"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+ALGORITHMS = ("wordpiece", "wordpiece-ratio", "bpe")
 
 _CHUNK_BYTES = 1 << 20  # read files in ~1 MiB blocks of whole lines
 
@@ -67,7 +90,7 @@ class TrainingReport:
     """What :func:`train_wordpiece` saw and did (counts are in words / characters).
 
     Attributes:
-        algorithm: ``"wordpiece"`` or ``"bpe"``.
+        algorithm: ``"wordpiece"``, ``"wordpiece-ratio"`` or ``"bpe"``.
         sources: file names read, or ``"<iterator>"``.
         n_words: word occurrences after basic tokenization.
         n_distinct_words: distinct words.
@@ -218,7 +241,10 @@ def train_wordpiece(
         min_frequency: a character must occur this many times to enter the alphabet, and a
             pair this many times to be merged.
         special_tokens: tokens placed first, in this order (ids 0, 1, ...).
-        algorithm: ``"wordpiece"`` (likelihood score, default) or ``"bpe"`` (raw pair count).
+        algorithm: ``"wordpiece"`` (default: the exact unigram log-likelihood gain of
+            Schuster & Nakajima, see :func:`likelihood_gain`), ``"wordpiece-ratio"``
+            (count(ab) / (count(a) count(b)), the Hugging Face course's form) or ``"bpe"``
+            (raw pair count, what Hugging Face ``tokenizers`` does).
         lowercase, strip_accents, tokenize_chinese_chars: the :class:`BasicTokenizer`
             settings the vocabulary will be used with (``lowercase`` = ``do_lower_case``).
         max_input_chars_per_word: longer words are left out (they tokenize to [UNK]).
@@ -238,8 +264,8 @@ def train_wordpiece(
         TypeError: an iterator yields something that is not a ``str``.
     """
     t0 = time.perf_counter()
-    if algorithm not in ("wordpiece", "bpe"):
-        raise ValueError(f"algorithm must be 'wordpiece' or 'bpe', got {algorithm!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}")
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
     if not isinstance(min_frequency, int) or min_frequency < 0:
@@ -336,6 +362,126 @@ def train_wordpiece(
     return vocab
 
 
+def likelihood_gain(c_a: int, c_b: int, c_new: int, m: int, n: int, same: bool = False) -> float:
+    """Exact change of the unigram log-likelihood when ``m`` occurrences of a b become one unit.
+
+    Before the merge the corpus is a sequence of ``n`` units with counts ``c_t`` and
+    log-likelihood ``L = sum_t c_t log(c_t / n) = sum_t F(c_t) - F(n)`` with
+    ``F(x) = x log x`` (``F(0) = 0``). Replacing ``m`` occurrences of the adjacent pair
+    a b by the unit ab changes only four terms (a != b):
+    ``c_a -> c_a - m``, ``c_b -> c_b - m``, ``c_ab -> c_new + m`` (``c_new`` = 0 unless a
+    unit spelled ab already exists) and ``n -> n - m``; when a == b, ``c_a -> c_a - 2m``.
+    With ``G(c, k) = F(c - k) - F(c) = (c - k) log1p(-k / c) - k log c`` (no cancellation
+    for large c):
+
+        dL = G(c_a, m) + G(c_b, m) - G(c_new + m, m) - G(n, m)       (a != b)
+        dL = G(c_a, 2m)            - G(c_new + m, m) - G(n, m)       (a == b)
+
+    ``m`` is the number of occurrences the merge replaces: the pair count when a != b,
+    and for a == b the leftmost non-overlapping count (a run ``a a a`` gives one merge).
+
+    Relation to the ratio form: for ``m`` small against ``c``, ``G(c, m) = -m (log c + 1)
+    + O(m^2 / c)``, and ``-G(m, m) = m log m``, so with ``c_new = 0``
+    ``dL = m (log(m n / (c_a c_b)) - 1) + O(m^2 / min(c_a, c_b))``: the pointwise mutual
+    information ``log(m n / (c_a c_b))`` weighted by ``m``. The Hugging Face course's
+    score ``m / (c_a c_b)`` ranks by the PMI alone (``n`` is the same for every pair), with
+    no weight for how often the merge applies.
+    """
+    if same:
+        return _g(c_a, 2 * m) - _g(c_new + m, m) - _g(n, m)
+    return _gain_pair(c_a, c_b, c_new + m, m, n)
+
+
+def _g(c: int, k: int) -> float:
+    """F(c - k) - F(c) for F(x) = x log x, 0 < k <= c."""
+    if k == c:
+        return -c * _log(c)
+    return (c - k) * _log1p(-k / c) - k * _log(c)
+
+
+def _gain_pair(ca: int, cb: int, cn: int, m: int, n: int, log=_log, log1p=_log1p) -> float:
+    """``G(ca, m) + G(cb, m) - G(cn, m) - G(n, m)`` with :func:`_g` inlined (the merge loop
+    calls this millions of times; the operations are those of ``_g``, so the result is
+    bit-identical to summing ``_g`` values)."""
+    ga = -ca * log(ca) if m == ca else (ca - m) * log1p(-m / ca) - m * log(ca)
+    gb = -cb * log(cb) if m == cb else (cb - m) * log1p(-m / cb) - m * log(cb)
+    gc = -cn * log(cn) if m == cn else (cn - m) * log1p(-m / cn) - m * log(cn)
+    gn = -n * log(n) if m == n else (n - m) * log1p(-m / n) - m * log(n)
+    return ga + gb - gc - gn
+
+
+def _self_merges(w: list[int]) -> list[tuple[int, int]]:
+    """(symbol, merges) for each run of one symbol of length r >= 2 in ``w``: r // 2 merges."""
+    out = []
+    n = len(w)
+    j = 0
+    while j < n - 1:
+        s = w[j]
+        if w[j + 1] == s:
+            r = 2
+            j += 2
+            while j < n and w[j] == s:
+                r += 1
+                j += 1
+            out.append((s, r // 2))
+        else:
+            j += 1
+    return out
+
+
+def _repush_likelihood(a, b, sym_pairs, sym_count, pair_count, spell_of, touched, total, min_pair, heap, entry,
+                       M=1 << 32):
+    """After merging a b: push the current gain of every eligible pair containing a or b
+    (their gains rose as c_a, c_b fell); drop pairs that died from ``sym_pairs``.
+
+    The same sum as :func:`_gain_pair`, ``G(c_x, m) + G(c_y, m) - G(c_new + m, m) - G(n, m)``,
+    with the terms that repeat across pairs (``G(n, m)``, ``G(c_sym, m)``,
+    ``G(m, m)``) computed once per merge: same operations, so the same floats."""
+    log, log1p, heappush = _log, _log1p, heapq.heappush
+    n = total
+    g_n: dict[int, float] = {}
+    g_mm: dict[int, float] = {}
+    for sym in (a, b) if a != b else (a,):
+        keys = sym_pairs.get(sym)
+        if not keys:
+            continue
+        cs = sym_count[sym]
+        if cs == 0:
+            del sym_pairs[sym]  # the symbol is gone: its pairs all have count 0
+            continue
+        g_s: dict[int, float] = {}
+        dead = []
+        for kk in keys:
+            m = pair_count.get(kk, 0)
+            if m <= 0:
+                dead.append(kk)
+                continue
+            if m < min_pair or kk in touched:
+                continue
+            x, y = divmod(kk, M)
+            if x == y:
+                heappush(heap, entry(kk, m))
+                continue
+            gs = g_s.get(m)
+            if gs is None:
+                gs = g_s[m] = -cs * log(cs) if m == cs else (cs - m) * log1p(-m / cs) - m * log(cs)
+            co = sym_count[y if x == sym else x]
+            go = -co * log(co) if m == co else (co - m) * log1p(-m / co) - m * log(co)
+            u = spell_of.get(kk)
+            if u is None or not sym_count[u]:
+                gc = g_mm.get(m)
+                if gc is None:
+                    gc = g_mm[m] = -m * log(m)
+            else:
+                cn = sym_count[u] + m
+                gc = (cn - m) * log1p(-m / cn) - m * log(cn)
+            gn = g_n.get(m)
+            if gn is None:
+                gn = g_n[m] = -n * log(n) if m == n else (n - m) * log1p(-m / n) - m * log(n)
+            heappush(heap, (-(gs + go - gc - gn), -m, kk))
+        keys.difference_update(dead)
+
+
 def _merge_loop(
     words: list[list[int]],
     freqs: list[int],
@@ -352,15 +498,33 @@ def _merge_loop(
 
     ``words`` (symbol-id lists) and ``sym_str`` / ``sym_id`` are updated in place.
     A pair (a, b) is keyed by the int ``a * M + b``.
+
+    Heap invariant (what makes the lazy heap exact): every eligible pair has an entry
+    whose key is <= its current key ``(-score, -count, pair)``. Popping the smallest
+    entry and finding it equal to the pair's current key therefore gives the best pair;
+    an entry that no longer matches is replaced by the current key and the loop goes on.
+    Scores that only fall need no action; every pair whose score may rise after a merge
+    is pushed again:
+
+    - every score: pairs whose count rose (they contain the new symbol);
+    - ``wordpiece`` and ``wordpiece-ratio``: pairs that contain a or b (their counts fell,
+      which raises the score; pairs whose own count fell all contain a or b); for
+      ``wordpiece`` in :func:`_repush_likelihood`;
+    - ``wordpiece``: pairs spelling the new unit's string (its count rose, which raises
+      their gain). The total ``n`` falls by one merge's worth each time, which lowers
+      every gain (``-G(n, m)`` grows with n), so it needs no push.
     """
     M = 1 << 32
-    wordpiece = algorithm == "wordpiece"
+    likelihood = algorithm == "wordpiece"
+    ratio = algorithm == "wordpiece-ratio"
+    by_symbols = likelihood or ratio
     min_pair = max(min_frequency, 1)
 
     pair_count: dict[int, int] = {}
     pair_where: dict[int, set[int]] = {}
     sym_count: list[int] = [0] * len(sym_str)
     sym_pairs: dict[int, set[int]] = {}  # symbol -> keys of pairs it is part of (superset)
+    self_count: dict[int, int] = {}  # symbol a -> leftmost non-overlapping count of a a
     for i, w in enumerate(words):
         f = freqs[i]
         for s in w:
@@ -373,15 +537,29 @@ def _merge_loop(
                 pair_where[k] = {i}
             else:
                 ws.add(i)
-    if wordpiece:
+        if likelihood:
+            for s, r in _self_merges(w):
+                self_count[s] = self_count.get(s, 0) + r * f
+    total = sum(sym_count)  # n: units in the corpus
+    # pair key -> id of the existing unit its two symbols spell (so c_new can be > 0);
+    # set when such a unit is created (split enumeration below) or such a pair appears
+    spell_of: dict[int, int] = {}
+    gain_pair = _gain_pair
+    if by_symbols:
         for k in pair_count:
             a, b = divmod(k, M)
             sym_pairs.setdefault(a, set()).add(k)
             sym_pairs.setdefault(b, set()).add(k)
 
     def entry(k: int, c: int):
-        if wordpiece:
-            a, b = divmod(k, M)
+        a, b = divmod(k, M)
+        if likelihood:
+            s_new = spell_of.get(k)
+            c_new = 0 if s_new is None else sym_count[s_new]
+            if a == b:
+                return (-likelihood_gain(sym_count[a], 0, c_new, self_count[a], total, True), -c, k)
+            return (-gain_pair(sym_count[a], sym_count[b], c_new + c, c, total), -c, k)
+        if ratio:
             return (-c / (sym_count[a] * sym_count[b]), -c, k)
         return (-c, -c, k)
 
@@ -434,6 +612,7 @@ def _merge_loop(
                 sym_count[a] -= m * f
                 sym_count[b] -= m * f
                 sym_count[nid] += m * f
+                total -= m * f
                 for j in range(n - 1):
                     kk = w[j] * M + w[j + 1]
                     cc = pair_count[kk] - f
@@ -452,13 +631,27 @@ def _merge_loop(
                             pair_where[kk] = {i}
                         else:
                             ws.add(i)
-                        if wordpiece:
+                        if by_symbols:
                             sym_pairs.setdefault(x, set()).add(kk)
                             sym_pairs.setdefault(y, set()).add(kk)
+                if likelihood:
+                    # runs of one symbol change only where a, b or nid sit (note: words with
+                    # no run at all are the common case and cost one pass each)
+                    for x, r in _self_merges(w):
+                        cc = self_count[x] - r * f
+                        if cc:
+                            self_count[x] = cc
+                        else:
+                            del self_count[x]
+                    for x, r in _self_merges(out):
+                        self_count[x] = self_count.get(x, 0) + r * f
                 words[i] = out
             pair_count.pop(k, None)
-            if wordpiece:
-                # a and b became rarer: every pair containing them scores higher now
+            if likelihood:
+                _repush_likelihood(a, b, sym_pairs, sym_count, pair_count, spell_of, touched, total, min_pair,
+                                   heap, entry)
+            elif ratio:
+                # a and b became rarer: every pair containing them may score higher now
                 for sym in (a, b):
                     keys = sym_pairs.get(sym)
                     if not keys:
@@ -472,9 +665,26 @@ def _merge_loop(
                         if cc <= 0:
                             dead.append(kk)
                         elif cc >= min_pair and kk not in touched:
-                            x, y = divmod(kk, M)
-                            heappush(heap, (-cc / (sym_count[x] * sym_count[y]), -cc, kk))
+                            heappush(heap, entry(kk, cc))
                     keys.difference_update(dead)
+            if likelihood:
+                # pairs that appeared in this merge (they contain nid) may spell a unit
+                for kk in touched:
+                    if kk not in spell_of:
+                        x, y = divmod(kk, M)
+                        u = sym_id.get(sym_str[x] + sym_str[y][2:])
+                        if u is not None:
+                            spell_of[kk] = u
+                # the unit spelled s became more frequent: pairs x y spelling s gain more now
+                for j in range(1, len(s)):
+                    x = sym_id.get(s[:j])
+                    y = sym_id.get("##" + s[j:])
+                    if x is not None and y is not None:
+                        kk = x * M + y
+                        spell_of[kk] = nid
+                        cc = pair_count.get(kk, 0)
+                        if cc >= min_pair and kk not in touched:
+                            heappush(heap, entry(kk, cc))
             for kk in touched:
                 cc = pair_count.get(kk, 0)
                 if cc >= min_pair:
