@@ -275,11 +275,11 @@ def main(argv=None) -> int:
                 clip_grad_norm(model.parameters(), args.max_grad_norm)
             opt.step(lr=linear_schedule_with_warmup(step, args.lr, warmup, total))
             step += 1
-            loss_sum += float(o.loss)
+            loss_sum = loss_sum + o.loss  # stays on the device; read back when logged
             n_sum += 1
             bar.update(1)
             if step % args.log_every == 0 or step == total:
-                rec = dict(kind="train", step=step, epoch=epoch, loss=loss_sum / n_sum,
+                rec = dict(kind="train", step=step, epoch=epoch, loss=float(loss_sum) / n_sum,
                            lr=linear_schedule_with_warmup(step, args.lr, warmup, total),
                            seconds=time.perf_counter() - t_start)
                 train_log.append(rec)
