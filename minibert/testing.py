@@ -24,11 +24,13 @@ than drawing every element and still reproducible from the failing example.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from hypothesis import strategies as st
 
-from .gradcheck import GradcheckReport, check_module, random_token_batch, rel_error
+from .gradcheck import (GradcheckReport, check_module, directional_derivative,
+                        numerical_gradient, random_token_batch, rel_error)
 from .modeling import BertConfig
 from .nn import extended_attention_mask
 
@@ -186,3 +188,28 @@ def assert_module_gradients(module, inputs=(), **check_kw) -> GradcheckReport:
         names = ", ".join(r.name for r in report.failures)
         raise AssertionError(f"gradient check failed for {names}\n{report}")
     return report
+
+
+def assert_parameter_gradients(model, loss_fn, rng: np.random.Generator, label: str = "",
+                               full_max_size: int = 48, full: Callable[[str], bool] = None,
+                               tol: float = 1e-5) -> None:
+    """Compare every parameter's ``.grad`` with central differences of ``loss_fn``.
+
+    Tensors of at most ``full_max_size`` entries (or whose name ``full(name)`` accepts)
+    are checked entry by entry, larger ones along one random unit direction u
+    (``<grad, u>`` against the directional derivative). Call after ``model.backward``;
+    ``loss_fn()`` must recompute the scalar loss (float64) from the current parameters.
+
+    Raises:
+        AssertionError naming ``label`` and the parameter.
+    """
+    for name, p in model.named_parameters():
+        if p.data.size <= full_max_size or (full is not None and full(name)):
+            assert_gradients_match(p.grad, numerical_gradient(loss_fn, p.data),
+                                   f"{label}: {name}", tol=tol)
+        else:
+            u = rng.standard_normal(p.data.shape)
+            u /= np.linalg.norm(u)
+            num = directional_derivative(loss_fn, p.data, u)
+            assert_gradients_match(float((p.grad * u).sum()), num,
+                                   f"{label}: {name} (directional)", tol=tol)

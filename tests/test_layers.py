@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from minibert.gradcheck import numerical_gradient
 from minibert.nn import (Embedding, attention_backward, attention_forward,
-                         cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
+                         cross_entropy_backward, cross_entropy_forward,
                          layernorm_backward, layernorm_forward, linear_backward, linear_forward,
                          softmax_backward, softmax_forward)
 from minibert.nn.activations import ACTIVATIONS

@@ -5,27 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining, BertModel
-from minibert.gradcheck import directional_derivative, numerical_gradient
 from minibert.modeling import BertEncoder
-from minibert.testing import assert_gradients_match, bert_configs, seeds, token_batches
-
-FULL_CHECK_MAX_SIZE = 48  # tensors up to this size are checked entry by entry
-
-
-def check_all_parameters(model, loss_fn, rng, label):
-    """Compare every parameter's .grad with central differences of loss_fn: entry by entry
-    for small tensors, along a random unit direction for the others."""
-    for name, p in model.named_parameters():
-        if p.data.size <= FULL_CHECK_MAX_SIZE:
-            assert_gradients_match(p.grad, numerical_gradient(loss_fn, p.data),
-                                   f"{label}: {name}", tol=1e-5)
-        else:
-            u = rng.standard_normal(p.data.shape)
-            u /= np.linalg.norm(u)
-            num = directional_derivative(loss_fn, p.data, u)
-            ana = float((p.grad * u).sum())
-            assert_gradients_match(ana, num, f"{label}: {name} (directional)", tol=1e-5)
-
+from minibert.testing import assert_parameter_gradients, bert_configs, seeds, token_batches
 
 @settings(max_examples=12, deadline=None)
 @given(data=st.data(), seed=seeds)
@@ -45,7 +26,7 @@ def test_bert_model_gradients_random_upstream(data, seed):
         o = model(batch.input_ids, batch.token_type_ids, batch.attention_mask)
         return float((o.last_hidden_state * G_h).sum() + (o.pooler_output * G_p).sum())
 
-    check_all_parameters(model, loss, rng, "BertModel")
+    assert_parameter_gradients(model, loss, rng, "BertModel")
 
 
 @settings(max_examples=12, deadline=None)
@@ -64,7 +45,7 @@ def test_pretraining_model_gradients_with_fixed_dropout(data, dropout, smoothing
     loss()
     model.zero_grad()
     model.backward()
-    check_all_parameters(model, loss, np.random.default_rng(seed), "BertForPreTraining")
+    assert_parameter_gradients(model, loss, np.random.default_rng(seed), "BertForPreTraining")
 
 
 def tiny_config(**kw):

@@ -6,7 +6,6 @@ The full-corpus parity runs are in test_tokenization_full.py (marked slow).
 
 from __future__ import annotations
 
-import os
 import unicodedata
 from pathlib import Path
 
@@ -134,8 +133,6 @@ def test_tricky_parity_zh_cased(text):
 @pytest.mark.parametrize("lower", [True, False])
 def test_basic_tokenizer_switches_parity(strip_accents, lower):
     Ref = reference_class()
-    from transformers.models.bert import tokenization_bert_legacy as legacy  # noqa: F401
-
     ours = BasicTokenizer(do_lower_case=lower, strip_accents=strip_accents)
     ref = Ref(str(EN_VOCAB), do_lower_case=lower, strip_accents=strip_accents).basic_tokenizer
     for text in TRICKY:
