@@ -62,7 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "minibert.tokenization train --help); default: the trainer's")
     g.add_argument("--no-lowercase", dest="lowercase", action="store_false",
                    help="keep case (lower-casing and accent stripping are on by default)")
-    g.add_argument("--max-seq-length", type=int, default=128, help="tokens per sequence")
+    g.add_argument("--max-seq-length", type=int, default=32,
+                   help="tokens per sequence (short sequences make a tiny model learn to use "
+                        "context sooner on a small corpus; BERT used 128, then 512)")
     g.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked")
     g.add_argument("--max-predictions-per-seq", type=int, default=20,
                    help="cap on masked positions per sequence")
@@ -99,15 +101,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="LayerNorm after the residual sum (BERT) or before each sub-layer")
 
     g = p.add_argument_group("training")
-    g.add_argument("--max-steps", type=int, default=1500, help="optimizer steps")
-    g.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    g.add_argument("--max-steps", type=int, default=3000, help="optimizer steps")
+    g.add_argument("--batch-size", type=int, default=128, help="sequences per step")
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     g.add_argument("--warmup-steps", type=int, default=None,
                    help="linear warmup steps (default: 10%% of --max-steps)")
     g.add_argument("--weight-decay", type=float, default=0.01,
                    help="decoupled weight decay (not on LayerNorm and biases)")
-    g.add_argument("--correct-bias", action="store_true",
-                   help="bias-corrected Adam moments (BERT's optimizer has none)")
+    g.add_argument("--no-correct-bias", dest="correct_bias", action="store_false",
+                   help="Adam without bias correction, as BERT's optimizer; over the first "
+                        "~1000 steps that acts as a several times larger learning rate")
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping")
     g.add_argument("--label-smoothing", type=float, default=0.0, help="MLM label smoothing")
     g.add_argument("--seed", type=int, default=0, help="seed of weights, data and dropout")
