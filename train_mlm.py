@@ -321,7 +321,7 @@ def main(argv=None) -> int:
 
     bar = tqdm(total=args.max_steps, initial=step, disable=not args.progress, desc="pretrain",
                dynamic_ncols=True)
-    window, tokens, t_window = [], 0, time.perf_counter()
+    window, grad_norms, tokens, t_window = [], [], 0, time.perf_counter()
     t_start = time.perf_counter()
     last_eval = None
     model.train()
@@ -347,21 +347,22 @@ def main(argv=None) -> int:
                 log(grad_flow_record(step + 1, model, optimizer, lr, grad_norm))
             step += 1
             batch_in_epoch += 1
-            window.append(batch_stats(outputs, inputs, xp) | {"grad_norm": grad_norm})
+            window.append(batch_stats(outputs, inputs, xp))
+            grad_norms.append(grad_norm)
             tokens += int(batch.attention_mask.sum())
             if step % args.log_every == 0 or step == args.max_steps:
                 now = time.perf_counter()
-                m = summarize([{k: v for k, v in s.items() if k != "grad_norm"} for s in window])
+                m = summarize(window)
                 rec = {"type": "train", "step": step, "epoch": epoch, "lr": lr,
                        "loss": m["mlm_loss"] + m["nsp_loss"], **m,
-                       "grad_norm": float(sum(float(s["grad_norm"]) for s in window) / len(window)),
+                       "grad_norm": sum(float(g) for g in grad_norms) / len(grad_norms),
                        "tokens_per_s": tokens / (now - t_window),
                        "elapsed_s": now - t_start}
                 log(rec)
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", mlm_acc=f"{m['mlm_acc']:.3f}",
                                 nsp_acc=f"{m['nsp_acc']:.3f}", lr=f"{lr:.2e}",
                                 tok_s=f"{rec['tokens_per_s']:.0f}")
-                window, tokens, t_window = [], 0, now
+                window, grad_norms, tokens, t_window = [], [], 0, now
             bar.update(1)
             if eval_batches and (step % args.eval_every == 0 or step == args.max_steps):
                 last_eval = evaluate(model, eval_batches, xp)

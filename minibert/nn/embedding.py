@@ -29,7 +29,8 @@ def scatter_add_rows(dst, ids, src) -> None:
         return
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
-    rows, starts = np.unique(sorted_ids, return_index=True)
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])  # run starts
+    rows = sorted_ids[starts]
     dst[rows] += np.add.reduceat(src[order], starts, axis=0)  # rows are unique here
 
 
