@@ -27,6 +27,8 @@ def scatter_add_rows(dst, ids, src) -> None:
         import cupyx
         cupyx.scatter_add(dst, ids, src)
         return
+    if ids.size == 0:  # e.g. every position was padding
+        return
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
     starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])  # run starts
