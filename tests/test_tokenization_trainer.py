@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibert.tokenization import BertTokenizer, load_vocab, train_wordpiece
+from minibert.tokenization import BertTokenizer, load_vocab, train_wordpiece, write_vocab
 from minibert.tokenization.trainer import likelihood_gain
 
 HERE = Path(__file__).resolve().parent
@@ -230,6 +230,20 @@ def test_cjk_chars_are_single_words():
     v = train_wordpiece(iter(["中国人民 中国", "人民日报 中国"]), 100, min_frequency=1, show_progress=False)
     assert {"中", "国", "人", "民", "日", "报"} <= set(v)
     assert not any(len(t) > 1 and not t.startswith("[") for t in v)  # nothing to merge across CJK words
+
+
+def test_special_token_that_is_a_corpus_character(tmp_path):
+    # "x" is both a special token and a character of the words "x", "box" and "fox": it is
+    # listed once (as the special token) and still merges inside words.
+    lines = ["x marks the box", "box fox x box"]
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "x"]
+    v = train_wordpiece(iter(lines), 40, special_tokens=specials, min_frequency=1,
+                        show_progress=False)
+    assert v.count("x") == 1 and v.index("x") == 5
+    assert "box" in v and "##x" in v
+    write_vocab(v, tmp_path / "vocab.txt")
+    tok = BertTokenizer(tmp_path / "vocab.txt", never_split=["x"])
+    assert tok.tokenize("x box fox") == ["x", "box", "fox"]
 
 
 def test_deterministic_regardless_of_line_order():

@@ -311,13 +311,15 @@ def train_wordpiece(
         "##" + ch for ch in tails if ch not in dropped
     )
     taken = set(special_tokens)
-    alphabet = [t for t in alphabet if t not in taken]
-    report.alphabet_size = len(alphabet)
-    needed = len(special_tokens) + len(alphabet)
+    # A character that is also a special token stays a symbol of the words that hold it,
+    # but enters the vocabulary once, as the special token.
+    new_alphabet = [t for t in alphabet if t not in taken]
+    report.alphabet_size = len(new_alphabet)
+    needed = len(special_tokens) + len(new_alphabet)
     if vocab_size < needed:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: the {len(special_tokens)} special tokens and the "
-            f"{len(alphabet)} alphabet symbols (characters seen >= min_frequency={min_frequency} times) "
+            f"{len(new_alphabet)} alphabet symbols (characters seen >= min_frequency={min_frequency} times) "
             f"already need {needed}; use vocab_size >= {needed} or a higher min_frequency"
         )
 
@@ -347,7 +349,7 @@ def train_wordpiece(
     merged = _merge_loop(
         words, freqs, sym_str, sym_id, vocab_size - needed, min_frequency, algorithm, taken, show_progress, report
     )
-    vocab = TrainedVocab(special_tokens + alphabet + merged)
+    vocab = TrainedVocab(special_tokens + new_alphabet + merged)
     report.vocab_size = len(vocab)
     report.stopped_early = len(vocab) < vocab_size
     report.seconds = time.perf_counter() - t0
