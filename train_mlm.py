@@ -292,15 +292,20 @@ def main(argv=None) -> int:
     eval_batches = make_eval_batches(eval_store, vocab, args.batch_size, args.max_seq_length,
                                      seed=args.seed + 1, max_instances=args.eval_instances,
                                      **data_kw)
-    baseline = None
+    baseline = nsp_majority = None
     if eval_batches:  # none when --eval-fraction is 0
         counts = token_counts(train_store, config.vocab_size)
         baseline = unigram_cross_entropy(counts, [b.labels for b in eval_batches])
+        # NSP's floor: always guessing the commoner label. At short max_seq_length most chunks
+        # hold one segment, which the reference always pairs with a random B.
+        random_share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
+        nsp_majority = max(random_share, 1.0 - random_share)
     print(f"model: {args.preset} preset, {model.num_parameters():,} parameters, vocab "
           f"{config.vocab_size}; train documents {train_store.num_documents}, tokens "
           f"{train_store.num_tokens:,}; held-out documents {eval_store.num_documents}, "
           f"{sum(len(b.input_ids) for b in eval_batches)} sequences"
-          + (f"; unigram baseline {baseline:.3f} nats" if eval_batches else ""))
+          + (f"; unigram baseline {baseline:.3f} nats, NSP majority label "
+             f"{nsp_majority:.3f}" if eval_batches else ""))
 
     # metrics.jsonl: keep the records up to the resumed step, so the file is one curve.
     metrics_path = out / "metrics.jsonl"
@@ -366,10 +371,11 @@ def main(argv=None) -> int:
             bar.update(1)
             if eval_batches and (step % args.eval_every == 0 or step == args.max_steps):
                 last_eval = evaluate(model, eval_batches, xp)
-                log({"type": "eval", "step": step, **last_eval, "unigram_baseline": baseline})
+                log({"type": "eval", "step": step, **last_eval, "unigram_baseline": baseline,
+                     "nsp_majority": nsp_majority})
                 bar.write(f"step {step}: held-out mlm_loss {last_eval['mlm_loss']:.3f} "
                           f"(unigram {baseline:.3f}) mlm_acc {last_eval['mlm_acc']:.3f} "
-                          f"nsp_acc {last_eval['nsp_acc']:.3f}")
+                          f"nsp_acc {last_eval['nsp_acc']:.3f} (majority {nsp_majority:.3f})")
             if step % args.save_every == 0 or step == args.max_steps:
                 save_checkpoint(ckpt_path, model, optimizer, trainer_state())
             if step >= args.max_steps:
@@ -382,14 +388,15 @@ def main(argv=None) -> int:
     summary = {"steps": step, "epochs_started": epoch + 1,
                "seconds_this_run": round(time.perf_counter() - t_start, 1),
                "parameters": model.num_parameters(), "vocab_size": config.vocab_size,
-               "unigram_baseline": baseline, **{"eval_" + k: v for k, v in (last_eval or {}).items()},
+               "unigram_baseline": baseline, "nsp_majority": nsp_majority, **{"eval_" + k: v for k, v in (last_eval or {}).items()},
                "checkpoint": str(ckpt_path)}
     atomic_write(out / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
     print("summary: " + json.dumps(summary, indent=2))
     if last_eval:
         print(f"held-out MLM loss {last_eval['mlm_loss']:.3f} nats vs unigram baseline "
               f"{baseline:.3f} ({baseline - last_eval['mlm_loss']:+.3f} better); "
-              f"NSP accuracy {last_eval['nsp_acc']:.3f}")
+              f"NSP accuracy {last_eval['nsp_acc']:.3f} vs {nsp_majority:.3f} by always "
+              f"guessing the commoner label")
     return 0
 
 

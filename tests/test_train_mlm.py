@@ -57,6 +57,8 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
     assert all(0 <= r["mlm_acc"] <= 1 and 0 <= r["nsp_acc"] <= 1 for r in evals)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["eval_mlm_loss"] == evals[-1]["mlm_loss"]
+    assert 0.5 <= summary["nsp_majority"] <= 1
+    assert all(r["nsp_majority"] == summary["nsp_majority"] for r in evals)
     ckpt = load_checkpoint(out / "checkpoint.npz")
     assert ckpt["trainer"]["step"] == 8 and ckpt["config"].hidden_size == 32
     assert "unigram baseline" in capsys.readouterr().out
