@@ -163,8 +163,14 @@ def build_config(args, vocab_size: int) -> BertConfig:
 
 
 def get_tokenizer(args, out: Path, files) -> BertTokenizer:
-    """The given vocab, the run's own vocab.txt (on resume), or a newly learned one."""
+    """The given vocab (copied into the run directory, so the run is self-contained for
+    finetune.py), the run's own vocab.txt (on resume), or a newly learned one."""
     vocab_path = Path(args.vocab) if args.vocab else out / "vocab.txt"
+    if args.vocab and vocab_path.is_file():
+        own = out / "vocab.txt"
+        if not own.exists() or own.resolve() != vocab_path.resolve():
+            data = vocab_path.read_bytes()
+            atomic_write(own, lambda f: f.write(data))
     if not args.vocab and not vocab_path.exists():
         # read the corpus once first: bad bytes, an empty corpus or a single document are
         # reported with file and line before any time goes into learning a vocab

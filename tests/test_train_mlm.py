@@ -164,3 +164,13 @@ def test_without_held_out_documents_training_still_runs(corpus, tmp_path):
     assert train_mlm.main(args_for(corpus, out, "--eval-fraction", "0")) == 0
     assert records(out, "eval") == [] and len(records(out, "train")) == 8
     assert "eval_mlm_loss" not in json.loads((out / "summary.json").read_text())
+
+
+def test_a_given_vocab_is_copied_into_the_run(corpus, tmp_path):
+    first = tmp_path / "first"
+    assert train_mlm.main(args_for(corpus, first, "--max-steps", "1")) == 0
+    given = tmp_path / "given_vocab.txt"
+    given.write_bytes((first / "vocab.txt").read_bytes())
+    second = tmp_path / "second"
+    assert train_mlm.main(args_for(corpus, second, "--max-steps", "1", "--vocab", str(given))) == 0
+    assert (second / "vocab.txt").read_bytes() == given.read_bytes()
