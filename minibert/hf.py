@@ -8,9 +8,9 @@ normalised to minibert's names, which are HF's (``bert.embeddings.word_embedding
 old TensorFlow-converted ``LayerNorm.gamma`` / ``LayerNorm.beta`` become ``weight`` /
 ``bias``, and buffers (``position_ids``) are dropped.
 
-``pytorch_model.bin`` (a pickle of torch tensors) is *not* read: minibert never imports
-torch, and unpickling runs arbitrary code. Such a directory raises :class:`HFFormatError`
-with the one-line conversion to ``model.safetensors`` (which needs torch installed).
+``pytorch_model.bin`` (torch's zip pickle) is read when there is no ``model.safetensors``,
+by :mod:`minibert.torchbin`, which neither imports torch nor calls anything but the tensor
+constructors in the pickle.
 
 Export (:func:`save_hf_directory`): ``config.json``, ``model.safetensors``, ``vocab.txt``
 and ``tokenizer_config.json``, each written atomically, which
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import numpy as np
 
 from .checkpoint import atomic_write
 from .modeling import BertConfig
+from .torchbin import TorchBinError, load_torch_state_dict
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -46,7 +48,7 @@ _HEAD_PREFIXES = ("bert.", "cls.", "classifier.")
 
 class HFFormatError(ValueError):
     """A Hugging Face directory that minibert cannot read (missing file, unsupported
-    architecture option, pytorch_model.bin without safetensors)."""
+    architecture option, a weights file that cannot be read)."""
 
 
 @dataclass
@@ -147,28 +149,24 @@ def normalize_state_dict(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The raw tensors of ``directory/model.safetensors`` as NumPy arrays (HF key names).
+    """The raw tensors of ``directory/model.safetensors``, else of
+    ``directory/pytorch_model.bin``, as NumPy arrays (HF key names).
 
     Raises:
-        HFFormatError: no model.safetensors (with the conversion command when a
-            pytorch_model.bin is there), or a file safetensors cannot read.
+        HFFormatError: neither file, a sharded checkpoint, or a file that cannot be read.
     """
     directory = Path(directory)
     st = directory / SAFETENSORS_NAME
     if not st.is_file():
         if (directory / BIN_NAME).is_file():
-            raise HFFormatError(
-                f"{directory}: has {BIN_NAME} but no {SAFETENSORS_NAME}. minibert reads "
-                "safetensors only (it never imports torch, and a .bin is a pickle). Convert "
-                "it once, with torch and safetensors installed:\n  python -c \"import torch; "
-                "from safetensors.torch import save_file; sd = torch.load('"
-                f"{directory / BIN_NAME}', map_location='cpu', weights_only=True); "
-                "save_file({k: v.contiguous() for k, v in sd.items()}, '"
-                f"{st}')\"")
-        if (directory / (SAFETENSORS_NAME + ".index.json")).is_file():
-            raise HFFormatError(f"{directory}: sharded safetensors checkpoints are not "
-                                "supported (BERT-sized models fit in one file)")
-        raise HFFormatError(f"{directory}: no {SAFETENSORS_NAME}")
+            try:
+                return load_torch_state_dict(directory / BIN_NAME)
+            except (TorchBinError, OSError, pickle.UnpicklingError, EOFError) as e:
+                raise HFFormatError(f"{directory / BIN_NAME}: cannot be read ({e})") from e
+        if any((directory / (n + ".index.json")).is_file() for n in (SAFETENSORS_NAME, BIN_NAME)):
+            raise HFFormatError(f"{directory}: sharded checkpoints are not supported "
+                                "(BERT-sized models fit in one file)")
+        raise HFFormatError(f"{directory}: no {SAFETENSORS_NAME} or {BIN_NAME}")
     from safetensors.numpy import load_file
     try:
         return load_file(str(st))
