@@ -4,6 +4,8 @@
     python train_mlm.py                     # tiny BERT on the embedded English corpus
     python train_mlm.py --preset mini --max-steps 20000 --device cuda
     python train_mlm.py --resume runs/pretrain      # continue from the last checkpoint
+    python train_mlm.py --init-checkpoint runs/pretrain --corpus more.txt --output-dir runs/more
+                                            # a new run (new schedule) from trained weights
 
 Steps: learn a WordPiece vocab from the corpus (unless --vocab is given), tokenize the
 corpus into a cached token store, hold out whole documents for evaluation, then train
@@ -42,7 +44,7 @@ RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase",
                 "batch_size", "masking", "dupe_factor", "short_seq_prob", "masked_lm_prob",
                 "max_predictions_per_seq", "whole_word_mask", "eval_fraction", "max_steps",
                 "lr", "warmup_steps", "weight_decay", "correct_bias", "max_grad_norm",
-                "label_smoothing", "dtype")
+                "label_smoothing", "dtype", "init_checkpoint")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -121,6 +123,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", default="runs/pretrain", help="where everything is written")
+    g.add_argument("--init-checkpoint", default=None, metavar="DIR_OR_FILE",
+                   help="start from the weights (and config and vocab) of this train_mlm.py "
+                        "run or checkpoint, with a fresh optimizer and schedule "
+                        "(google-research/bert's init_checkpoint); architecture options "
+                        "are then taken from it")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR_OR_FILE",
                    help="continue from a checkpoint (default: OUTPUT_DIR/checkpoint.npz)")
     g.add_argument("--log-every", type=int, default=10, help="steps between train records")
@@ -256,6 +263,22 @@ def main(argv=None) -> int:
         ckpt_path = src
         out = src.parent
     out.mkdir(parents=True, exist_ok=True)
+    init_state = None
+    if args.init_checkpoint:
+        src = Path(args.init_checkpoint)
+        src = src / "checkpoint.npz" if src.is_dir() else src
+        try:
+            init_state = load_checkpoint(src)
+        except CheckpointError as e:
+            fail(f"--init-checkpoint: {e}")
+        if args.vocab is None:
+            if not (src.parent / "vocab.txt").is_file():
+                fail(f"--init-checkpoint {src}: no vocab.txt beside it; pass --vocab")
+            args.vocab = str(src.parent / "vocab.txt")
+        saved = init_state["trainer"].get("args", {})
+        if "lowercase" in saved and saved["lowercase"] != args.lowercase:
+            fail(f"--init-checkpoint {src} was trained with lowercase={saved['lowercase']}; "
+                 f"this run has lowercase={args.lowercase} (add or drop --no-lowercase)")
 
     try:
         files = resolve_corpus_files(args.corpus)
@@ -264,7 +287,16 @@ def main(argv=None) -> int:
                                     show_progress=args.progress)
         train_store, eval_store = split_documents(store, eval_fraction=args.eval_fraction,
                                                   seed=args.seed)
-        config = build_config(args, len(tokenizer))
+        if init_state is None:
+            config = build_config(args, len(tokenizer))
+        else:
+            config = init_state["config"]
+            if config.vocab_size != len(tokenizer):
+                raise ValueError(f"--init-checkpoint {args.init_checkpoint}: its vocab_size is "
+                                 f"{config.vocab_size}, the vocab has {len(tokenizer)} tokens")
+            if args.max_seq_length > config.max_position_embeddings:
+                raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds "
+                                 f"max_position_embeddings {config.max_position_embeddings}")
     except (CorpusError, ValueError, OSError) as e:
         fail(str(e))
     vocab = VocabInfo.from_tokenizer(tokenizer)
@@ -273,6 +305,12 @@ def main(argv=None) -> int:
     model = BertForPreTraining(config, seed=args.seed, dtype=dtype,
                                label_smoothing=args.label_smoothing)
     step, epoch, batch_in_epoch = 0, 0, 0
+    if init_state is not None and resume_state is None:
+        try:
+            model.load_state_dict(init_state["model"])
+        except (KeyError, ValueError) as e:
+            fail(f"--init-checkpoint {args.init_checkpoint}: {e}")
+        print(f"weights from {args.init_checkpoint}")
     if resume_state is not None:
         try:
             check_same_config(resume_state["config"], config, str(ckpt_path))

@@ -174,3 +174,23 @@ def test_a_given_vocab_is_copied_into_the_run(corpus, tmp_path):
     second = tmp_path / "second"
     assert train_mlm.main(args_for(corpus, second, "--max-steps", "1", "--vocab", str(given))) == 0
     assert (second / "vocab.txt").read_bytes() == given.read_bytes()
+
+
+def test_init_checkpoint_starts_a_new_run_from_trained_weights(corpus, tmp_path, capsys):
+    first = tmp_path / "first"
+    assert train_mlm.main(args_for(corpus, first, "--max-steps", "2")) == 0
+    trained = load_checkpoint(first / "checkpoint.npz")
+    # lr 0: the new run's weights stay what it loaded; the architecture options given here
+    # (hidden size 32 by args_for) are the checkpoint's, and the vocab comes from beside it
+    second = tmp_path / "second"
+    assert train_mlm.main(args_for(corpus, second, "--max-steps", "1", "--lr", "0",
+                                   "--init-checkpoint", str(first))) == 0
+    again = load_checkpoint(second / "checkpoint.npz")
+    assert again["trainer"]["step"] == 1
+    for k, v in trained["model"].items():
+        np.testing.assert_array_equal(again["model"][k], v, err_msg=k)
+    assert (second / "vocab.txt").read_bytes() == (first / "vocab.txt").read_bytes()
+    with pytest.raises(SystemExit):
+        train_mlm.main(args_for(corpus, tmp_path / "third", "--init-checkpoint", str(first),
+                                "--no-lowercase"))
+    assert "trained with lowercase=True" in capsys.readouterr().err
