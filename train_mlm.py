@@ -344,7 +344,8 @@ def main(argv=None) -> int:
         # hold one segment, which the reference always pairs with a random B.
         random_share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
         nsp_majority = max(random_share, 1.0 - random_share)
-    print(f"model: {args.preset} preset, {model.num_parameters():,} parameters, vocab "
+    arch = f"{args.preset} preset" if init_state is None else f"config of {args.init_checkpoint}"
+    print(f"model: {arch}, {model.num_parameters():,} parameters, vocab "
           f"{config.vocab_size}; train documents {train_store.num_documents}, tokens "
           f"{train_store.num_tokens:,}; held-out documents {eval_store.num_documents}, "
           f"{sum(len(b.input_ids) for b in eval_batches)} sequences"
