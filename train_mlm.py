@@ -247,22 +247,6 @@ def main(argv=None) -> int:
     xp = backend.xp_for(device)
     out = Path(args.output_dir)
     ckpt_path = out / "checkpoint.npz"
-    resume_state = None
-    if args.resume is not None:
-        src = Path(args.resume) if args.resume else ckpt_path
-        src = src / "checkpoint.npz" if src.is_dir() else src
-        try:
-            resume_state = load_checkpoint(src)
-        except CheckpointError as e:
-            fail(str(e))
-        saved_args = resume_state["trainer"].get("args", {})
-        diffs = [f"--{k.replace('_', '-')}: checkpoint {saved_args.get(k)!r}, now {getattr(args, k)!r}"
-                 for k in RESUME_FIXED if k in saved_args and saved_args[k] != getattr(args, k)]
-        if diffs:
-            fail(f"cannot resume from {src}: the run's settings differ: " + "; ".join(diffs))
-        ckpt_path = src
-        out = src.parent
-    out.mkdir(parents=True, exist_ok=True)
     init_state = None
     if args.init_checkpoint:
         src = Path(args.init_checkpoint)
@@ -279,6 +263,22 @@ def main(argv=None) -> int:
         if "lowercase" in saved and saved["lowercase"] != args.lowercase:
             fail(f"--init-checkpoint {src} was trained with lowercase={saved['lowercase']}; "
                  f"this run has lowercase={args.lowercase} (add or drop --no-lowercase)")
+    resume_state = None
+    if args.resume is not None:
+        src = Path(args.resume) if args.resume else ckpt_path
+        src = src / "checkpoint.npz" if src.is_dir() else src
+        try:
+            resume_state = load_checkpoint(src)
+        except CheckpointError as e:
+            fail(str(e))
+        saved_args = resume_state["trainer"].get("args", {})
+        diffs = [f"--{k.replace('_', '-')}: checkpoint {saved_args.get(k)!r}, now {getattr(args, k)!r}"
+                 for k in RESUME_FIXED if k in saved_args and saved_args[k] != getattr(args, k)]
+        if diffs:
+            fail(f"cannot resume from {src}: the run's settings differ: " + "; ".join(diffs))
+        ckpt_path = src
+        out = src.parent
+    out.mkdir(parents=True, exist_ok=True)
 
     try:
         files = resolve_corpus_files(args.corpus)

@@ -190,6 +190,9 @@ def test_init_checkpoint_starts_a_new_run_from_trained_weights(corpus, tmp_path,
     for k, v in trained["model"].items():
         np.testing.assert_array_equal(again["model"][k], v, err_msg=k)
     assert (second / "vocab.txt").read_bytes() == (first / "vocab.txt").read_bytes()
+    # such a run resumes with the same arguments
+    assert train_mlm.main(args_for(corpus, second, "--max-steps", "1", "--lr", "0",
+                                   "--init-checkpoint", str(first), "--resume")) == 0
     with pytest.raises(SystemExit):
         train_mlm.main(args_for(corpus, tmp_path / "third", "--init-checkpoint", str(first),
                                 "--no-lowercase"))
