@@ -9,8 +9,8 @@ old TensorFlow-converted ``LayerNorm.gamma`` / ``LayerNorm.beta`` become ``weigh
 ``bias``, and buffers (``position_ids``) are dropped.
 
 ``pytorch_model.bin`` (torch's zip pickle) is read when there is no ``model.safetensors``,
-by :mod:`minibert.torchbin`, which neither imports torch nor calls anything but the tensor
-constructors in the pickle.
+by :mod:`minibert.torchbin`, which does not import torch and whose unpickler only builds
+dicts and arrays (no other code is reachable from the file).
 
 Export (:func:`save_hf_directory`): ``config.json``, ``model.safetensors``, ``vocab.txt``
 and ``tokenizer_config.json``, each written atomically, which

@@ -13,9 +13,10 @@ zip archive ``<name>/data.pkl`` + ``<name>/data/<key>`` + ``<name>/byteorder``:
   ``byteorder`` (little-endian when absent).
 
 :func:`load_torch_state_dict` unpickles with a closed list of globals: those three
-constructors and the storage type names. Any other global (``os.system`` ...) raises
-:class:`TorchBinError` before anything is called, so a hostile file cannot run code.
-The legacy pre-1.6 format (a bare pickle stream, not a zip) is refused.
+constructors and the storage type names, each handed out as a fresh stand-in object, so
+the pickle can neither reach other code (``os.system`` ... raises :class:`TorchBinError`
+before anything is called) nor alter the stand-ins for later loads. Tensors are bounded by
+their storage. The legacy pre-1.6 format (a bare pickle stream, not a zip) is refused.
 """
 from __future__ import annotations
 
@@ -42,28 +43,60 @@ _STORAGE_DTYPES = {
 
 
 class _StorageType:
+    """A stand-in for ``torch.<Name>Storage``; read-only, like :class:`_Global`."""
+
+    __slots__ = ("name",)
+
     def __init__(self, name: str):
-        self.name = name
+        object.__setattr__(self, "name", name)
+
+    def __setattr__(self, name, value):
+        raise TorchBinError(f"the pickle tries to set {name!r} on a storage type")
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
                        backward_hooks=None, metadata=None):
     flat = storage
-    size, stride = tuple(size), tuple(stride)
-    if any(s < 0 for s in stride) or storage_offset < 0:
-        raise TorchBinError(f"tensor with negative stride or offset {stride} {storage_offset}")
-    if size and 0 not in size:
+    if not isinstance(flat, np.ndarray):
+        raise TorchBinError(f"tensor built from {type(flat).__name__}, not a storage")
+    size, stride = tuple(int(n) for n in size), tuple(int(s) for s in stride)
+    if (len(size) != len(stride) or any(n < 0 for n in size) or any(s < 0 for s in stride)
+            or storage_offset < 0):
+        raise TorchBinError(f"tensor with bad size {size}, stride {stride} or offset "
+                            f"{storage_offset}")
+    count = int(np.prod(size, dtype=np.int64))
+    if count > flat.size:  # views of a state dict never hold more than their storage
+        raise TorchBinError(f"tensor of size {size} has more elements than its storage "
+                            f"({flat.size})")
+    if count:
         last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
         if last >= flat.size:
             raise TorchBinError(f"tensor of size {size} stride {stride} offset "
                                 f"{storage_offset} runs past its storage of {flat.size}")
-    view = np.lib.stride_tricks.as_strided(
-        flat[storage_offset:], shape=size, strides=[s * flat.itemsize for s in stride])
-    return np.array(view)  # a copy: contiguous, owns its memory
+        view = np.lib.stride_tricks.as_strided(
+            flat[storage_offset:], shape=size, strides=[s * flat.itemsize for s in stride])
+        return np.array(view)  # a copy: contiguous, owns its memory
+    return np.zeros(size, dtype=flat.dtype)
 
 
 def _rebuild_parameter(data, requires_grad=False, backward_hooks=None):
     return data
+
+
+class _Global:
+    """What the unpickler hands out for an allowed global: a fresh object per lookup with
+    no attributes to set, so a pickle cannot change the functions behind it."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn):
+        object.__setattr__(self, "_fn", fn)
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+    def __setattr__(self, name, value):
+        raise TorchBinError(f"the pickle tries to set {name!r} on a constructor")
 
 
 _ALLOWED = {
@@ -83,7 +116,7 @@ class _Unpickler(pickle.Unpickler):
 
     def find_class(self, module, name):
         if (module, name) in _ALLOWED:
-            return _ALLOWED[(module, name)]
+            return _Global(_ALLOWED[(module, name)])
         if module == "torch" and name in _STORAGE_DTYPES:
             return _StorageType(name)
         raise TorchBinError(
@@ -103,6 +136,10 @@ class _Unpickler(pickle.Unpickler):
             except KeyError:
                 raise TorchBinError(f"{self._source}: storage {member} is missing") from None
             dtype = _STORAGE_DTYPES[stype.name]
+            width = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+            if len(raw) % width:
+                raise TorchBinError(f"{self._source}: storage {member} has {len(raw)} bytes, "
+                                    f"not a multiple of its item size {width}")
             if dtype == "bfloat16":  # the top 16 bits of a float32
                 bits = np.frombuffer(raw, dtype=self._byteorder + "u2").astype(np.uint32)
                 arr = (bits << 16).view(np.float32)
@@ -124,15 +161,24 @@ def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     Returns:
         {name: array}, each a contiguous copy in its stored dtype (bfloat16 -> float32).
     Raises:
-        TorchBinError: not a zip archive (the legacy format), no ``data.pkl``, a global
-            outside the allowed list, a missing or short storage, or a top-level object that
-            is not a dict of arrays.
+        TorchBinError: not a zip archive (the legacy format, or a damaged file), no
+            ``data.pkl``, a global outside the allowed list, a missing or malformed storage,
+            a tensor that does not fit its storage, or a top-level object that is not a dict
+            of arrays.
     """
     path = Path(path)
     if not zipfile.is_zipfile(path):
-        raise TorchBinError(f"{path}: not a torch zip archive (files saved by torch < 1.6 are "
-                            "not supported; re-save it with a current torch)")
-    with zipfile.ZipFile(path) as archive:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head[:1] == b"\x80":  # a bare pickle stream: torch.save before 1.6
+            raise TorchBinError(f"{path}: saved in the format of torch < 1.6, which is not "
+                                "supported; re-save it with a current torch")
+        raise TorchBinError(f"{path}: not a torch zip archive (truncated or not a torch file?)")
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:
+        raise TorchBinError(f"{path}: damaged zip archive ({e})") from e
+    with archive:
         pkls = [n for n in archive.namelist() if n.endswith("/data.pkl")]
         if len(pkls) != 1:
             raise TorchBinError(f"{path}: expected one <name>/data.pkl, found {pkls}")
@@ -141,8 +187,16 @@ def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if f"{prefix}/byteorder" in archive.namelist():
             order = {"little": "<", "big": ">"}.get(
                 archive.read(f"{prefix}/byteorder").decode().strip(), "<")
-        with archive.open(pkls[0]) as f:
-            obj = _Unpickler(f, archive, prefix, order, str(path)).load()
+        try:
+            with archive.open(pkls[0]) as f:
+                obj = _Unpickler(f, archive, prefix, order, str(path)).load()
+        except TorchBinError as e:
+            if str(e).startswith(str(path)):
+                raise
+            raise TorchBinError(f"{path}: {e}") from e
+        except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, TypeError,
+                AttributeError) as e:
+            raise TorchBinError(f"{path}: damaged or unexpected contents ({e})") from e
     if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
         raise TorchBinError(f"{path}: expected a dict of tensors (a state dict), got "
                             f"{type(obj).__name__}")

@@ -113,3 +113,64 @@ def test_hf_directory_with_pytorch_model_bin_gives_transformers_logits(tmp_path)
                    attention_mask=torch.from_numpy(mask)).logits.numpy()
     got = model(ids * mask, np.zeros_like(ids), mask).logits
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def _zip_pickle(path, payload: bytes):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", payload)
+        z.writestr("archive/data/0", b"")
+
+
+class _FakeStorage:
+    pass
+
+
+class _FakeTensor:
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return (torch._utils._rebuild_tensor_v2, (_FakeStorage(),) + self.args)
+
+
+def _hostile_bin(path, obj, storage: bytes = b""):
+    """A torch-format zip whose data.pkl holds ``obj``; _FakeStorage -> storage key 0."""
+    import io
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=2)
+    p.persistent_id = lambda o: (("storage", torch.FloatStorage, "0", "cpu", len(storage) // 4)
+                                 if isinstance(o, _FakeStorage) else None)
+    p.dump(obj)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        z.writestr("archive/data/0", storage)
+
+
+def test_malformed_files_raise_torchbin_errors(tmp_path):
+    # a scalar whose offset is past its (empty) storage: no read outside the buffer
+    _hostile_bin(tmp_path / "scalar.bin", {"x": _FakeTensor(5, (), (), False, None)},
+                 storage=np.ones(2, np.float32).tobytes())
+    with pytest.raises(TorchBinError, match=r"scalar\.bin: .*runs past its storage"):
+        load_torch_state_dict(tmp_path / "scalar.bin")
+    # more elements than the storage holds (a stride-0 blow-up)
+    _hostile_bin(tmp_path / "big.bin", {"x": _FakeTensor(0, (10**6, 10**6), (0, 0), False, None)},
+                 storage=np.ones(2, np.float32).tobytes())
+    with pytest.raises(TorchBinError, match="more elements than its storage"):
+        load_torch_state_dict(tmp_path / "big.bin")
+    # a storage whose byte length is not a whole number of floats
+    _hostile_bin(tmp_path / "odd.bin", {"x": _FakeTensor(0, (1,), (1,), False, None)},
+                 storage=b"\x00" * 6)
+    with pytest.raises(TorchBinError, match="not a multiple of its item size"):
+        load_torch_state_dict(tmp_path / "odd.bin")
+    # setting an attribute on an allowed constructor (pickle BUILD) is refused
+    build = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n}X\x0c\x00\x00\x00__defaults__"
+             b"K\x07sb.")
+    _zip_pickle(tmp_path / "build.bin", build)
+    with pytest.raises(TorchBinError):
+        load_torch_state_dict(tmp_path / "build.bin")
+    # a truncated download
+    torch.save({"a": torch.ones(3)}, tmp_path / "ok.bin")
+    data = (tmp_path / "ok.bin").read_bytes()
+    (tmp_path / "cut.bin").write_bytes(data[: len(data) // 2])
+    with pytest.raises(TorchBinError, match="truncated or not a torch file"):
+        load_torch_state_dict(tmp_path / "cut.bin")
