@@ -251,18 +251,27 @@ def main(argv=None) -> int:
     if args.init_checkpoint:
         src = Path(args.init_checkpoint)
         src = src / "checkpoint.npz" if src.is_dir() else src
-        try:
-            init_state = load_checkpoint(src)
-        except CheckpointError as e:
-            fail(f"--init-checkpoint: {e}")
+        beside = src.parent / "vocab.txt"
+        if args.resume is None and src.parent.resolve() == out.resolve():
+            fail(f"--init-checkpoint {src} is in the output directory {out}; this new run "
+                 "would overwrite it: pass another --output-dir")
         if args.vocab is None:
-            if not (src.parent / "vocab.txt").is_file():
+            if not beside.is_file():
                 fail(f"--init-checkpoint {src}: no vocab.txt beside it; pass --vocab")
-            args.vocab = str(src.parent / "vocab.txt")
-        saved = init_state["trainer"].get("args", {})
-        if "lowercase" in saved and saved["lowercase"] != args.lowercase:
-            fail(f"--init-checkpoint {src} was trained with lowercase={saved['lowercase']}; "
-                 f"this run has lowercase={args.lowercase} (add or drop --no-lowercase)")
+            args.vocab = str(beside)
+        elif beside.is_file() and Path(args.vocab).is_file() and \
+                Path(args.vocab).read_bytes() != beside.read_bytes():
+            fail(f"--vocab {args.vocab} differs from {beside}, the vocab the weights of "
+                 f"{src} were trained with")
+        if args.resume is None:  # on resume the weights come from the resumed checkpoint
+            try:
+                init_state = load_checkpoint(src)
+            except CheckpointError as e:
+                fail(f"--init-checkpoint: {e}")
+            saved = init_state["trainer"].get("args", {})
+            if "lowercase" in saved and saved["lowercase"] != args.lowercase:
+                fail(f"--init-checkpoint {src} was trained with lowercase={saved['lowercase']}"
+                     f"; this run has lowercase={args.lowercase} (add or drop --no-lowercase)")
     resume_state = None
     if args.resume is not None:
         src = Path(args.resume) if args.resume else ckpt_path
@@ -287,7 +296,9 @@ def main(argv=None) -> int:
                                     show_progress=args.progress)
         train_store, eval_store = split_documents(store, eval_fraction=args.eval_fraction,
                                                   seed=args.seed)
-        if init_state is None:
+        if resume_state is not None and init_state is None and args.init_checkpoint:
+            config = resume_state["config"]  # a resumed --init-checkpoint run
+        elif init_state is None:
             config = build_config(args, len(tokenizer))
         else:
             config = init_state["config"]
@@ -305,12 +316,13 @@ def main(argv=None) -> int:
     model = BertForPreTraining(config, seed=args.seed, dtype=dtype,
                                label_smoothing=args.label_smoothing)
     step, epoch, batch_in_epoch = 0, 0, 0
-    if init_state is not None and resume_state is None:
+    if init_state is not None:
         try:
             model.load_state_dict(init_state["model"])
         except (KeyError, ValueError) as e:
             fail(f"--init-checkpoint {args.init_checkpoint}: {e}")
         print(f"weights from {args.init_checkpoint}")
+        init_state = None  # the weights are in the model now
     if resume_state is not None:
         try:
             check_same_config(resume_state["config"], config, str(ckpt_path))
@@ -340,11 +352,12 @@ def main(argv=None) -> int:
     if eval_batches:  # none when --eval-fraction is 0
         counts = token_counts(train_store, config.vocab_size)
         baseline = unigram_cross_entropy(counts, [b.labels for b in eval_batches])
-        # NSP's floor: always guessing the commoner label. At short max_seq_length most chunks
-        # hold one segment, which the reference always pairs with a random B.
+        # A reference point for NSP accuracy: always guessing the commoner label. At short
+        # max_seq_length most chunks hold one segment, which the reference always pairs
+        # with a random B.
         random_share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
         nsp_majority = max(random_share, 1.0 - random_share)
-    arch = f"{args.preset} preset" if init_state is None else f"config of {args.init_checkpoint}"
+    arch = f"config of {args.init_checkpoint}" if args.init_checkpoint else f"{args.preset} preset"
     print(f"model: {arch}, {model.num_parameters():,} parameters, vocab "
           f"{config.vocab_size}; train documents {train_store.num_documents}, tokens "
           f"{train_store.num_tokens:,}; held-out documents {eval_store.num_documents}, "

@@ -197,3 +197,18 @@ def test_init_checkpoint_starts_a_new_run_from_trained_weights(corpus, tmp_path,
         train_mlm.main(args_for(corpus, tmp_path / "third", "--init-checkpoint", str(first),
                                 "--no-lowercase"))
     assert "trained with lowercase=True" in capsys.readouterr().err
+    # writing the new run over the one it starts from is refused, nothing is touched
+    before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit):
+        train_mlm.main(args_for(corpus, first, "--init-checkpoint", str(first)))
+    assert "would overwrite it" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == before
+    # another vocab of the same size would misalign the embeddings
+    other = tmp_path / "other_vocab.txt"
+    lines = (first / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    lines[10], lines[11] = lines[11], lines[10]
+    other.write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(SystemExit):
+        train_mlm.main(args_for(corpus, tmp_path / "fourth", "--init-checkpoint", str(first),
+                                "--vocab", str(other)))
+    assert "differs from" in capsys.readouterr().err
