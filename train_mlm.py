@@ -26,7 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minibert import backend
-from minibert.checkpoint import (CheckpointError, atomic_write, check_same_config,
+from minibert.checkpoint import (CheckpointError, atomic_copy, atomic_write, check_same_config,
                                  load_checkpoint, save_checkpoint)
 from minibert.gradflow import grad_flow_record
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
@@ -163,9 +163,6 @@ def build_config(args, vocab_size: int) -> BertConfig:
         max_position_embeddings=args.max_position_embeddings,
         position_embedding_type=args.position_embedding_type,
         norm_position=args.norm_position, **overrides)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds "
-                         f"max_position_embeddings {config.max_position_embeddings}")
     return config
 
 
@@ -174,10 +171,7 @@ def get_tokenizer(args, out: Path, files) -> BertTokenizer:
     finetune.py), the run's own vocab.txt (on resume), or a newly learned one."""
     vocab_path = Path(args.vocab) if args.vocab else out / "vocab.txt"
     if args.vocab and vocab_path.is_file():
-        own = out / "vocab.txt"
-        if not own.exists() or own.resolve() != vocab_path.resolve():
-            data = vocab_path.read_bytes()
-            atomic_write(own, lambda f: f.write(data))
+        atomic_copy(vocab_path, out / "vocab.txt")
     if not args.vocab and not vocab_path.exists():
         # read the corpus once first: bad bytes, an empty corpus or a single document are
         # reported with file and line before any time goes into learning a vocab
@@ -296,18 +290,16 @@ def main(argv=None) -> int:
                                     show_progress=args.progress)
         train_store, eval_store = split_documents(store, eval_fraction=args.eval_fraction,
                                                   seed=args.seed)
-        if resume_state is not None and init_state is None and args.init_checkpoint:
-            config = resume_state["config"]  # a resumed --init-checkpoint run
-        elif init_state is None:
-            config = build_config(args, len(tokenizer))
-        else:
-            config = init_state["config"]
+        if args.init_checkpoint:  # the architecture of the run started from (or resumed)
+            config = (resume_state or init_state)["config"]
             if config.vocab_size != len(tokenizer):
                 raise ValueError(f"--init-checkpoint {args.init_checkpoint}: its vocab_size is "
                                  f"{config.vocab_size}, the vocab has {len(tokenizer)} tokens")
-            if args.max_seq_length > config.max_position_embeddings:
-                raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds "
-                                 f"max_position_embeddings {config.max_position_embeddings}")
+        else:
+            config = build_config(args, len(tokenizer))
+        if args.max_seq_length > config.max_position_embeddings:
+            raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds "
+                             f"max_position_embeddings {config.max_position_embeddings}")
     except (CorpusError, ValueError, OSError) as e:
         fail(str(e))
     vocab = VocabInfo.from_tokenizer(tokenizer)

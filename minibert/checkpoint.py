@@ -46,6 +46,20 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
     return path
 
 
+def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Copy the file ``src`` to ``dst`` with :func:`atomic_write`; nothing is done when both
+    name the same file. Returns ``dst``.
+
+    Raises:
+        OSError: ``src`` cannot be read or ``dst`` written.
+    """
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and src.resolve() == dst.resolve():
+        return dst
+    data = src.read_bytes()
+    return atomic_write(dst, lambda f: f.write(data))
+
+
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
                     trainer_state: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (its config and state_dict), ``optimizer`` (if given) and a JSON-able

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .backend import to_numpy
-from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from .checkpoint import atomic_copy, atomic_write, load_checkpoint, save_checkpoint
 from .hf import is_hf_directory, load_hf_directory, load_pretrained_weights
 from .modeling import BertConfig, BertForSequenceClassification
 from .tokenization import BertTokenizer
@@ -398,10 +398,7 @@ def save_finetuned(out_dir: str | os.PathLike, model: BertForSequenceClassificat
     out.mkdir(parents=True, exist_ok=True)
     state = dict(trainer_state, labels=list(labels), tokenizer=dict(tokenizer_options))
     path = save_checkpoint(out / "checkpoint.npz", model, None, state)
-    vocab_src = Path(vocab_file)
-    if vocab_src.resolve() != (out / "vocab.txt").resolve():
-        data = vocab_src.read_bytes()
-        atomic_write(out / "vocab.txt", lambda f: f.write(data))
+    atomic_copy(vocab_file, out / "vocab.txt")
     atomic_write(out / "labels.json",
                  lambda f: f.write(json.dumps(list(labels), ensure_ascii=False).encode()))
     atomic_write(out / "config.json", lambda f: f.write(model.config.to_json().encode()))

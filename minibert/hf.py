@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .checkpoint import atomic_write
+from .checkpoint import atomic_copy, atomic_write
 from .modeling import BertConfig
 from .torchbin import TorchBinError, load_torch_state_dict
 
@@ -161,7 +160,7 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
         if (directory / BIN_NAME).is_file():
             try:
                 return load_torch_state_dict(directory / BIN_NAME)
-            except (TorchBinError, OSError, pickle.UnpicklingError, EOFError) as e:
+            except (TorchBinError, OSError) as e:
                 raise HFFormatError(f"{directory / BIN_NAME}: cannot be read ({e})") from e
         if any((directory / (n + ".index.json")).is_file() for n in (SAFETENSORS_NAME, BIN_NAME)):
             raise HFFormatError(f"{directory}: sharded checkpoints are not supported "
@@ -288,8 +287,5 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
     tok.update(tokenizer_options or {})
     atomic_write(directory / TOKENIZER_CONFIG_NAME,
                  lambda f: f.write(json.dumps(tok, indent=2).encode("utf-8")))
-    src = Path(vocab_file)
-    if src.resolve() != (directory / VOCAB_NAME).resolve():
-        data = src.read_bytes()
-        atomic_write(directory / VOCAB_NAME, lambda f: f.write(data))
+    atomic_copy(vocab_file, directory / VOCAB_NAME)
     return directory

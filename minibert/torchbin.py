@@ -42,16 +42,23 @@ _STORAGE_DTYPES = {
 }
 
 
-class _StorageType:
-    """A stand-in for ``torch.<Name>Storage``; read-only, like :class:`_Global`."""
+class _ReadOnly:
+    """Base of the stand-ins the unpickler hands out: a pickle BUILD cannot set anything on
+    them, so it cannot change what they do for later loads."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name, value):
+        raise TorchBinError(f"the pickle tries to set {name!r} on {type(self).__name__}")
+
+
+class _StorageType(_ReadOnly):
+    """A stand-in for ``torch.<Name>Storage``."""
 
     __slots__ = ("name",)
 
     def __init__(self, name: str):
         object.__setattr__(self, "name", name)
-
-    def __setattr__(self, name, value):
-        raise TorchBinError(f"the pickle tries to set {name!r} on a storage type")
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
@@ -83,9 +90,8 @@ def _rebuild_parameter(data, requires_grad=False, backward_hooks=None):
     return data
 
 
-class _Global:
-    """What the unpickler hands out for an allowed global: a fresh object per lookup with
-    no attributes to set, so a pickle cannot change the functions behind it."""
+class _Global(_ReadOnly):
+    """A stand-in for an allowed global, fresh per lookup, that calls the function."""
 
     __slots__ = ("_fn",)
 
@@ -94,9 +100,6 @@ class _Global:
 
     def __call__(self, *args):
         return self._fn(*args)
-
-    def __setattr__(self, name, value):
-        raise TorchBinError(f"the pickle tries to set {name!r} on a constructor")
 
 
 _ALLOWED = {
