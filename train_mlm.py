@@ -302,6 +302,15 @@ def main(argv=None) -> int:
                              f"max_position_embeddings {config.max_position_embeddings}")
     except (CorpusError, ValueError, OSError) as e:
         fail(str(e))
+    single = float(np.mean(train_store.sentences_per_document() == 1)) \
+        if train_store.num_documents else 0.0
+    if single > 0.5:
+        # google-research/bert pairs a one-sentence chunk only with a random B, so such
+        # documents give NSP nothing but "random next" examples.
+        print(f"warning: {single:.0%} of the {train_store.num_documents} training documents "
+              "hold a single sentence, so their NSP pairs are always random and NSP is nearly "
+              "a constant task; the corpus format is one sentence per line with a blank line "
+              "between documents, not between sentences", file=sys.stderr)
     vocab = VocabInfo.from_tokenizer(tokenizer)
     dtype = np.dtype(args.dtype)
 

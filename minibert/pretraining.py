@@ -250,13 +250,18 @@ class TokenStore:
         ids = self.doc_ids if self.doc_ids is not None else np.arange(len(do) - 1)
         return np.asarray(so[do[ids + 1]] - so[do[ids]], dtype=np.int64)
 
+    def sentences_per_document(self) -> np.ndarray:
+        """(D',) int64 sentences in each document of this store (or view)."""
+        do = np.asarray(self.document_offsets)
+        ids = self.doc_ids if self.doc_ids is not None else np.arange(len(do) - 1)
+        return (do[ids + 1] - do[ids]).astype(np.int64)
+
     @property
     def num_sentences(self) -> int:
         """Sentences in this store (or view)."""
-        do = self.document_offsets
         if self.doc_ids is None:
-            return int(do[-1])
-        return int(np.sum(do[self.doc_ids + 1] - do[self.doc_ids]))
+            return int(self.document_offsets[-1])
+        return int(self.sentences_per_document().sum())
 
     @property
     def num_tokens(self) -> int:

@@ -146,6 +146,18 @@ def test_bad_corpus_gets_a_clear_error(tmp_path, capsys, content, message):
         assert "corpus.txt" in err
 
 
+def test_a_corpus_of_one_sentence_documents_gets_an_nsp_warning(corpus, tmp_path, capsys):
+    assert train_mlm.main(args_for(corpus, tmp_path / "docs")) == 0
+    assert "single sentence" not in capsys.readouterr().err
+    # The same sentences, each made its own document.
+    lines = [l for l in corpus.read_text(encoding="utf-8").splitlines() if l.strip()]
+    split = tmp_path / "one_sentence_docs.txt"
+    split.write_text("\n\n".join(lines[:400]) + "\n", encoding="utf-8")
+    assert train_mlm.main(args_for(split, tmp_path / "sentences")) == 0
+    err = capsys.readouterr().err
+    assert "warning: 100% of the" in err and "single sentence" in err
+
+
 def test_sequence_longer_than_positions_is_rejected(corpus, tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_mlm.main(args_for(corpus, tmp_path / "o", "--max-seq-length", "600"))
