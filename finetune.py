@@ -212,8 +212,9 @@ def main(argv=None) -> int:
         fail(str(e))
     model.to(device)
     model.set_dropout_rng(xp.random.default_rng(args.seed))
-    print(f"model: {pre.source}{' (architecture only, random init)' if args.random_init else ''}"
-          f", {model.num_parameters():,} parameters; new: {report['new']}; labels {labels}; "
+    fresh = "all weights new (architecture only, random init)" if args.random_init \
+        else f"new: {report['new']}"
+    print(f"model: {pre.source}, {model.num_parameters():,} parameters; {fresh}; labels {labels}; "
           f"train {len(train)}, dev {len(dev)}, test {len(test) if test else 0} examples; "
           f"max_seq_length {max_len}")
 
