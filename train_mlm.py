@@ -302,8 +302,7 @@ def main(argv=None) -> int:
                              f"max_position_embeddings {config.max_position_embeddings}")
     except (CorpusError, ValueError, OSError) as e:
         fail(str(e))
-    single = float(np.mean(train_store.sentences_per_document() == 1)) \
-        if train_store.num_documents else 0.0
+    single = float(np.mean(train_store.sentences_per_document() == 1))  # >= 2 documents
     if single > 0.5:
         # google-research/bert pairs a one-sentence chunk only with a random B, so such
         # documents give NSP nothing but "random next" examples.

@@ -244,17 +244,22 @@ class TokenStore:
         s0, s1 = self.sentence_range(d)
         return s1 - s0
 
+    def _sentence_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(D',) first sentence and (D',) one past the last, of each document of this view."""
+        do = np.asarray(self.document_offsets)
+        ids = self.doc_ids if self.doc_ids is not None else np.arange(len(do) - 1)
+        return do[ids], do[ids + 1]
+
     def document_lengths(self) -> np.ndarray:
         """(D',) int64 tokens per document of this store (or view)."""
-        so, do = self.sentence_offsets, self.document_offsets
-        ids = self.doc_ids if self.doc_ids is not None else np.arange(len(do) - 1)
-        return np.asarray(so[do[ids + 1]] - so[do[ids]], dtype=np.int64)
+        first, end = self._sentence_bounds()
+        so = self.sentence_offsets
+        return np.asarray(so[end] - so[first], dtype=np.int64)
 
     def sentences_per_document(self) -> np.ndarray:
         """(D',) int64 sentences in each document of this store (or view)."""
-        do = np.asarray(self.document_offsets)
-        ids = self.doc_ids if self.doc_ids is not None else np.arange(len(do) - 1)
-        return (do[ids + 1] - do[ids]).astype(np.int64)
+        first, end = self._sentence_bounds()
+        return (end - first).astype(np.int64)
 
     @property
     def num_sentences(self) -> int:

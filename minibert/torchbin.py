@@ -61,9 +61,9 @@ class _StorageType(_ReadOnly):
         object.__setattr__(self, "name", name)
 
 
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
+def _rebuild_tensor_v2(flat, storage_offset, size, stride, requires_grad=False,
                        backward_hooks=None, metadata=None):
-    flat = storage
+    # flat: the storage, a 1-D array from _Unpickler.persistent_load
     if not isinstance(flat, np.ndarray):
         raise TorchBinError(f"tensor built from {type(flat).__name__}, not a storage")
     size, stride = tuple(int(n) for n in size), tuple(int(s) for s in stride)
@@ -110,11 +110,12 @@ _ALLOWED = {
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, archive: zipfile.ZipFile, prefix: str, byteorder: str,
-                 source: str):
+    """Unpickles ``data.pkl`` against the closed list of globals; its errors do not name
+    the file (:func:`load_torch_state_dict` adds it)."""
+
+    def __init__(self, file, archive: zipfile.ZipFile, prefix: str, byteorder: str):
         super().__init__(file)
         self._archive, self._prefix, self._byteorder = archive, prefix, byteorder
-        self._source = source
         self._storages: dict[str, np.ndarray] = {}
 
     def find_class(self, module, name):
@@ -123,25 +124,25 @@ class _Unpickler(pickle.Unpickler):
         if module == "torch" and name in _STORAGE_DTYPES:
             return _StorageType(name)
         raise TorchBinError(
-            f"{self._source}: refusing to unpickle the global {module}.{name}; only a state "
+            f"refusing to unpickle the global {module}.{name}; only a state "
             "dict of tensors (OrderedDict, torch._utils._rebuild_tensor_v2, torch.*Storage) "
             "is read")
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
                 and isinstance(pid[1], _StorageType)):
-            raise TorchBinError(f"{self._source}: unexpected persistent id {pid!r}")
+            raise TorchBinError(f"unexpected persistent id {pid!r}")
         _, stype, key, _location, numel = pid
         if key not in self._storages:
             member = f"{self._prefix}/data/{key}"
             try:
                 raw = self._archive.read(member)
             except KeyError:
-                raise TorchBinError(f"{self._source}: storage {member} is missing") from None
+                raise TorchBinError(f"storage {member} is missing") from None
             dtype = _STORAGE_DTYPES[stype.name]
             width = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
             if len(raw) % width:
-                raise TorchBinError(f"{self._source}: storage {member} has {len(raw)} bytes, "
+                raise TorchBinError(f"storage {member} has {len(raw)} bytes, "
                                     f"not a multiple of its item size {width}")
             if dtype == "bfloat16":  # the top 16 bits of a float32
                 bits = np.frombuffer(raw, dtype=self._byteorder + "u2").astype(np.uint32)
@@ -150,7 +151,7 @@ class _Unpickler(pickle.Unpickler):
                 arr = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder(self._byteorder))
                 arr = arr.astype(np.dtype(dtype).newbyteorder("="), copy=False)
             if arr.size != numel:
-                raise TorchBinError(f"{self._source}: storage {key} holds {arr.size} values, "
+                raise TorchBinError(f"storage {key} holds {arr.size} values, "
                                     f"its header says {numel}")
             self._storages[key] = arr
         return self._storages[key]
@@ -192,10 +193,8 @@ def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 archive.read(f"{prefix}/byteorder").decode().strip(), "<")
         try:
             with archive.open(pkls[0]) as f:
-                obj = _Unpickler(f, archive, prefix, order, str(path)).load()
+                obj = _Unpickler(f, archive, prefix, order).load()
         except TorchBinError as e:
-            if str(e).startswith(str(path)):
-                raise
             raise TorchBinError(f"{path}: {e}") from e
         except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, TypeError,
                 AttributeError) as e:
