@@ -415,10 +415,10 @@ def _cross_entropy_counts_ignored():
     from .nn import losses
     original = losses.cross_entropy_backward
 
-    def cross_entropy_backward(cache, dloss=1.0):
+    def cross_entropy_backward(dloss, cache):
         logp, safe, valid, denom, eps = cache
         n = logp.dtype.type(logp.shape[0])  # divides by N, not by the counted rows
-        return original((logp, safe, valid, n, eps), dloss)
+        return original(dloss, (logp, safe, valid, n, eps))
     return _swap_function(original, cross_entropy_backward)
 
 
@@ -495,10 +495,14 @@ def random_token_batch(config, rng: np.random.Generator, batch: int, seq_len: in
 
     Rows are padded at the end, with at least one real token each (``attention_mask``
     (B, T) 0/1); id 0 ([PAD]) only at padded positions; segment ids 0 then 1 on real
-    positions; MLM ``labels`` (B, T) at ~30% of real positions (always at [0, 0]) and -100
-    elsewhere; ``next_sentence_label`` (B,) 0/1. :func:`minibert.testing.token_batches`
-    draws its batches through this function.
+    positions; MLM targets at ~30% of real positions (always at [0, 0]) in the fixed-shape
+    form ``masked_lm_positions`` / ``masked_lm_ids`` (B, P) int64 and ``masked_lm_weights``
+    (B, P) int64 0/1 (integers, so gradient checks do not take them for inputs; see :func:`minibert.modeling.masked_lm_from_labels`);
+    ``next_sentence_label`` (B,) 0/1. Keys in the positional order of
+    ``BertForPreTraining.forward``. :func:`minibert.testing.token_batches` draws its
+    batches through this function.
     """
+    from .modeling import masked_lm_from_labels
     B, T = batch, seq_len
     lengths = rng.integers(1, T + 1, size=B)
     lengths[0] = T if first_row_full else lengths[0]
@@ -511,8 +515,10 @@ def random_token_batch(config, rng: np.random.Generator, batch: int, seq_len: in
     masked = (rng.random((B, T)) < 0.3) & (attention_mask == 1)
     masked[0, 0] = True
     labels = np.where(masked, rng.integers(0, config.vocab_size, size=(B, T)), -100)
+    positions, ids, weights = masked_lm_from_labels(labels)
     return dict(input_ids=input_ids, token_type_ids=token_type_ids,
-                attention_mask=attention_mask, labels=labels.astype(np.int64),
+                attention_mask=attention_mask, masked_lm_positions=positions,
+                masked_lm_ids=ids, masked_lm_weights=weights.astype(np.int64),
                 next_sentence_label=rng.integers(0, 2, size=B))
 
 
@@ -683,7 +689,7 @@ def layer_checks(s: Shapes, seed: int = 0) -> dict[str, Callable[..., list[Gradc
             def fwd(self, logits, eps=eps):
                 loss, cache["c"] = Lo.cross_entropy_forward(logits, labels, eps)
                 return loss
-            m = _module(fwd, lambda self, d: Lo.cross_entropy_backward(cache["c"], d))
+            m = _module(fwd, lambda self, d: Lo.cross_entropy_backward(d, cache["c"]))
             reports.append(check_module(
                 m, [x(N, V) * 2], input_names=["logits"],
                 loss=lambda out: (out * 1.7, np.float64(1.7)),

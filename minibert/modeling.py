@@ -24,7 +24,8 @@ import numpy as np
 from .backend import get_array_module
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
-                 cross_entropy_backward, cross_entropy_forward, extended_attention_mask)
+                 cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
+                 scatter_add_rows)
 from .nn.activations import tanh_backward, tanh_forward
 
 # (num_hidden_layers, hidden_size) of the compact models of Turc et al. 2019
@@ -346,22 +347,22 @@ class BertModelOutput:
 class BertForPreTrainingOutput:
     """Outputs of :class:`BertForPreTraining`.
 
-    loss: mlm_loss + nsp_loss over those whose labels were given (0-d array, nats), or None.
-    mlm_loss, nsp_loss: 0-d arrays (mean nats per masked token / per sequence) or None.
-    prediction_logits: (N, V) MLM logits at ``mlm_positions`` only, the positions whose
-        label is not -100 (all B*T positions, row-major, when no labels are given). Hugging
-        Face returns (B, T, V); computing only the masked rows is what the original BERT
-        does (``gather_indexes`` in run_pretraining.py) and saves most of the head's work.
-    mlm_positions: (batch_index (N,), position_index (N,)) integer arrays.
-    seq_relationship_logits: (B, 2) NSP logits (0 = IsNext, 1 = random).
+    loss: the sum of the losses whose labels were given (0-d array, nats), or None.
+    mlm_loss: 0-d array, mean nats per counted masked position, or None.
+    seq_relationship_loss: 0-d array, mean nats per sequence of the sentence-level task
+        (next-sentence or sentence-order prediction), or None.
+    prediction_logits: (B, P, V) MLM logits at ``masked_lm_positions`` (P = its width), or
+        at every position (P = T, Hugging Face's (B, T, V)) when no positions are given.
+        Only the gathered rows go through the head, as the original BERT does
+        (``gather_indexes`` in run_pretraining.py).
+    seq_relationship_logits: (B, 2) logits of the sentence-level head, None without one.
     """
 
     loss: Any
     mlm_loss: Any
-    nsp_loss: Any
+    seq_relationship_loss: Any
     prediction_logits: Any
     seq_relationship_logits: Any
-    mlm_positions: tuple
     hidden_states: Any = None
     attentions: list | None = None
 
@@ -510,100 +511,177 @@ class BertLMPredictionHead(Module):
 
 
 class BertPreTrainingHeads(Module):
-    """``cls``: the MLM head ``predictions`` and the NSP head ``seq_relationship``."""
+    """``cls``: the MLM head ``predictions`` and, when asked for, the two-way sentence-level
+    head ``seq_relationship`` (NSP or SOP)."""
 
     def __init__(self, config: BertConfig, word_embeddings, rng: np.random.Generator,
-                 dtype=np.float32):
+                 dtype=np.float32, seq_relationship_head: bool = True):
         self.predictions = BertLMPredictionHead(config, word_embeddings, rng, dtype)
-        self.seq_relationship = Linear(config.hidden_size, 2, rng=rng,
-                                       std=config.initializer_range, dtype=dtype)
+        if seq_relationship_head:
+            self.seq_relationship = Linear(config.hidden_size, 2, rng=rng,
+                                           std=config.initializer_range, dtype=dtype)
+
+
+def masked_lm_from_labels(labels: np.ndarray, width: int | None = None):
+    """Dense MLM labels to google-research/bert's fixed-shape form (host NumPy).
+
+    Args:
+        labels: (B, T) int, the original id at predicted positions, -100 elsewhere.
+        width: P, the number of slots per row (default: the most predictions in a row).
+    Returns:
+        masked_lm_positions (B, P) int64, masked_lm_ids (B, P) int64 and
+        masked_lm_weights (B, P) float32 (1 at a real slot, 0 at padding, whose position
+        and id are 0), positions increasing within a row.
+    Raises:
+        ValueError: a row holds more than ``width`` predictions.
+    """
+    labels = np.asarray(labels)
+    B, T = labels.shape
+    real = labels != IGNORE_INDEX                                        # (B, T)
+    counts = real.sum(axis=1)
+    P = int(counts.max(initial=0)) if width is None else int(width)
+    if counts.size and counts.max() > P:
+        raise ValueError(f"labels: a row has {int(counts.max())} predictions, over width {P}")
+    positions = np.zeros((B, P), dtype=np.int64)
+    ids = np.zeros((B, P), dtype=np.int64)
+    weights = np.zeros((B, P), dtype=np.float32)
+    rows, cols = np.nonzero(real)
+    slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    positions[rows, slots] = cols
+    ids[rows, slots] = labels[rows, cols]
+    weights[rows, slots] = 1.0
+    return positions, ids, weights
+
+
+def labels_from_masked_lm(positions, ids, weights, seq_len: int) -> np.ndarray:
+    """The inverse of :func:`masked_lm_from_labels`: (B, T) int64 dense labels, -100 where
+    no slot of weight > 0 points (host NumPy; for Hugging Face's ``labels`` argument)."""
+    positions, ids, weights = (np.asarray(a) for a in (positions, ids, weights))
+    labels = np.full((positions.shape[0], seq_len), IGNORE_INDEX, dtype=np.int64)
+    rows, slots = np.nonzero(weights > 0)
+    labels[rows, positions[rows, slots]] = ids[rows, slots]
+    return labels
 
 
 class BertForPreTraining(BertPreTrainedModel):
-    """BERT with the masked-LM and next-sentence-prediction heads (Devlin et al. 2019,
-    section 3.1), parameter names as HF ``BertForPreTraining``.
+    """BERT with the masked-LM head and, optionally, a two-way sentence-level head
+    (Devlin et al. 2019, section 3.1); parameter names as HF ``BertForPreTraining``.
+
+    The sentence-level head ``cls.seq_relationship`` serves next-sentence prediction
+    (label 0 = B follows A, 1 = B is random) and ALBERT's sentence-order prediction (Lan
+    et al. 2020; 0 = segments in order, 1 = swapped). Without it
+    (``seq_relationship_head=False``, RoBERTa-style MLM only, Liu et al. 2019) the model has
+    no pooler either, and its parameters are those of HF ``BertForMaskedLM``.
 
     Args:
         config: the hyper-parameters.
         seed: seed of the NumPy generator that draws the initial weights.
         dtype: parameter dtype (float32 to train, float64 to check gradients).
         label_smoothing: eps of the MLM cross-entropy (0 = plain cross-entropy).
+        seq_relationship_head: build the pooler and the sentence-level head.
     """
 
     def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32,
-                 label_smoothing: float = 0.0):
+                 label_smoothing: float = 0.0, seq_relationship_head: bool = True):
         self.config = config
         rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, rng=rng, dtype=dtype)
-        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, rng, dtype)
+        self.bert = BertModel(config, add_pooling_layer=seq_relationship_head, rng=rng,
+                              dtype=dtype)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings, rng, dtype,
+                                        seq_relationship_head)
         self.label_smoothing = label_smoothing
         self._cache = None
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+    @property
+    def has_seq_relationship_head(self) -> bool:
+        return hasattr(self.cls, "seq_relationship")
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                masked_lm_positions=None, masked_lm_ids=None, masked_lm_weights=None,
                 next_sentence_label=None, output_attentions: bool = False
                 ) -> BertForPreTrainingOutput:
-        """Run the model and, with labels, the losses.
+        """Run the model and, with labels, the losses. No host read of a device value.
 
         Args:
             input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
-            labels: (B, T) int, the original token id at masked positions and -100 elsewhere.
-            next_sentence_label: (B,) int, 0 = B follows A, 1 = B is random.
+            masked_lm_positions: (B, P) int positions in [0, T) to predict (google-research/
+                bert's ``masked_lm_positions``); None = every position (P = T).
+            masked_lm_ids: (B, P) int original ids at those positions; None = no MLM loss.
+            masked_lm_weights: (B, P) 1 for a real slot, 0 for padding; None = all 1. The
+                MLM loss is the mean cross-entropy over slots of weight 1.
+            next_sentence_label: (B,) int 0/1 for the sentence-level head.
             output_attentions: also return per-layer attention probabilities.
         Returns:
-            :class:`BertForPreTrainingOutput`; ``loss`` sums the losses whose labels were given.
+            :class:`BertForPreTrainingOutput`.
         Raises:
-            ValueError: bad input shapes or values (see BertModel.forward), labels not (B, T)
-                or next_sentence_label not (B,).
+            ValueError: bad input shapes or values (see BertModel.forward), masked_lm_*
+                arrays not (B, P), positions out of [0, T) (checked on the CPU only),
+                next_sentence_label not (B,), or a label for a missing head.
         """
         xp = get_array_module(input_ids)
-        B, T = input_ids.shape[:2] if input_ids.ndim == 2 else (None, None)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
         h = out.last_hidden_state                                        # (B, T, C)
-        if labels is not None:
-            if tuple(labels.shape) != (B, T):
-                raise ValueError(f"labels: expected shape {(B, T)}, got {tuple(labels.shape)}")
-            positions = xp.nonzero(labels != IGNORE_INDEX)               # 2 x (N,)
-        else:
-            positions = tuple(a.reshape(-1) for a in xp.indices((B, T)))
-        logits = self.cls.predictions(h[positions])                      # (N, V)
-        seq_logits = self.cls.seq_relationship(out.pooler_output)        # (B, 2)
+        B, T, C = h.shape
+        if masked_lm_positions is None:
+            masked_lm_positions = xp.broadcast_to(xp.arange(T), (B, T))
+        P = masked_lm_positions.shape[-1]
+        for name, a in (("masked_lm_positions", masked_lm_positions),
+                        ("masked_lm_ids", masked_lm_ids), ("masked_lm_weights", masked_lm_weights)):
+            if a is not None and tuple(a.shape) != (B, P):
+                raise ValueError(f"{name}: expected shape {(B, P)}, got {tuple(a.shape)}")
+        if xp is np and P and (masked_lm_positions.min() < 0 or masked_lm_positions.max() >= T):
+            raise ValueError(f"masked_lm_positions: values must be in [0, {T})")
+        # flat row of each slot in h viewed as (B*T, C), the gather_indexes of the reference
+        flat = (masked_lm_positions + (xp.arange(B) * T)[:, None]).reshape(-1)   # (B*P,)
+        logits = self.cls.predictions(h.reshape(B * T, C)[flat])         # (B*P, V)
 
-        mlm_loss = nsp_loss = mlm_cache = nsp_cache = None
-        if labels is not None:
-            mlm_loss, mlm_cache = cross_entropy_forward(logits, labels[positions],
-                                                        self.label_smoothing)
+        mlm_loss = seq_loss = mlm_cache = seq_cache = seq_logits = None
+        if masked_lm_ids is not None:
+            labels = masked_lm_ids.reshape(-1)                           # (B*P,)
+            if masked_lm_weights is not None:
+                labels = xp.where(masked_lm_weights.reshape(-1) > 0, labels, IGNORE_INDEX)
+            mlm_loss, mlm_cache = cross_entropy_forward(logits, labels, self.label_smoothing)
+        if self.has_seq_relationship_head:
+            seq_logits = self.cls.seq_relationship(out.pooler_output)    # (B, 2)
         if next_sentence_label is not None:
+            if seq_logits is None:
+                raise ValueError("next_sentence_label given to a model built without "
+                                 "seq_relationship_head")
             if tuple(next_sentence_label.shape) != (B,):
                 raise ValueError(f"next_sentence_label: expected shape {(B,)}, "
                                  f"got {tuple(next_sentence_label.shape)}")
-            nsp_loss, nsp_cache = cross_entropy_forward(seq_logits, next_sentence_label)
-        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+            seq_loss, seq_cache = cross_entropy_forward(seq_logits, next_sentence_label)
+        losses = [x for x in (mlm_loss, seq_loss) if x is not None]
         loss = sum(losses[1:], losses[0]) if losses else None
-        self._cache = (h.shape, h.dtype, positions, mlm_cache, nsp_cache)
-        return BertForPreTrainingOutput(loss, mlm_loss, nsp_loss, logits, seq_logits, positions,
-                                        h, out.attentions)
+        self._cache = (h.shape, h.dtype, flat, mlm_cache, seq_cache)
+        V = logits.shape[-1]
+        return BertForPreTrainingOutput(loss, mlm_loss, seq_loss, logits.reshape(B, P, V),
+                                        seq_logits, h, out.attentions)
 
-    def backward(self) -> None:
-        """Add d(loss)/d(param) into every parameter's ``grad`` for the loss of the last
-        forward.
+    def backward(self, dloss=1.0) -> None:
+        """Add dloss * d(loss)/d(param) into every parameter's ``grad`` for the loss of the
+        last forward. ``dloss``: a float or 0-d array (e.g. 1/k under gradient accumulation).
 
         Raises:
             RuntimeError: no forward with labels came before.
         """
         if self._cache is None or (self._cache[3] is None and self._cache[4] is None):
-            raise RuntimeError("backward() needs a preceding forward with labels and/or "
-                               "next_sentence_label")
-        shape, dtype, positions, mlm_cache, nsp_cache = self._cache
+            raise RuntimeError("backward() needs a preceding forward with masked_lm_ids "
+                               "and/or next_sentence_label")
+        (B, T, C), dtype, flat, mlm_cache, seq_cache = self._cache
         self._cache = None
-        xp = get_array_module(positions[0])
-        dh = xp.zeros(shape, dtype=dtype)                                # (B, T, C)
+        xp = get_array_module(flat)
+        dh = xp.zeros((B * T, C), dtype=dtype)                           # (B*T, C)
         if mlm_cache is not None:
-            dlogits = cross_entropy_backward(mlm_cache)                  # (N, V)
-            dh[positions] = self.cls.predictions.backward(dlogits)       # positions are unique
+            # forward: mlm_loss = cross_entropy(predictions(h[flat]), labels)
+            dlogits = cross_entropy_backward(dloss, mlm_cache)           # (B*P, V)
+            # forward: rows = h[flat]  ->  scatter-add, correct when a position repeats
+            scatter_add_rows(dh, flat, self.cls.predictions.backward(dlogits))
         d_pooled = None
-        if nsp_cache is not None:
-            d_pooled = self.cls.seq_relationship.backward(cross_entropy_backward(nsp_cache))
-        self.bert.backward(dh, d_pooled)
+        if seq_cache is not None:
+            # forward: seq_loss = cross_entropy(seq_relationship(pooler_output), label)
+            d_pooled = self.cls.seq_relationship.backward(cross_entropy_backward(dloss, seq_cache))
+        self.bert.backward(dh.reshape(B, T, C), d_pooled)
 
 
 # ---------------------------------------------------------------------------------------
@@ -700,12 +778,14 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self._cache = (logits.shape, logits.dtype, loss_cache)
         return SequenceClassifierOutput(loss, logits, pooled, out.attentions)
 
-    def backward(self, d_logits=None) -> None:
+    def backward(self, d_logits=None, dloss=1.0) -> None:
         """Add gradients into every parameter's ``grad``.
 
         Args:
             d_logits: (B, K) upstream gradient of the logits; None means d(loss)/d(logits)
                 of the loss of the last forward (which then needs labels).
+            dloss: upstream gradient of the loss when d_logits is None (float or 0-d
+                array, e.g. 1/k under gradient accumulation).
         Raises:
             RuntimeError: no forward came before, or d_logits is None and that forward
                 had no labels.
@@ -719,10 +799,10 @@ class BertForSequenceClassification(BertPreTrainedModel):
                 raise RuntimeError("backward() without d_logits needs a forward with labels")
             kind, c = loss_cache
             if kind == "ce":
-                d_logits = cross_entropy_backward(c)                     # (B, K)
+                d_logits = cross_entropy_backward(dloss, c)                 # (B, K)
             else:
                 # forward: loss = mean (logits[:, 0] - y)^2  ->  d = 2 (logits - y) / B
-                d_logits = (2.0 / c.shape[0]) * c[:, None]               # (B, 1)
+                d_logits = (dloss * 2.0 / c.shape[0]) * c[:, None]       # (B, 1)
         elif tuple(d_logits.shape) != tuple(shape):
             raise ValueError(f"d_logits: expected shape {tuple(shape)}, "
                              f"got {tuple(d_logits.shape)}")

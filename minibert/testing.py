@@ -89,17 +89,30 @@ def bert_configs(draw, max_hidden: int = 16, max_layers: int = 2, max_vocab: int
 
 @dataclass
 class TokenBatch:
-    """Inputs for BertForPreTraining, all NumPy int64: input_ids, token_type_ids,
-    attention_mask, labels (B, T) and next_sentence_label (B,)."""
+    """Inputs for BertForPreTraining, NumPy: input_ids, token_type_ids, attention_mask
+    (B, T) int64, masked_lm_positions / masked_lm_ids / masked_lm_weights (B, P) int64
+    and next_sentence_label (B,) int64."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
     attention_mask: np.ndarray
-    labels: np.ndarray
+    masked_lm_positions: np.ndarray
+    masked_lm_ids: np.ndarray
+    masked_lm_weights: np.ndarray
     next_sentence_label: np.ndarray
 
     def as_kwargs(self) -> dict:
         return dict(vars(self))
+
+    def hf_kwargs(self) -> dict:
+        """The same batch as Hugging Face's ``BertForPreTraining`` takes it: dense
+        ``labels`` (B, T), -100 where nothing is predicted."""
+        from .modeling import labels_from_masked_lm
+        d = {k: getattr(self, k) for k in ("input_ids", "token_type_ids", "attention_mask",
+                                           "next_sentence_label")}
+        d["labels"] = labels_from_masked_lm(self.masked_lm_positions, self.masked_lm_ids,
+                                            self.masked_lm_weights, self.input_ids.shape[1])
+        return d
 
 
 @st.composite
@@ -107,7 +120,7 @@ def token_batches(draw, config: BertConfig, max_batch: int = 3, max_len: int | N
                   min_len: int = 1) -> TokenBatch:
     """A batch for ``config``: padding at the end of rows (at least one real token per
     row; id 0, the pad token, only at padded positions), segment ids 0 then 1, at least
-    one masked label over the batch, labels only at real positions (-100 elsewhere), NSP
+    one masked position over the batch, masked positions only at real tokens, NSP
     labels 0/1. B <= max_batch, T <= min(max_len, max_position_embeddings). Built by
     :func:`minibert.gradcheck.random_token_batch` from drawn (B, T, seed)."""
     max_len = min(max_len or config.max_position_embeddings, config.max_position_embeddings)

@@ -44,6 +44,7 @@ def test_derived_seeds_are_stable_and_distinct():
 @pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 def test_cupy_matches_numpy_forward_and_gradients():
     import cupy as cp
+    from minibert.modeling import masked_lm_from_labels
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=32, max_position_embeddings=16,
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -56,9 +57,12 @@ def test_cupy_matches_numpy_forward_and_gradients():
     nsp = np.array([0, 1, 0])
     cpu = BertForPreTraining(config, dtype=np.float64)
     gpu = BertForPreTraining(config, dtype=np.float64).to("cuda")
-    out_c = cpu(ids, attention_mask=mask, labels=labels, next_sentence_label=nsp)
-    out_g = gpu(cp.asarray(ids), attention_mask=cp.asarray(mask), labels=cp.asarray(labels),
-                next_sentence_label=cp.asarray(nsp))
+    positions, mlm_ids, weights = masked_lm_from_labels(labels)
+    out_c = cpu(ids, attention_mask=mask, masked_lm_positions=positions, masked_lm_ids=mlm_ids,
+                masked_lm_weights=weights, next_sentence_label=nsp)
+    out_g = gpu(cp.asarray(ids), attention_mask=cp.asarray(mask),
+                masked_lm_positions=cp.asarray(positions), masked_lm_ids=cp.asarray(mlm_ids),
+                masked_lm_weights=cp.asarray(weights), next_sentence_label=cp.asarray(nsp))
     cpu.backward()
     gpu.backward()
     assert abs(float(out_c.loss) - float(out_g.loss)) < 1e-10

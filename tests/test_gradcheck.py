@@ -156,17 +156,20 @@ def test_token_batches_agree_with_their_config(data):
     b = data.draw(token_batches(config, max_batch=3))
     B, T = b.input_ids.shape
     assert 1 <= B <= 3 and 1 <= T <= config.max_position_embeddings
-    for a in (b.token_type_ids, b.attention_mask, b.labels):
+    for a in (b.token_type_ids, b.attention_mask):
         assert a.shape == (B, T) and a.dtype == np.int64
+    labels = b.hf_kwargs()["labels"]
+    assert labels.shape == (B, T) and labels.dtype == np.int64
     assert b.next_sentence_label.shape == (B,) and set(b.next_sentence_label) <= {0, 1}
     assert (b.attention_mask.sum(1) >= 1).all()
     assert (np.diff(b.attention_mask, axis=1) <= 0).all()  # padding only at the end
     assert ((b.input_ids == 0) == (b.attention_mask == 0)).all()
     assert (b.input_ids < config.vocab_size).all()
     assert (b.token_type_ids < config.type_vocab_size).all()
-    real = b.labels != -100
+    real = labels != -100
     assert real.any() and (b.attention_mask[real] == 1).all()
-    assert ((b.labels[real] >= 0) & (b.labels[real] < config.vocab_size)).all()
+    assert ((labels[real] >= 0) & (labels[real] < config.vocab_size)).all()
+    assert int(b.masked_lm_weights.sum()) == int(real.sum())
 
 
 @settings(max_examples=30, deadline=None)

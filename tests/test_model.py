@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining, BertModel
-from minibert.modeling import BertEncoder
+from minibert.modeling import BertEncoder, labels_from_masked_lm, masked_lm_from_labels
 from minibert.testing import assert_parameter_gradients, bert_configs, seeds, token_batches
 
 @settings(max_examples=12, deadline=None)
@@ -171,7 +171,9 @@ def test_gradients_accumulate_until_zero_grad():
     ids = rng.integers(0, 30, (2, 5))
     labels = np.where(rng.random((2, 5)) < 0.5, ids, -100)
     labels[0, 0] = ids[0, 0]
-    kw = dict(labels=labels, next_sentence_label=np.array([0, 1]))
+    positions, mlm_ids, weights = masked_lm_from_labels(labels)
+    kw = dict(masked_lm_positions=positions, masked_lm_ids=mlm_ids, masked_lm_weights=weights,
+              next_sentence_label=np.array([0, 1]))
     model(ids, **kw)
     model.backward()
     once = {n: p.grad.copy() for n, p in model.named_parameters()}
@@ -181,3 +183,65 @@ def test_gradients_accumulate_until_zero_grad():
         np.testing.assert_allclose(p.grad, 2 * once[n], rtol=1e-12, atol=1e-15)
     model.zero_grad()
     assert all(not p.grad.any() for p in model.parameters())
+
+
+@settings(max_examples=25, deadline=None)
+@given(B=st.integers(1, 4), T=st.integers(1, 9), seed=seeds)
+def test_masked_lm_from_labels_round_trip(B, T, seed):
+    rng = np.random.default_rng(seed)
+    labels = np.where(rng.random((B, T)) < 0.4, rng.integers(0, 50, (B, T)), -100)
+    positions, ids, weights = masked_lm_from_labels(labels)
+    assert positions.shape == ids.shape == weights.shape == (B, int((labels != -100).sum(1).max()))
+    assert labels_from_masked_lm(positions, ids, weights, T).tolist() == labels.tolist()
+    assert np.all(np.diff(np.where(weights > 0, positions, T), axis=1) >= 0)  # increasing
+
+
+def test_fixed_shape_mlm_loss_equals_dense_labels_and_padding_slots_change_nothing():
+    model = BertForPreTraining(tiny_config(), dtype=np.float64)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1, 30, (3, 6))
+    labels = np.where(rng.random((3, 6)) < 0.4, ids, -100)
+    labels[0, 1] = ids[0, 1]
+    narrow = masked_lm_from_labels(labels)
+    wide = masked_lm_from_labels(labels, width=6)          # more padding slots (position 0)
+    outs = []
+    for positions, mlm_ids, weights in (narrow, wide):
+        out = model(ids, masked_lm_positions=positions, masked_lm_ids=mlm_ids,
+                    masked_lm_weights=weights)
+        model.zero_grad()
+        model.backward()
+        outs.append((float(out.loss), {n: p.grad.copy() for n, p in model.named_parameters()}))
+        assert out.prediction_logits.shape == (3, positions.shape[1], 30)
+    # the loss is the mean over real slots: a direct computation from full logits
+    full = model(ids).prediction_logits                                   # (B, T, V)
+    logp = full - np.log(np.exp(full).sum(-1, keepdims=True))
+    b, t = np.nonzero(labels != -100)
+    assert abs(outs[0][0] + logp[b, t, labels[b, t]].mean()) < 1e-12
+    assert abs(outs[0][0] - outs[1][0]) < 1e-12
+    for n, g in outs[0][1].items():
+        np.testing.assert_allclose(outs[1][1][n], g, rtol=1e-12, atol=1e-15, err_msg=n)
+
+
+def test_repeated_masked_positions_add_their_gradients():
+    """The gather's backward is a scatter-add: a position listed twice gets both rows."""
+    model = BertForPreTraining(tiny_config(), dtype=np.float64)
+    ids = np.array([[3, 4, 5, 6]])
+    pos = np.array([[1, 1, 2]])
+    mlm_ids = np.array([[7, 8, 9]])
+
+    def loss():
+        return float(model(ids, masked_lm_positions=pos, masked_lm_ids=mlm_ids).loss)
+
+    loss()
+    model.zero_grad()
+    model.backward()
+    assert_parameter_gradients(model, loss, np.random.default_rng(0), "repeated positions")
+
+
+def test_model_without_seq_relationship_head_has_masked_lm_names():
+    model = BertForPreTraining(tiny_config(), seq_relationship_head=False)
+    names = set(model.state_dict())
+    assert not any(n.startswith(("bert.pooler", "cls.seq_relationship")) for n in names)
+    assert "cls.predictions.transform.dense.weight" in names
+    with pytest.raises(ValueError, match="without seq_relationship_head"):
+        model(np.ones((1, 3), np.int64), next_sentence_label=np.zeros(1, np.int64))

@@ -51,8 +51,9 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
     return loss, (probs, safe, valid, denom, label_smoothing)
 
 
-def cross_entropy_backward(cache, dloss=1.0):
-    """d loss / d logits = (softmax - target) * valid / count, times the upstream dloss.
+def cross_entropy_backward(dloss, cache):
+    """d loss / d logits = (softmax - target) * valid / count, times the upstream ``dloss``
+    (a float or 0-d array).
 
     target = (1 - eps) * one_hot(label) + eps / K. Returns dlogits (N, K). The softmax in
     the cache is overwritten (a forward's cache serves one backward).
