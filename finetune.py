@@ -11,10 +11,12 @@ Data: TSV with a header, ``label<TAB>sentence`` or ``label<TAB>sentence_a<TAB>se
 embedded movie reviews). The label set comes from the train split and is saved with the
 model. Start: --init a train_mlm.py run directory or checkpoint, a finetune.py output, or
 a Hugging Face BERT directory (the classification head is new unless present).
-Training: AdamW with warmup and linear decay, global-norm clipping, dynamic padding per
-batch; dev metrics (accuracy, macro-F1, Matthews correlation) after every epoch; the best
-dev model is kept in OUTPUT_DIR/checkpoint.npz (atomic writes); then test metrics and
-predictions. Writes to --output-dir: checkpoint.npz, vocab.txt, labels.json, config.json,
+Training: minibert.training's loop (AdamW with warmup and linear decay, global-norm
+clipping, gradient accumulation), dynamic padding per batch; dev metrics (accuracy,
+macro-F1, Matthews correlation) after every epoch; the best dev model is kept in
+OUTPUT_DIR/best_model.npz and the resumable state in OUTPUT_DIR/checkpoint.npz (--resume);
+then test metrics and predictions. Writes to --output-dir (see minibert.runs):
+checkpoint.npz, best_model.npz, vocab.txt, labels.json, config.json, args.json,
 metrics.jsonl, summary.json, predictions_{dev,test}.tsv, training_curves.png.
 """
 from __future__ import annotations
@@ -26,17 +28,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from minibert import backend
+from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.backend import to_numpy
-from minibert.checkpoint import CheckpointError, atomic_write
+from minibert.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from minibert.cli import (dropout_probability, fail as _fail, float_in, int_at_least,
+                          non_negative_float, positive_float, positive_int)
 from minibert.finetuning import (DatasetError, build_classifier, encode_split, evaluate,
-                                 iterate_batches, label_list, load_pretrained, read_tsv,
-                                 save_finetuned, softmax_np)
+                                 iterate_batches, label_list, read_tsv, softmax_np)
 from minibert.hf import HFFormatError, save_hf_directory
-from minibert.optim import AdamW, clip_grad_norm, linear_schedule_with_warmup
+from minibert.optim import AdamW
+from minibert.runs import (MetricsLog, RunError, check_resumable, load_start, prepare_run_dir,
+                           write_args)
 from minibert.tokenization import BertTokenizer
+from minibert.training import TrainingConfig, TrainingError, TrainState, train
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "classify" / "en" / "movie_reviews"
 
@@ -50,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--train", help="train TSV (overrides DATA/train.tsv)")
     g.add_argument("--dev", help="dev TSV (overrides DATA/dev.tsv)")
     g.add_argument("--test", help="test TSV (overrides DATA/test.tsv); 'none' to skip")
-    g.add_argument("--max-seq-length", type=int, default=128,
+    g.add_argument("--max-seq-length", type=int_at_least(3), default=128,
                    help="tokens per sequence, [CLS]/[SEP] included (longest-first truncation)")
     g = p.add_argument_group("model")
     g.add_argument("--init", default="runs/pretrain",
@@ -58,38 +64,50 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "Hugging Face BERT dir")
     g.add_argument("--random-init", action="store_true",
                    help="take only the architecture and vocab from --init; fresh weights")
-    g.add_argument("--classifier-dropout", type=float, default=None,
+    g.add_argument("--classifier-dropout", type=dropout_probability, default=None,
                    help="dropout before the classifier (default: the model's hidden dropout)")
     g.add_argument("--model", default=None,
                    help="a finetune.py output dir to use for --predict / --plot-attention / "
                         "--export-hf without training")
     g = p.add_argument_group("training")
-    g.add_argument("--epochs", type=int, default=3, help="passes over the train split")
-    g.add_argument("--max-steps", type=int, default=None,
+    g.add_argument("--epochs", type=positive_int, default=3, help="passes over the train split")
+    g.add_argument("--max-steps", type=positive_int, default=None,
                    help="stop after this many optimizer steps (default: all epochs)")
-    g.add_argument("--max-train-examples", type=int, default=None,
+    g.add_argument("--max-train-examples", type=positive_int, default=None,
                    help="use only the first N train rows (quick runs)")
-    g.add_argument("--batch-size", type=int, default=32, help="sequences per step")
-    g.add_argument("--eval-batch-size", type=int, default=64, help="sequences per eval batch")
-    g.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
-    g.add_argument("--warmup-proportion", type=float, default=0.1,
+    g.add_argument("--batch-size", type=positive_int, default=32,
+                   help="sequences per micro-batch (per step: batch size x accumulation)")
+    g.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
+                   help="micro-batches whose gradients are summed (each weighted 1/k) per step")
+    g.add_argument("--eval-batch-size", type=positive_int, default=64, help="sequences per eval batch")
+    g.add_argument("--lr", type=positive_float, default=5e-5, help="peak learning rate")
+    g.add_argument("--warmup-proportion", type=float_in(0.0, 1.0), default=0.1,
                    help="share of the steps with linear warmup")
-    g.add_argument("--weight-decay", type=float, default=0.01, help="decoupled weight decay")
-    g.add_argument("--adam-eps", type=float, default=1e-6, help="AdamW epsilon")
+    g.add_argument("--weight-decay", type=non_negative_float, default=0.01, help="decoupled weight decay")
+    g.add_argument("--adam-eps", type=positive_float, default=1e-6, help="AdamW epsilon")
     g.add_argument("--no-correct-bias", dest="correct_bias", action="store_false",
                    help="BERT's AdamW without bias correction (default: bias-corrected, as "
                         "torch.optim.AdamW)")
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping")
+    g.add_argument("--max-grad-norm", type=non_negative_float, default=1.0,
+                   help="global-norm clipping threshold (0: no clipping)")
+    g.add_argument("--max-nonfinite-steps", type=positive_int, default=5,
+                   help="stop after this many steps in a row with a non-finite loss or "
+                        "gradient norm (each such step is skipped)")
     g.add_argument("--metric", choices=["accuracy", "macro_f1", "mcc"], default="accuracy",
                    help="dev metric that picks the best checkpoint")
-    g.add_argument("--eval-every", type=int, default=None,
+    g.add_argument("--eval-every", type=positive_int, default=None,
                    help="also evaluate on dev every N steps (default: once per epoch)")
-    g.add_argument("--seed", type=int, default=0, help="seed of head init, shuffling, dropout")
+    g.add_argument("--seed", type=int_at_least(0), default=0, help="seed of head init, shuffling, dropout")
     g.add_argument("--device", choices=list(backend.DEVICES), default=None,
                    help="cpu or cuda (default: $MINIBERT_DEVICE or cpu)")
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", default="runs/finetune", help="where everything is written")
-    g.add_argument("--log-every", type=int, default=10, help="steps between train records")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --output-dir (default: refuse to write over it)")
+    g.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
+                   help="continue the fine-tuning run in DIR (default: --output-dir) from "
+                        "its checkpoint")
+    g.add_argument("--log-every", type=positive_int, default=10, help="steps between train records")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
     g.add_argument("--predict", nargs="+", metavar="TEXT",
@@ -99,15 +117,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--export-hf", metavar="DIR",
                    help="also write the best model as a Hugging Face directory")
     args = p.parse_args(argv)
+    if args.resume:
+        args.output_dir = args.resume
     for name in ("predict", "plot_attention"):
         if getattr(args, name) and len(getattr(args, name)) > 2:
             p.error(f"--{name.replace('_', '-')} takes one text or a pair of texts")
     return args
 
 
-def fail(message: str) -> None:
-    print(f"finetune.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
+def fail(message: str):
+    _fail("finetune.py", message)
 
 
 def split_paths(args) -> dict[str, Path | None]:
@@ -126,7 +145,7 @@ def write_predictions(path: Path, split, probs: np.ndarray, labels) -> None:
         rows.append(f"{e.line}\t{e.label}\t{labels[int(p.argmax())]}\t"
                     + "\t".join(f"{x:.6f}" for x in p))
     data = ("\n".join(rows) + "\n").encode("utf-8")
-    atomic_write(path, lambda f: f.write(data))
+    atomic_write_bytes(path, data)
 
 
 def encode_texts(tokenizer, texts, max_len, xp):
@@ -153,6 +172,78 @@ def plot_attention(model, tokenizer, texts, max_len, xp, path: Path) -> Path:
                                title=" | ".join(texts))
 
 
+# Arguments that must match between a checkpoint's run and a resumed run.
+RESUME_FIXED = ("data", "train", "dev", "max_seq_length", "init", "random_init",
+                "classifier_dropout", "epochs", "max_steps", "max_train_examples", "batch_size",
+                "gradient_accumulation_steps", "lr", "warmup_proportion", "weight_decay",
+                "adam_eps", "correct_bias", "max_grad_norm", "metric", "seed")
+
+
+class FinetuneTask:
+    """The fine-tuning job for :func:`minibert.training.train`: shuffled epochs of the
+    train split, dev evaluation that keeps the best model in ``best_model.npz``."""
+
+    def __init__(self, args, run, model, train_split, dev_split, labels, pre, xp,
+                 best: dict | None = None):
+        self.args, self.run, self.model, self.xp = args, run, model, xp
+        self.train_split, self.dev_split, self.labels, self.pre = train_split, dev_split, labels, pre
+        self.pad_id = 0
+        self.best = best or {"metric": None, "step": None}
+        self.evaluate = self._evaluate
+
+    def batches(self, epoch: int, start_batch: int):
+        return iterate_batches(self.train_split, self.args.batch_size, self.pad_id,
+                               seed=self.args.seed, epoch=epoch, start_batch=start_batch)
+
+    def forward(self, model, batch):
+        xp = self.xp
+        labels = xp.asarray(batch.labels)
+        out = model(xp.asarray(batch.input_ids), xp.asarray(batch.token_type_ids),
+                    xp.asarray(batch.attention_mask), labels=labels)
+        return out.loss, {"correct": (out.logits.argmax(-1) == labels).sum(),
+                          "count": labels.shape[0]}
+
+    def summarize(self, totals: dict) -> dict:
+        return {"accuracy": totals.get("correct", 0.0) / max(totals.get("count", 0.0), 1.0)}
+
+    def _evaluate(self, step: int) -> dict:
+        m, _ = evaluate(self.model, self.dev_split, self.args.eval_batch_size, self.pad_id,
+                        self.xp)
+        value = m[self.args.metric]
+        if self.best["metric"] is None or value > self.best["metric"]:
+            self.best = {"metric": value, "step": step}
+            save_checkpoint(self.run.best_model, self.model, None,
+                            {"job": "finetune", "step": step, "dev": m, "labels": self.labels,
+                             "tokenizer": dict(self.pre.tokenizer_options),
+                             "init": self.pre.source})
+        return {"dev_" + k: v for k, v in m.items() if k != "n"} | {
+            "best_step": self.best["step"]}
+
+    def trainer_record(self) -> dict:
+        return {"job": "finetune", "args": {k: getattr(self.args, k) for k in RESUME_FIXED},
+                "labels": self.labels, "tokenizer": dict(self.pre.tokenizer_options),
+                "best": self.best}
+
+
+def use_model(args, xp, device) -> int:
+    """--model DIR: predict, plot or export with a fine-tuned model, no training."""
+    try:
+        pre = load_start(args.model, "--model")
+    except RunError as e:
+        fail(str(e))
+    if not pre.labels:
+        fail(f"--model {args.model}: not a fine-tuned classifier (no label set saved)")
+    try:
+        model, _ = build_classifier(pre, pre.labels)
+    except HFFormatError as e:
+        fail(str(e))
+    model.to(device)
+    tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
+    out = Path(args.output_dir) if args.output_dir != "runs/finetune" else Path(args.model)
+    finish(args, model, tokenizer, pre.labels, pre.vocab_file, pre.tokenizer_options, xp, out)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -160,163 +251,131 @@ def main(argv=None) -> int:
     except backend.BackendError as e:
         fail(str(e))
     xp = backend.xp_for(device)
-    out = Path(args.output_dir)
-
-    # ---- use an already fine-tuned model, no training ---------------------------------
     if args.model:
-        try:
-            pre = load_pretrained(args.model)
-        except (FileNotFoundError, CheckpointError, HFFormatError) as e:
-            fail(str(e))
-        if not pre.labels:
-            fail(f"--model {args.model}: not a fine-tuned classifier (no label set saved)")
-        model, _ = build_classifier(pre, pre.labels)
-        model.to(device)
-        tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
-        finish(args, model, tokenizer, pre.labels, pre.vocab_file, pre.tokenizer_options, xp,
-               out if args.output_dir != "runs/finetune" else Path(args.model))
-        return 0
+        return use_model(args, xp, device)
 
-    # ---- data and starting point -----------------------------------------------------
+    # ---- starting point, run directory, data ------------------------------------------
+    resume = args.resume is not None
     paths = split_paths(args)
     try:
-        pre = load_pretrained(args.init)
-    except (FileNotFoundError, CheckpointError, HFFormatError) as e:
+        pre = load_start(args.init)
+    except RunError as e:
         msg = str(e)
         if args.init == "runs/pretrain" and not Path(args.init).exists():
             msg += (" (the default --init is the output of `python train_mlm.py`; run that "
                     "first, or pass --init DIR)")
         fail(msg)
+    try:
+        run = prepare_run_dir(args.output_dir, "finetune", resume=resume,
+                              overwrite=args.overwrite)
+        resumed = load_checkpoint(run.checkpoint) if resume else None
+        if resumed is not None:
+            check_resumable(resumed["trainer"].get("args", {}), vars(args), RESUME_FIXED,
+                            str(run.checkpoint))
+    except (RunError, CheckpointError) as e:
+        fail(str(e))
     tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     try:
         train_ex = read_tsv(paths["train"])
         if args.max_train_examples:
             train_ex = train_ex[:args.max_train_examples]
         labels = label_list(train_ex)
+        if len(labels) < 2:
+            raise DatasetError(f"{paths['train']}: the train split has one class only "
+                               f"({labels[0]!r}); classification needs at least two")
         dev_ex = read_tsv(paths["dev"])
         test_ex = read_tsv(paths["test"]) if paths["test"] is not None else None
         max_len = min(args.max_seq_length, pre.config.max_position_embeddings)
-        train = encode_split(tokenizer, train_ex, max_len, labels)
+        train_split = encode_split(tokenizer, train_ex, max_len, labels)
         dev = encode_split(tokenizer, dev_ex, max_len, labels)
         test = encode_split(tokenizer, test_ex, max_len, labels) if test_ex else None
     except (DatasetError, ValueError) as e:
         fail(str(e))
-    if len(labels) < 2:
-        fail(f"{paths['train']}: the train split has a single label {labels}; "
-             "classification needs at least two")
     try:
         model, report = build_classifier(pre, labels, seed=args.seed,
                                          random_init=args.random_init,
                                          classifier_dropout=args.classifier_dropout)
-    except HFFormatError as e:
+        if resumed is not None:
+            model.load_state_dict(resumed["model"])
+    except (HFFormatError, KeyError, ValueError) as e:
         fail(str(e))
     model.to(device)
-    model.set_dropout_rng(xp.random.default_rng(args.seed))
     fresh = "all weights new (architecture only, random init)" if args.random_init \
-        else f"new: {report['new']}"
+        else f"new: {report['new']}; not used: {report['unused'] or 'none'}"
     print(f"model: {pre.source}, {model.num_parameters():,} parameters; {fresh}; labels {labels}; "
-          f"train {len(train)}, dev {len(dev)}, test {len(test) if test else 0} examples; "
+          f"train {len(train_split)}, dev {len(dev)}, test {len(test) if test else 0} examples; "
           f"max_seq_length {max_len}")
+    atomic_copy(pre.vocab_file, run.vocab)
+    atomic_write_json(run.path / "labels.json", labels)
+    atomic_write_bytes(run.config, model.config.to_json().encode())
+    write_args(run, vars(args))
 
     # ---- training -------------------------------------------------------------------
-    steps_per_epoch = -(-len(train) // args.batch_size)
+    k = args.gradient_accumulation_steps
+    steps_per_epoch = -(-(-(-len(train_split) // args.batch_size)) // k)
     total = steps_per_epoch * args.epochs
     if args.max_steps:
         total = min(total, args.max_steps)
-    warmup = int(args.warmup_proportion * total)
     opt = AdamW(model.named_parameters(), lr=args.lr, eps=args.adam_eps,
                 weight_decay=args.weight_decay, correct_bias=args.correct_bias)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics_path = out / "metrics.jsonl"
-    metrics_path.write_text("")
-    train_log, eval_log = [], []
-    best, best_step = -np.inf, None
-    rng = np.random.default_rng(args.seed)
-    pad_id = tokenizer.pad_token_id
-    args_record = {k: v for k, v in vars(args).items()}
-
-    def log(record):
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def run_eval(step, epoch):
-        nonlocal best, best_step
-        m, _ = evaluate(model, dev, args.eval_batch_size, pad_id, xp)
-        rec = dict(kind="eval", step=step, epoch=epoch, **m)
-        eval_log.append(rec)
-        log(rec)
-        better = m[args.metric] > best
-        if better:
-            best, best_step = m[args.metric], step
-            save_finetuned(out, model, labels, pre.vocab_file, pre.tokenizer_options,
-                           {"step": step, "epoch": epoch, "dev": m, "args": args_record,
-                            "init": pre.source})
-        tqdm.write(f"step {step} epoch {epoch}: dev loss {m['loss']:.4f} accuracy "
-                   f"{m['accuracy']:.4f} macro-F1 {m['macro_f1']:.4f} MCC {m['mcc']:.4f}"
-                   f"{'  (best, saved)' if better else ''}")
-
-    step, t_start = 0, time.perf_counter()
-    epoch_seconds = []
-    model.train()
-    for epoch in range(args.epochs):
-        if step >= total:
-            break
-        t0 = time.perf_counter()
-        bar = tqdm(total=min(steps_per_epoch, total - step), desc=f"epoch {epoch + 1}",
-                   disable=not args.progress, leave=False)
-        loss_sum, n_sum = 0.0, 0
-        for batch in iterate_batches(train, args.batch_size, rng, pad_id):
-            if step >= total:
-                break
-            d = batch.to(xp)
-            o = model(d.input_ids, d.token_type_ids, d.attention_mask, labels=d.labels)
-            model.zero_grad()
-            model.backward()
-            if args.max_grad_norm:
-                clip_grad_norm(model.parameters(), args.max_grad_norm)
-            opt.step(lr=linear_schedule_with_warmup(step, args.lr, warmup, total))
-            step += 1
-            loss_sum = loss_sum + o.loss  # stays on the device; read back when logged
-            n_sum += 1
-            bar.update(1)
-            if step % args.log_every == 0 or step == total:
-                rec = dict(kind="train", step=step, epoch=epoch, loss=float(loss_sum) / n_sum,
-                           lr=linear_schedule_with_warmup(step, args.lr, warmup, total),
-                           seconds=time.perf_counter() - t_start)
-                train_log.append(rec)
-                log(rec)
-                bar.set_postfix(loss=f"{rec['loss']:.4f}")
-                loss_sum, n_sum = 0.0, 0
-            if args.eval_every and step % args.eval_every == 0 and step < total:
-                run_eval(step, epoch)
-        bar.close()
-        epoch_seconds.append(time.perf_counter() - t0)
-        tqdm.write(f"epoch {epoch + 1}: {epoch_seconds[-1]:.1f} s of training")
-        run_eval(step, epoch)
+    state = TrainState()
+    best = None
+    if resumed is not None:
+        try:
+            opt.load_state_dict(resumed["optim"])
+        except (KeyError, ValueError) as e:
+            fail(f"checkpoint {run.checkpoint}: {e}")
+        state = TrainState.from_dict(resumed["trainer"])
+        best = resumed["trainer"].get("best")
+        print(f"resuming {run.checkpoint} at step {state.step}")
+        resumed = None
+    task = FinetuneTask(args, run, model, train_split, dev, labels, pre, xp, best)
+    cfg = TrainingConfig(max_steps=total, lr=args.lr,
+                         warmup_steps=int(args.warmup_proportion * total),
+                         max_grad_norm=args.max_grad_norm, gradient_accumulation_steps=k,
+                         seed=args.seed, log_every=args.log_every,
+                         eval_every=args.eval_every or steps_per_epoch, save_every=steps_per_epoch,
+                         max_nonfinite_steps=args.max_nonfinite_steps, progress=args.progress,
+                         desc="fine-tune")
+    metrics = MetricsLog(run.metrics, resume_step=state.step if resume else None)
+    t0 = time.perf_counter()
+    try:
+        state, _ = train(model, opt, task, cfg, state, metrics=metrics,
+                         checkpoint_path=run.checkpoint, device=device)
+    except TrainingError as e:
+        fail(str(e))
+    finally:
+        metrics.close()
+    seconds = time.perf_counter() - t0
+    if not run.best_model.exists():  # e.g. --resume of a run whose best was lost
+        task.evaluate(state.step)
 
     # ---- best model: test metrics, predictions, plots ---------------------------------
-    best_pre = load_pretrained(out)
+    best_pre = load_start(run.path)
     model, _ = build_classifier(best_pre, labels)
     model.to(device)
     summary = {"init": pre.source, "random_init": args.random_init, "labels": labels,
-               "best_step": best_step, "dev": None, "test": None, "steps": step,
-               "train_seconds_per_epoch": epoch_seconds, "max_seq_length": max_len}
-    summary["dev"], dev_probs = evaluate(model, dev, args.eval_batch_size, pad_id, xp)
-    write_predictions(out / "predictions_dev.tsv", dev, dev_probs, labels)
+               "best_step": task.best["step"], "dev": None, "test": None, "steps": state.step,
+               "epochs": args.epochs, "seconds_this_run": round(seconds, 1),
+               "seconds_total": round(state.elapsed_s, 1), "max_seq_length": max_len}
+    summary["dev"], dev_probs = evaluate(model, dev, args.eval_batch_size, 0, xp)
+    write_predictions(run.path / "predictions_dev.tsv", dev, dev_probs, labels)
     if test is not None:
-        summary["test"], test_probs = evaluate(model, test, args.eval_batch_size, pad_id, xp)
-        write_predictions(out / "predictions_test.tsv", test, test_probs, labels)
+        summary["test"], test_probs = evaluate(model, test, args.eval_batch_size, 0, xp)
+        write_predictions(run.path / "predictions_test.tsv", test, test_probs, labels)
         t = summary["test"]
-        print(f"test ({best_step=}): accuracy {t['accuracy']:.4f} macro-F1 "
+        print(f"test (best step {task.best['step']}): accuracy {t['accuracy']:.4f} macro-F1 "
               f"{t['macro_f1']:.4f} MCC {t['mcc']:.4f} ({t['n']} examples)")
     from minibert.viz import plot_training_curves
-    plot_training_curves(train_log, eval_log, out / "training_curves.png",
-                         title=f"fine-tuning from {pre.source}")
-    atomic_write(out / "summary.json",
-                 lambda f: f.write(json.dumps(summary, indent=2).encode("utf-8")))
-    print(f"wrote {out}/checkpoint.npz (best dev {args.metric} {best:.4f} at step "
-          f"{best_step}), predictions, training_curves.png, summary.json")
-    finish(args, model, tokenizer, labels, pre.vocab_file, pre.tokenizer_options, xp, out)
+    log = MetricsLog.read(run.metrics)
+    plot_training_curves([r for r in log if r["kind"] == "train"],
+                         [{k.removeprefix("dev_"): v for k, v in r.items()}
+                          for r in log if r["kind"] == "eval"],
+                         run.path / "training_curves.png", title=f"fine-tuning from {pre.source}")
+    atomic_write_json(run.summary, summary)
+    print(f"wrote {run.best_model} (best dev {args.metric} {task.best['metric']:.4f} at step "
+          f"{task.best['step']}), predictions, training_curves.png, summary.json")
+    finish(args, model, tokenizer, labels, pre.vocab_file, pre.tokenizer_options, xp, run.path)
     return 0
 
 

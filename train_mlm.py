@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Pretrain a BERT with masked-LM + next-sentence prediction (Devlin et al. 2019).
+"""Pretrain a BERT with masked-LM and a sentence-level objective (Devlin et al. 2019).
 
     python train_mlm.py                     # tiny BERT on the embedded English corpus
+    python train_mlm.py --objective mlm     # RoBERTa's full-sentences MLM, no NSP
     python train_mlm.py --preset mini --max-steps 20000 --device cuda
     python train_mlm.py --resume runs/pretrain      # continue from the last checkpoint
     python train_mlm.py --init-checkpoint runs/pretrain --corpus more.txt --output-dir runs/more
@@ -9,39 +10,47 @@
 
 Steps: learn a WordPiece vocab from the corpus (unless --vocab is given), tokenize the
 corpus into a cached token store, hold out whole documents for evaluation, then train
-with AdamW, warmup + linear decay and global-norm clipping. Writes to --output-dir:
-vocab.txt, checkpoint.npz (atomically, every --save-every steps and at the end),
-metrics.jsonl (one JSON object per line: "train" and "eval" records) and summary.json.
+with AdamW, warmup + linear decay and global-norm clipping in minibert.training's loop.
+Writes to --output-dir (see minibert.runs): vocab.txt, config.json, args.json,
+checkpoint.npz (every --save-every steps and at the end), metrics.jsonl ("train" and
+"eval" records) and summary.json, each file atomically.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from minibert import backend
-from minibert.checkpoint import (CheckpointError, atomic_copy, atomic_write, check_same_config,
-                                 load_checkpoint, save_checkpoint)
-from minibert.gradflow import grad_flow_record
+from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
+from minibert.checkpoint import CheckpointError, check_same_config, load_checkpoint
+from minibert.cli import (dropout_probability, fail as _fail, float_in, int_at_least,
+                          non_negative_float, non_negative_int, positive_float, positive_int,
+                          probability)
+from minibert.hf import HFFormatError, load_pretrained_weights
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
-from minibert.optim import AdamW, clip_grad_norm, linear_schedule_with_warmup
-from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store, iter_documents,
-                                  iterate_batches, make_eval_batches, resolve_corpus_files,
-                                  split_documents, token_counts, unigram_cross_entropy)
+from minibert.objectives import OBJECTIVES, get_objective
+from minibert.optim import AdamW
+from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
+                                  default_max_predictions, iter_documents, iterate_batches,
+                                  make_eval_batches, resolve_corpus_files, split_documents,
+                                  token_counts, unigram_cross_entropy)
+from minibert.runs import (MetricsLog, RunError, check_resumable, load_start, prepare_run_dir,
+                           write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece
+from minibert.training import TrainingConfig, TrainingError, TrainState, train
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
+DEFAULT_OBJECTIVE = "mlm+nsp"
 
 # Arguments that must match between a checkpoint's run and a resumed run: they decide the
 # data stream and the schedule, so changing them would not continue the same curve.
-RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase", "seed", "max_seq_length",
-                "batch_size", "masking", "dupe_factor", "short_seq_prob", "masked_lm_prob",
+RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase", "seed",
+                "objective", "max_seq_length", "batch_size", "gradient_accumulation_steps",
+                "masking", "dupe_factor", "short_seq_prob", "masked_lm_prob",
                 "max_predictions_per_seq", "whole_word_mask", "eval_fraction", "max_steps",
                 "lr", "warmup_steps", "weight_decay", "correct_bias", "max_grad_norm",
                 "label_smoothing", "dtype", "init_checkpoint")
@@ -58,44 +67,55 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "a blank line between documents")
     g.add_argument("--vocab", default=None,
                    help="WordPiece vocab.txt to use; if absent one is learned from the corpus")
-    g.add_argument("--vocab-size", type=int, default=8192, help="size of a learned vocab")
+    g.add_argument("--vocab-size", type=int_at_least(8), default=8192,
+                   help="size of a learned vocab")
     g.add_argument("--vocab-algorithm", default=None,
                    help="merge criterion of the vocab trainer (see python -m "
                         "minibert.tokenization train --help); default: the trainer's")
     g.add_argument("--no-lowercase", dest="lowercase", action="store_false",
                    help="keep case (lower-casing and accent stripping are on by default)")
-    g.add_argument("--max-seq-length", type=int, default=32,
+    g.add_argument("--objective", choices=sorted(OBJECTIVES), default=DEFAULT_OBJECTIVE,
+                   help="mlm+nsp: BERT's sentence pairs with next-sentence prediction; mlm: "
+                        "RoBERTa's full sentences packed across documents, MLM only; "
+                        "mlm+sop: ALBERT's sentence-order prediction")
+    g.add_argument("--max-seq-length", type=int_at_least(5), default=32,
                    help="tokens per sequence (short sequences make a tiny model learn to use "
                         "context sooner on a small corpus; BERT used 128, then 512)")
-    g.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked")
-    g.add_argument("--max-predictions-per-seq", type=int, default=20,
-                   help="cap on masked positions per sequence")
-    g.add_argument("--short-seq-prob", type=float, default=0.1,
+    g.add_argument("--masked-lm-prob", type=float_in(0.0, 1.0, low_open=True), default=0.15,
+                   help="share of tokens masked (BERT 0.15; Wettig et al. 2023 find up to "
+                        "0.4 works)")
+    g.add_argument("--max-predictions-per-seq", type=positive_int, default=None,
+                   help="masked positions per sequence, P of every batch (default: "
+                        "ceil(max_seq_length * masked_lm_prob))")
+    g.add_argument("--short-seq-prob", type=probability, default=0.1,
                    help="probability of a shorter target length (as google-research/bert)")
     g.add_argument("--masking", choices=["dynamic", "static"], default="dynamic",
                    help="fresh masks every epoch, or dupe_factor fixed versions as the reference")
-    g.add_argument("--dupe-factor", type=int, default=10,
+    g.add_argument("--dupe-factor", type=positive_int, default=10,
                    help="distinct pairings (and static maskings) of the corpus before repeating")
     g.add_argument("--whole-word-mask", action="store_true",
                    help="mask all WordPiece pieces of a chosen word together")
-    g.add_argument("--eval-fraction", type=float, default=0.02,
+    g.add_argument("--eval-fraction", type=float_in(0.0, 1.0, high_open=True), default=0.02,
                    help="share of documents held out for evaluation")
-    g.add_argument("--eval-instances", type=int, default=1024,
+    g.add_argument("--eval-instances", type=positive_int, default=1024,
                    help="held-out sequences evaluated each time")
 
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                    help=f"model size (Turc et al. 2019 sizes): {presets}")
-    g.add_argument("--num-hidden-layers", type=int, help="override the preset's layers")
-    g.add_argument("--hidden-size", type=int, help="override the preset's hidden size")
-    g.add_argument("--num-attention-heads", type=int, help="override the preset's heads")
-    g.add_argument("--intermediate-size", type=int, help="override the feed-forward width")
+    g.add_argument("--num-hidden-layers", type=positive_int, help="override the preset's layers")
+    g.add_argument("--hidden-size", type=positive_int, help="override the preset's hidden size")
+    g.add_argument("--num-attention-heads", type=positive_int,
+                   help="override the preset's heads")
+    g.add_argument("--intermediate-size", type=positive_int,
+                   help="override the feed-forward width")
     g.add_argument("--hidden-act", choices=["gelu", "gelu_new", "relu"], default="gelu",
                    help="feed-forward activation (gelu = exact erf form)")
-    g.add_argument("--hidden-dropout-prob", type=float, default=0.1, help="dropout")
-    g.add_argument("--attention-probs-dropout-prob", type=float, default=0.1,
+    g.add_argument("--hidden-dropout-prob", type=dropout_probability, default=0.1,
+                   help="dropout")
+    g.add_argument("--attention-probs-dropout-prob", type=dropout_probability, default=0.1,
                    help="dropout on attention probabilities")
-    g.add_argument("--max-position-embeddings", type=int, default=512,
+    g.add_argument("--max-position-embeddings", type=positive_int, default=512,
                    help="longest sequence the model can take")
     g.add_argument("--position-embedding-type", choices=["absolute", "sinusoidal"],
                    default="absolute", help="learned (BERT) or fixed sinusoidal positions")
@@ -103,19 +123,28 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="LayerNorm after the residual sum (BERT) or before each sub-layer")
 
     g = p.add_argument_group("training")
-    g.add_argument("--max-steps", type=int, default=3000, help="optimizer steps")
-    g.add_argument("--batch-size", type=int, default=128, help="sequences per step")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    g.add_argument("--warmup-steps", type=int, default=None,
+    g.add_argument("--max-steps", type=positive_int, default=3000, help="optimizer steps")
+    g.add_argument("--batch-size", type=positive_int, default=128,
+                   help="sequences per micro-batch (per step: batch size x accumulation)")
+    g.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
+                   help="micro-batches whose gradients are summed (each weighted 1/k) per step")
+    g.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate")
+    g.add_argument("--warmup-steps", type=non_negative_int, default=None,
                    help="linear warmup steps (default: 10%% of --max-steps)")
-    g.add_argument("--weight-decay", type=float, default=0.01,
-                   help="decoupled weight decay (not on LayerNorm and biases)")
+    g.add_argument("--weight-decay", type=non_negative_float, default=0.01,
+                   help="decoupled weight decay (weight matrices only, not LayerNorm or biases)")
     g.add_argument("--no-correct-bias", dest="correct_bias", action="store_false",
                    help="Adam without bias correction, as BERT's optimizer; over the first "
                         "~1000 steps that acts as a several times larger learning rate")
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping")
-    g.add_argument("--label-smoothing", type=float, default=0.0, help="MLM label smoothing")
-    g.add_argument("--seed", type=int, default=0, help="seed of weights, data and dropout")
+    g.add_argument("--max-grad-norm", type=non_negative_float, default=1.0,
+                   help="global-norm clipping threshold (0: no clipping)")
+    g.add_argument("--max-nonfinite-steps", type=positive_int, default=5,
+                   help="stop after this many steps in a row with a non-finite loss or "
+                        "gradient norm (each such step is skipped)")
+    g.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.0,
+                   help="MLM label smoothing")
+    g.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed of weights, data and dropout")
     g.add_argument("--device", choices=list(backend.DEVICES), default=None,
                    help="cpu (NumPy) or cuda (CuPy); default: $MINIBERT_DEVICE or cpu")
     g.add_argument("--dtype", choices=["float32", "float64"], default="float32",
@@ -123,31 +152,40 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", default="runs/pretrain", help="where everything is written")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --output-dir (default: refuse to write over it)")
     g.add_argument("--init-checkpoint", default=None, metavar="DIR_OR_FILE",
-                   help="start from the weights (and config and vocab) of this train_mlm.py "
-                        "run or checkpoint, with a fresh optimizer and schedule "
-                        "(google-research/bert's init_checkpoint); architecture options "
-                        "are then taken from it")
-    g.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR_OR_FILE",
-                   help="continue from a checkpoint (default: OUTPUT_DIR/checkpoint.npz)")
-    g.add_argument("--log-every", type=int, default=10, help="steps between train records")
-    g.add_argument("--log-grad-norms", type=int, default=0, metavar="N",
+                   help="start from the weights (and config and vocab) of a train_mlm.py "
+                        "run, a checkpoint or a Hugging Face BERT directory, with a fresh "
+                        "optimizer and schedule (google-research/bert's init_checkpoint); "
+                        "architecture options are then taken from it")
+    g.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
+                   help="continue the run in DIR (default: --output-dir) from its checkpoint")
+    g.add_argument("--log-every", type=positive_int, default=10,
+                   help="steps between train records")
+    g.add_argument("--log-grad-norms", type=non_negative_int, default=0, metavar="N",
                    help="every N steps, record per-layer gradient norms and update/weight "
-                        "ratios in metrics.jsonl (type grad_flow; plot: python -m "
+                        "ratios in metrics.jsonl (kind grad_flow; plot: python -m "
                         "minibert.gradflow); 0 = off")
-    g.add_argument("--eval-every", type=int, default=250, help="steps between evaluations")
-    g.add_argument("--save-every", type=int, default=250, help="steps between checkpoints")
+    g.add_argument("--eval-every", type=positive_int, default=250,
+                   help="steps between evaluations")
+    g.add_argument("--save-every", type=positive_int, default=250,
+                   help="steps between checkpoints")
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
     args = p.parse_args(argv)
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.max_steps // 10)
+    if args.max_predictions_per_seq is None:
+        args.max_predictions_per_seq = default_max_predictions(args.max_seq_length,
+                                                               args.masked_lm_prob)
+    if args.resume:
+        args.output_dir = args.resume
     return args
 
 
-def fail(message: str) -> None:
-    print(f"train_mlm.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
+def fail(message: str):
+    _fail("train_mlm.py", message)
 
 
 def build_config(args, vocab_size: int) -> BertConfig:
@@ -156,80 +194,83 @@ def build_config(args, vocab_size: int) -> BertConfig:
     if "hidden_size" in overrides:
         overrides.setdefault("num_attention_heads", max(1, overrides["hidden_size"] // 64))
         overrides.setdefault("intermediate_size", 4 * overrides["hidden_size"])
-    config = BertConfig.from_preset(
+    return BertConfig.from_preset(
         args.preset, vocab_size=vocab_size, hidden_act=args.hidden_act,
         hidden_dropout_prob=args.hidden_dropout_prob,
         attention_probs_dropout_prob=args.attention_probs_dropout_prob,
         max_position_embeddings=args.max_position_embeddings,
         position_embedding_type=args.position_embedding_type,
         norm_position=args.norm_position, **overrides)
-    return config
 
 
-def get_tokenizer(args, out: Path, files) -> BertTokenizer:
+def get_tokenizer(args, run, files, objective, resume: bool) -> BertTokenizer:
     """The given vocab (copied into the run directory, so the run is self-contained for
     finetune.py), the run's own vocab.txt (on resume), or a newly learned one."""
-    vocab_path = Path(args.vocab) if args.vocab else out / "vocab.txt"
-    if args.vocab and vocab_path.is_file():
-        atomic_copy(vocab_path, out / "vocab.txt")
-    if not args.vocab and not vocab_path.exists():
-        # read the corpus once first: bad bytes, an empty corpus or a single document are
+    if resume and run.vocab.is_file():
+        pass
+    elif args.vocab:
+        if not Path(args.vocab).is_file():
+            raise CorpusError(f"--vocab {args.vocab}: no such file")
+        atomic_copy(args.vocab, run.vocab)
+    else:
+        # read the corpus once first: bad bytes, an empty corpus or too few documents are
         # reported with file and line before any time goes into learning a vocab
         documents = sum(1 for _ in iter_documents(files))
         where = ", ".join(map(str, files))
         if documents == 0:
             raise CorpusError(f"{where}: the corpus is empty (no non-blank line)")
-        if documents < 2:
-            raise CorpusError(f"{where}: one document only; NSP needs at least 2 "
+        if documents < objective.min_documents:
+            raise CorpusError(f"{where}: {documents} document(s); --objective "
+                              f"{objective.name} needs at least {objective.min_documents} "
                               "(separate documents with a blank line)")
-        print(f"learning a {args.vocab_size}-token WordPiece vocab from "
-              f"{', '.join(str(f) for f in files)}")
+        print(f"learning a {args.vocab_size}-token WordPiece vocab from {where}")
         t0 = time.time()
         algorithm = {"algorithm": args.vocab_algorithm} if args.vocab_algorithm else {}
         train_wordpiece([str(f) for f in files], vocab_size=args.vocab_size,
-                        lowercase=args.lowercase, output=str(vocab_path),
+                        lowercase=args.lowercase, output=str(run.vocab),
                         show_progress=args.progress, **algorithm)
-        print(f"vocab written to {vocab_path} in {time.time() - t0:.1f} s")
-    return BertTokenizer(str(vocab_path), do_lower_case=args.lowercase)
+        print(f"vocab written to {run.vocab} in {time.time() - t0:.1f} s")
+    return BertTokenizer(str(run.vocab), do_lower_case=args.lowercase)
 
 
-def to_device(batch, xp):
-    return {k: xp.asarray(getattr(batch, k)) for k in
-            ("input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label")}
+class PretrainTask:
+    """The pretraining job for :func:`minibert.training.train`."""
 
+    def __init__(self, args, objective, store, vocab, eval_batches, model, xp):
+        self.args, self.objective, self.store, self.vocab = args, objective, store, vocab
+        self.eval_batches, self.model, self.xp = eval_batches, model, xp
+        self.evaluate = self._evaluate if eval_batches else None
+        self.data_kw = dict(masking=args.masking, dupe_factor=args.dupe_factor,
+                            short_seq_prob=args.short_seq_prob,
+                            masked_lm_prob=args.masked_lm_prob,
+                            max_predictions_per_seq=args.max_predictions_per_seq,
+                            whole_word_mask=args.whole_word_mask)
 
-def batch_stats(out, inputs, xp) -> dict:
-    """Sums for the metrics of one batch, on the device: loss * count, correct counts."""
-    labels = inputs["labels"][out.mlm_positions]
-    nsp = inputs["next_sentence_label"]
-    return {
-        "mlm_loss_sum": out.mlm_loss * labels.shape[0],
-        "mlm_correct": (out.prediction_logits.argmax(-1) == labels).sum(),
-        "mlm_count": labels.shape[0],
-        "nsp_loss_sum": out.nsp_loss * nsp.shape[0],
-        "nsp_correct": (out.seq_relationship_logits.argmax(-1) == nsp).sum(),
-        "nsp_count": nsp.shape[0],
-    }
+    def batches(self, epoch: int, start_batch: int):
+        return iterate_batches(self.store, self.vocab, self.objective, self.args.batch_size,
+                               self.args.max_seq_length, epoch=epoch, seed=self.args.seed,
+                               start_batch=start_batch, **self.data_kw)
 
-
-def summarize(sums: list[dict]) -> dict:
-    """Host floats from per-batch sums: mean losses (nats) and accuracies."""
-    tot = {k: sum(float(s[k]) for s in sums) for k in sums[0]}
-    return {"mlm_loss": tot["mlm_loss_sum"] / max(tot["mlm_count"], 1),
-            "mlm_acc": tot["mlm_correct"] / max(tot["mlm_count"], 1),
-            "nsp_loss": tot["nsp_loss_sum"] / max(tot["nsp_count"], 1),
-            "nsp_acc": tot["nsp_correct"] / max(tot["nsp_count"], 1)}
-
-
-def evaluate(model, eval_batches, xp) -> dict:
-    model.eval()
-    sums = []
-    for b in eval_batches:
-        inputs = to_device(b, xp)
+    def forward(self, model, batch):
+        inputs = {k: self.xp.asarray(v) for k, v in batch.model_inputs().items()}
         out = model(**inputs)
-        sums.append(batch_stats(out, inputs, xp))
-    model.train()
-    return summarize(sums)
+        return out.loss, self.objective.stats(out, inputs)
+
+    def summarize(self, totals: dict) -> dict:
+        return self.objective.summarize(totals)
+
+    def _evaluate(self, step: int) -> dict:
+        self.model.eval()
+        totals: dict = {}
+        for b in self.eval_batches:
+            _, sums = self.forward(self.model, b)
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+        return self.summarize(totals)
+
+    def trainer_record(self) -> dict:
+        return {"job": "pretrain", "args": {k: getattr(self.args, k) for k in RESUME_FIXED},
+                "tokenizer": {"do_lower_case": self.args.lowercase}}
 
 
 def main(argv=None) -> int:
@@ -239,222 +280,153 @@ def main(argv=None) -> int:
     except backend.BackendError as e:
         fail(str(e))
     xp = backend.xp_for(device)
-    out = Path(args.output_dir)
-    ckpt_path = out / "checkpoint.npz"
-    init_state = None
-    if args.init_checkpoint:
-        src = Path(args.init_checkpoint)
-        src = src / "checkpoint.npz" if src.is_dir() else src
-        beside = src.parent / "vocab.txt"
-        if args.resume is None and src.parent.resolve() == out.resolve():
-            fail(f"--init-checkpoint {src} is in the output directory {out}; this new run "
-                 "would overwrite it: pass another --output-dir")
-        if args.vocab is None:
-            if not beside.is_file():
-                fail(f"--init-checkpoint {src}: no vocab.txt beside it; pass --vocab")
-            args.vocab = str(beside)
-        elif beside.is_file() and Path(args.vocab).is_file() and \
-                Path(args.vocab).read_bytes() != beside.read_bytes():
-            fail(f"--vocab {args.vocab} differs from {beside}, the vocab the weights of "
-                 f"{src} were trained with")
-        if args.resume is None:  # on resume the weights come from the resumed checkpoint
-            try:
-                init_state = load_checkpoint(src)
-            except CheckpointError as e:
-                fail(f"--init-checkpoint: {e}")
-            saved = init_state["trainer"].get("args", {})
-            if "lowercase" in saved and saved["lowercase"] != args.lowercase:
-                fail(f"--init-checkpoint {src} was trained with lowercase={saved['lowercase']}"
-                     f"; this run has lowercase={args.lowercase} (add or drop --no-lowercase)")
-    resume_state = None
-    if args.resume is not None:
-        src = Path(args.resume) if args.resume else ckpt_path
-        src = src / "checkpoint.npz" if src.is_dir() else src
-        try:
-            resume_state = load_checkpoint(src)
-        except CheckpointError as e:
-            fail(str(e))
-        saved_args = resume_state["trainer"].get("args", {})
-        diffs = [f"--{k.replace('_', '-')}: checkpoint {saved_args.get(k)!r}, now {getattr(args, k)!r}"
-                 for k in RESUME_FIXED if k in saved_args and saved_args[k] != getattr(args, k)]
-        if diffs:
-            fail(f"cannot resume from {src}: the run's settings differ: " + "; ".join(diffs))
-        ckpt_path = src
-        out = src.parent
-    out.mkdir(parents=True, exist_ok=True)
-
+    objective = get_objective(args.objective)
+    resume = args.resume is not None
+    start = None
     try:
+        if args.init_checkpoint and not resume:
+            start = load_start(args.init_checkpoint, "--init-checkpoint")
+            if start.tokenizer_options.get("do_lower_case", True) != args.lowercase:
+                raise RunError(f"--init-checkpoint {args.init_checkpoint} lower-cases="
+                               f"{start.tokenizer_options.get('do_lower_case', True)}; this "
+                               f"run has lowercase={args.lowercase} (add or drop --no-lowercase)")
+            if args.vocab and Path(args.vocab).read_bytes() != start.vocab_file.read_bytes():
+                raise RunError(f"--vocab {args.vocab} differs from {start.vocab_file}, the "
+                               f"vocab the weights of --init-checkpoint were trained with")
+            args.vocab = str(start.vocab_file)
+        run = prepare_run_dir(args.output_dir, "pretrain", resume=resume,
+                              overwrite=args.overwrite)
+        resumed = load_checkpoint(run.checkpoint) if resume else None
+        if resumed is not None:
+            if args.vocab is None:  # e.g. the vocab an --init-checkpoint run took over
+                args.vocab = resumed["trainer"].get("args", {}).get("vocab")
+            check_resumable(resumed["trainer"].get("args", {}), vars(args), RESUME_FIXED,
+                            str(run.checkpoint))
         files = resolve_corpus_files(args.corpus)
-        tokenizer = get_tokenizer(args, out, files)
-        store = build_or_load_store(files, tokenizer, cache_dir=out / "cache",
-                                    show_progress=args.progress)
+        tokenizer = get_tokenizer(args, run, files, objective, resume)
+        store = build_or_load_store(files, tokenizer, cache_dir=run.path / "cache",
+                                    show_progress=args.progress,
+                                    min_documents=objective.min_documents)
         train_store, eval_store = split_documents(store, eval_fraction=args.eval_fraction,
-                                                  seed=args.seed)
-        if args.init_checkpoint:  # the architecture of the run started from (or resumed)
-            config = (resume_state or init_state)["config"]
-            if config.vocab_size != len(tokenizer):
-                raise ValueError(f"--init-checkpoint {args.init_checkpoint}: its vocab_size is "
-                                 f"{config.vocab_size}, the vocab has {len(tokenizer)} tokens")
+                                                  seed=args.seed,
+                                                  min_documents=objective.min_documents)
+        if resumed is not None:
+            config = resumed["config"]
+        elif start is not None:
+            config = start.config
         else:
             config = build_config(args, len(tokenizer))
+        if config.vocab_size < len(tokenizer):
+            raise RunError(f"the model's vocab_size {config.vocab_size} is smaller than the "
+                           f"vocab's {len(tokenizer)} tokens")
         if args.max_seq_length > config.max_position_embeddings:
-            raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds "
-                             f"max_position_embeddings {config.max_position_embeddings}")
-    except (CorpusError, ValueError, OSError) as e:
+            raise RunError(f"--max-seq-length {args.max_seq_length} exceeds "
+                           f"max_position_embeddings {config.max_position_embeddings}")
+    except (CorpusError, RunError, CheckpointError, HFFormatError, ValueError) as e:
         fail(str(e))
-    single = float(np.mean(train_store.sentences_per_document() == 1))  # >= 2 documents
-    if single > 0.5:
-        # google-research/bert pairs a one-sentence chunk only with a random B, so such
-        # documents give NSP nothing but "random next" examples.
-        print(f"warning: {single:.0%} of the {train_store.num_documents} training documents "
-              "hold a single sentence, so their NSP pairs are always random and NSP is nearly "
-              "a constant task; the corpus format is one sentence per line with a blank line "
-              "between documents, not between sentences", file=sys.stderr)
+    except OSError as e:
+        fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
+    if objective.sentence_task == "nsp":
+        single = float(np.mean(train_store.sentences_per_document() == 1))
+        if single > 0.5:
+            # google-research/bert pairs a one-sentence chunk only with a random B, so
+            # such documents give NSP nothing but "random next" examples.
+            print(f"warning: {single:.0%} of the {train_store.num_documents} training "
+                  "documents hold a single sentence, so their NSP pairs are always random "
+                  "and NSP is nearly a constant task; the corpus format is one sentence per "
+                  "line with a blank line between documents, not between sentences",
+                  file=sys.stderr)
     vocab = VocabInfo.from_tokenizer(tokenizer)
-    dtype = np.dtype(args.dtype)
-
-    model = BertForPreTraining(config, seed=args.seed, dtype=dtype,
-                               label_smoothing=args.label_smoothing)
-    step, epoch, batch_in_epoch = 0, 0, 0
-    if init_state is not None:
-        try:
-            model.load_state_dict(init_state["model"])
-        except (KeyError, ValueError) as e:
-            fail(f"--init-checkpoint {args.init_checkpoint}: {e}")
-        print(f"weights from {args.init_checkpoint}")
-        init_state = None  # the weights are in the model now
-    if resume_state is not None:
-        try:
-            check_same_config(resume_state["config"], config, str(ckpt_path))
-            model.load_state_dict(resume_state["model"])
-        except (CheckpointError, KeyError, ValueError) as e:
-            fail(str(e))
+    model = BertForPreTraining(config, seed=args.seed, dtype=np.dtype(args.dtype),
+                               label_smoothing=args.label_smoothing,
+                               seq_relationship_head=objective.sentence_task is not None)
+    state = TrainState()
+    try:
+        if start is not None:
+            report = load_pretrained_weights(model, start.state, start.source)
+            print(f"weights from {start.source}; new: {report['new'] or 'none'}; "
+                  f"not used: {report['unused'] or 'none'}")
+        if resumed is not None:
+            check_same_config(resumed["config"], config, str(run.checkpoint))
+            model.load_state_dict(resumed["model"])
+    except (CheckpointError, HFFormatError, KeyError, ValueError) as e:
+        fail(str(e))
+    start = None  # the weights are in the model now
     model.to(device)
     optimizer = AdamW(model.named_parameters(), lr=args.lr, weight_decay=args.weight_decay,
                       correct_bias=args.correct_bias)
-    if resume_state is not None:
+    if resumed is not None:
         try:
-            optimizer.load_state_dict(resume_state["optim"])
+            optimizer.load_state_dict(resumed["optim"])
         except (KeyError, ValueError) as e:
-            fail(f"checkpoint {ckpt_path}: {e}")
-        t = resume_state["trainer"]
-        step, epoch, batch_in_epoch = t["step"], t["epoch"], t["batch_in_epoch"]
-        print(f"resuming from {ckpt_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
-    atomic_write(out / "config.json", lambda f: f.write(config.to_json().encode()))
+            fail(f"checkpoint {run.checkpoint}: {e}")
+        state = TrainState.from_dict(resumed["trainer"])
+        print(f"resuming {run.checkpoint} at step {state.step} (epoch {state.epoch}, batch "
+              f"{state.batch_in_epoch})")
+        resumed = None
+    atomic_write_bytes(run.config, config.to_json().encode())
+    write_args(run, vars(args))
 
-    data_kw = dict(masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
-                   max_predictions_per_seq=args.max_predictions_per_seq,
-                   whole_word_mask=args.whole_word_mask)
-    eval_batches = make_eval_batches(eval_store, vocab, args.batch_size, args.max_seq_length,
-                                     seed=args.seed + 1, max_instances=args.eval_instances,
-                                     **data_kw)
-    baseline = nsp_majority = None
+    eval_batches = make_eval_batches(eval_store, vocab, objective, args.batch_size,
+                                     args.max_seq_length, seed=args.seed + 1,
+                                     max_instances=args.eval_instances,
+                                     short_seq_prob=args.short_seq_prob,
+                                     masked_lm_prob=args.masked_lm_prob,
+                                     max_predictions_per_seq=args.max_predictions_per_seq,
+                                     whole_word_mask=args.whole_word_mask)
+    reference = {}
     if eval_batches:  # none when --eval-fraction is 0
         counts = token_counts(train_store, config.vocab_size)
-        baseline = unigram_cross_entropy(counts, [b.labels for b in eval_batches])
-        # A reference point for NSP accuracy: always guessing the commoner label. At short
-        # max_seq_length most chunks hold one segment, which the reference always pairs
-        # with a random B.
-        random_share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
-        nsp_majority = max(random_share, 1.0 - random_share)
-    arch = f"config of {args.init_checkpoint}" if args.init_checkpoint else f"{args.preset} preset"
-    print(f"model: {arch}, {model.num_parameters():,} parameters, vocab "
-          f"{config.vocab_size}; train documents {train_store.num_documents}, tokens "
+        labels = [np.where(b.masked_lm_weights > 0, b.masked_lm_ids, -100) for b in eval_batches]
+        reference["unigram_baseline"] = unigram_cross_entropy(counts, labels)
+        if objective.sentence_task:
+            # always guessing the commoner label: at short max_seq_length most NSP chunks
+            # hold one segment, which the reference always pairs with a random B
+            share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
+            reference[f"{objective.sentence_task}_majority"] = max(share, 1.0 - share)
+    arch = (f"config of {args.init_checkpoint}" if args.init_checkpoint
+            else f"{args.preset} preset")
+    print(f"model: {arch}, {model.num_parameters():,} parameters, vocab {config.vocab_size}; "
+          f"objective {objective.name}; train documents {train_store.num_documents}, tokens "
           f"{train_store.num_tokens:,}; held-out documents {eval_store.num_documents}, "
           f"{sum(len(b.input_ids) for b in eval_batches)} sequences"
-          + (f"; unigram baseline {baseline:.3f} nats, NSP majority label "
-             f"{nsp_majority:.3f}" if eval_batches else ""))
+          + "".join(f"; {k.replace('_', ' ')} {v:.3f}" for k, v in reference.items()))
 
-    # metrics.jsonl: keep the records up to the resumed step, so the file is one curve.
-    metrics_path = out / "metrics.jsonl"
-    kept = []
-    if resume_state is not None and metrics_path.exists():
-        kept = [line for line in metrics_path.read_text().splitlines()
-                if line and json.loads(line)["step"] <= step]
-    atomic_write(metrics_path, lambda f: f.write("".join(l + "\n" for l in kept).encode()))
-    metrics_file = metrics_path.open("a")
-
-    def log(record: dict) -> None:
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
-
-    def trainer_state() -> dict:
-        return {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
-                "args": {k: getattr(args, k) for k in RESUME_FIXED}}
-
-    bar = tqdm(total=args.max_steps, initial=step, disable=not args.progress, desc="pretrain",
-               dynamic_ncols=True)
-    window, grad_norms, tokens, t_window = [], [], 0, time.perf_counter()
-    t_start = time.perf_counter()
-    last_eval = None
-    model.train()
-    while step < args.max_steps:
-        batches = iterate_batches(train_store, vocab, args.batch_size, args.max_seq_length,
-                                  epoch=epoch, seed=args.seed, start_batch=batch_in_epoch,
-                                  masking=args.masking, dupe_factor=args.dupe_factor, **data_kw)
-        for batch in batches:
-            lr = linear_schedule_with_warmup(step, args.lr, args.warmup_steps, args.max_steps)
-            model.set_dropout_rng(backend.make_rng(backend.derive_seed(args.seed, step), device))
-            inputs = to_device(batch, xp)
-            model.zero_grad()
-            outputs = model(**inputs)
-            loss = float(outputs.loss)
-            if not math.isfinite(loss):
-                bar.close()
-                fail(f"loss is {loss} at step {step}: stopping; the last good checkpoint "
-                     f"({ckpt_path if ckpt_path.exists() else 'none written yet'}) is kept")
-            model.backward()
-            grad_norm = clip_grad_norm(model.parameters(), args.max_grad_norm)
-            optimizer.step(lr)
-            if args.log_grad_norms and (step + 1) % args.log_grad_norms == 0:
-                log(grad_flow_record(step + 1, model, optimizer, lr, grad_norm))
-            step += 1
-            batch_in_epoch += 1
-            window.append(batch_stats(outputs, inputs, xp))
-            grad_norms.append(grad_norm)
-            tokens += int(batch.attention_mask.sum())
-            if step % args.log_every == 0 or step == args.max_steps:
-                now = time.perf_counter()
-                m = summarize(window)
-                rec = {"type": "train", "step": step, "epoch": epoch, "lr": lr,
-                       "loss": m["mlm_loss"] + m["nsp_loss"], **m,
-                       "grad_norm": sum(float(g) for g in grad_norms) / len(grad_norms),
-                       "tokens_per_s": tokens / (now - t_window),
-                       "elapsed_s": now - t_start}
-                log(rec)
-                bar.set_postfix(loss=f"{rec['loss']:.3f}", mlm_acc=f"{m['mlm_acc']:.3f}",
-                                nsp_acc=f"{m['nsp_acc']:.3f}", lr=f"{lr:.2e}",
-                                tok_s=f"{rec['tokens_per_s']:.0f}")
-                window, grad_norms, tokens, t_window = [], [], 0, now
-            bar.update(1)
-            if eval_batches and (step % args.eval_every == 0 or step == args.max_steps):
-                last_eval = evaluate(model, eval_batches, xp)
-                log({"type": "eval", "step": step, **last_eval, "unigram_baseline": baseline,
-                     "nsp_majority": nsp_majority})
-                bar.write(f"step {step}: held-out mlm_loss {last_eval['mlm_loss']:.3f} "
-                          f"(unigram {baseline:.3f}) mlm_acc {last_eval['mlm_acc']:.3f} "
-                          f"nsp_acc {last_eval['nsp_acc']:.3f} (majority {nsp_majority:.3f})")
-            if step % args.save_every == 0 or step == args.max_steps:
-                save_checkpoint(ckpt_path, model, optimizer, trainer_state())
-            if step >= args.max_steps:
-                break
-        else:
-            epoch, batch_in_epoch = epoch + 1, 0
-    bar.close()
-    metrics_file.close()
-
-    summary = {"steps": step, "epochs_started": epoch + 1,
-               "seconds_this_run": round(time.perf_counter() - t_start, 1),
+    task = PretrainTask(args, objective, train_store, vocab, eval_batches, model, xp)
+    cfg = TrainingConfig(max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup_steps,
+                         max_grad_norm=args.max_grad_norm,
+                         gradient_accumulation_steps=args.gradient_accumulation_steps,
+                         seed=args.seed, log_every=args.log_every, eval_every=args.eval_every,
+                         save_every=args.save_every,
+                         max_nonfinite_steps=args.max_nonfinite_steps,
+                         log_grad_norms=args.log_grad_norms, progress=args.progress,
+                         desc="pretrain")
+    metrics = MetricsLog(run.metrics, resume_step=state.step if resume else None)
+    t0 = time.perf_counter()
+    try:
+        state, last_eval = train(model, optimizer, task, cfg, state, metrics=metrics,
+                                 checkpoint_path=run.checkpoint, device=device)
+    except (TrainingError, CorpusError) as e:
+        fail(str(e))
+    finally:
+        metrics.close()
+    if last_eval is None and task.evaluate is not None:  # e.g. --resume of a finished run
+        last_eval = {"step": state.step, **task.evaluate(state.step)}
+    summary = {"objective": objective.name, "steps": state.step, "epochs_started": state.epoch + 1,
+               "seconds_this_run": round(time.perf_counter() - t0, 1),
+               "seconds_total": round(state.elapsed_s, 1),
                "parameters": model.num_parameters(), "vocab_size": config.vocab_size,
-               "unigram_baseline": baseline, "nsp_majority": nsp_majority, **{"eval_" + k: v for k, v in (last_eval or {}).items()},
-               "checkpoint": str(ckpt_path)}
-    atomic_write(out / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
-    print("summary: " + json.dumps(summary, indent=2))
-    if last_eval:
+               **reference,
+               **{"eval_" + k: v for k, v in (last_eval or {}).items()
+                  if k not in ("kind", "step", "elapsed_s")},
+               "checkpoint": str(run.checkpoint)}
+    atomic_write_json(run.summary, summary)
+    print("summary: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in summary.items()))
+    if last_eval and "unigram_baseline" in reference:
+        base = reference["unigram_baseline"]
         print(f"held-out MLM loss {last_eval['mlm_loss']:.3f} nats vs unigram baseline "
-              f"{baseline:.3f} ({baseline - last_eval['mlm_loss']:+.3f} better); "
-              f"NSP accuracy {last_eval['nsp_acc']:.3f} vs {nsp_majority:.3f} by always "
-              f"guessing the commoner label")
+              f"{base:.3f} ({base - last_eval['mlm_loss']:+.3f} better)")
     return 0
 
 

@@ -5,20 +5,19 @@ Layout of the archive (NumPy ``.npz``, no pickles):
     ``optim/<key>``   AdamW moments and step count (``AdamW.state_dict``);
     ``meta``          UTF-8 JSON: {"format", "config", "trainer"} as a uint8 array.
 
-Files are written atomically: to a temporary file in the same directory, flushed and
-fsync-ed, then renamed over the target, so a crash mid-write never damages the last good
-checkpoint.
+Files are written atomically (:mod:`minibert.atomic`), so a crash mid-write never damages
+the last good checkpoint.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .atomic import atomic_write
 from .modeling import BertConfig
 
 FORMAT = "minibert-checkpoint-1"
@@ -26,38 +25,6 @@ FORMAT = "minibert-checkpoint-1"
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that does not fit the model it is loaded into."""
-
-
-def atomic_write(path: str | os.PathLike, write) -> Path:
-    """Call ``write(fileobj)`` on a temporary file beside ``path``, then rename it to
-    ``path``. Returns the final path. The temporary file is removed on failure."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
-    """Copy the file ``src`` to ``dst`` with :func:`atomic_write`; nothing is done when both
-    name the same file. Returns ``dst``.
-
-    Raises:
-        OSError: ``src`` cannot be read or ``dst`` written.
-    """
-    src, dst = Path(src), Path(dst)
-    if dst.exists() and src.resolve() == dst.resolve():
-        return dst
-    data = src.read_bytes()
-    return atomic_write(dst, lambda f: f.write(data))
 
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None,

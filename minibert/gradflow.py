@@ -135,9 +135,9 @@ def grad_flow_stats(model, optimizer: AdamW | None = None, lr: float | None = No
 
 def grad_flow_record(step: int, model, optimizer: AdamW | None = None, lr: float | None = None,
                      total_grad_norm=None) -> dict:
-    """A metrics.jsonl record: {"type": "grad_flow", "step": step, "grad_norm": {...},
+    """A metrics.jsonl record: {"kind": "grad_flow", "step": step, "grad_norm": {...},
     "weight_norm": {...}, "update_ratio": {...}} (see :func:`grad_flow_stats`)."""
-    return {"type": "grad_flow", "step": int(step),
+    return {"kind": "grad_flow", "step": int(step),
             **grad_flow_stats(model, optimizer, lr, total_grad_norm)}
 
 
@@ -158,7 +158,7 @@ def read_grad_flow(path: str | Path) -> list[dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-            if rec.get("type") == "grad_flow":
+            if rec.get("kind") == "grad_flow":
                 records.append(rec)
     if not records:
         raise ValueError(f"{path}: no grad_flow records (train with --log-grad-norms N)")

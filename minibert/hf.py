@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import atomic_copy, atomic_write
+from .atomic import atomic_copy, atomic_write
 from .modeling import BertConfig
 from .torchbin import TorchBinError, load_torch_state_dict
 
@@ -220,7 +220,9 @@ def load_pretrained_weights(model, state: dict[str, np.ndarray],
         differs), "unused": [...] (state keys the model does not have)}.
     Raises:
         HFFormatError: the encoder itself (``bert.*`` except the pooler) is missing or has
-            other shapes, i.e. the checkpoint does not match the config.
+            other shapes, or the state holds encoder tensors the model lacks (more layers
+            than the config says): the checkpoint does not match the config. Unused head
+            tensors (``cls.*``, ``classifier.*``, the pooler) are only reported.
     """
     params = dict(model._named_parameters_all())
     if not any(k.startswith("bert.") for k in params):  # a bare BertModel
@@ -241,6 +243,15 @@ def _load_fitting(model, params, state, source, prefix=""):
         raise HFFormatError(f"{source}: encoder weights missing or mis-shaped: "
                             f"{core_missing[:8]}{' ...' if len(core_missing) > 8 else ''}"
                             + (f" ({detail})" if detail else ""))
+    # encoder tensors the model has no place for: the config and the weights disagree
+    # (e.g. config.json says fewer layers than the file holds)
+    core_unused = sorted(k for k in state if k.startswith("bert.") and "pooler" not in k
+                         and k not in params)
+    if core_unused:
+        raise HFFormatError(f"{source}: the weights hold encoder tensors the config has no "
+                            f"place for: {core_unused[:8]}"
+                            f"{' ...' if len(core_unused) > 8 else ''} ({len(core_unused)} in "
+                            "all); check num_hidden_layers and the other sizes in its config")
     model.load_state_dict({k[len(prefix):]: v for k, v in fits.items()}, strict=False)
     given = {id(params[k]) for k in fits}
     return {"loaded": sorted(fits),

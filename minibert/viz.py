@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .checkpoint import atomic_write
+from .atomic import atomic_write
 
 
 def _pyplot():

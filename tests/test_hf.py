@@ -165,3 +165,19 @@ def test_import_errors(tmp_path, vocab_file):
 def test_export_refuses_what_hf_bert_cannot_express(tmp_path, vocab_file):
     with pytest.raises(HFFormatError, match="pre"):
         save_hf_directory(BertModel(tiny(norm_position="pre")), tmp_path / "x", vocab_file)
+
+
+def test_weights_with_more_layers_than_the_config_are_refused(tmp_path, vocab_file):
+    """A config.json that says fewer layers than the weights hold must not load silently."""
+    d = save_hf_directory(BertForSequenceClassification(tiny(num_hidden_layers=3)),
+                          tmp_path / "hf", vocab_file, {0: "a", 1: "b", 2: "c"})
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=2)))
+    ck = load_hf_directory(d)
+    with pytest.raises(HFFormatError, match=r"no place for: \['bert.encoder.layer.2.*"
+                                            r"num_hidden_layers"):
+        load_pretrained_weights(BertForSequenceClassification(ck.config), ck.state, "hf")
+    # unused head tensors are reported, not refused
+    pre = BertForPreTraining(tiny(), seed=1)
+    report = load_pretrained_weights(BertForSequenceClassification(tiny()), pre.state_dict())
+    assert "cls.seq_relationship.weight" in report["unused"]

@@ -6,6 +6,8 @@ The full-corpus parity runs are in test_tokenization_full.py (marked slow).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import unicodedata
 from pathlib import Path
 
@@ -14,24 +16,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minibert.tokenization import BasicTokenizer, BertTokenizer, WordpieceTokenizer, load_vocab
+from minibert.tokenization import BasicTokenizer, BertTokenizer, VocabError, WordpieceTokenizer, load_vocab
 from minibert.tokenization.vocab import read_vocab_tokens, write_vocab
 
 HERE = Path(__file__).resolve().parent
-SAMPLES = HERE / "data" / "tokenization"
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-EN_VOCAB = SHARED / "vocab" / "bert-base-uncased-vocab.txt"
-ZH_VOCAB = SHARED / "vocab" / "bert-base-chinese-vocab.txt"
-
-needs_shared = pytest.mark.skipif(
-    not EN_VOCAB.is_file() or not ZH_VOCAB.is_file(),
-    reason=f"shared data not found at {SHARED} (clone the repo with shared/ beside it)",
-)
+SAMPLES = HERE / "data" / "tokenization"  # provenance and licences in its README.md
+EN_VOCAB = SAMPLES / "bert-base-uncased-vocab.txt"
+ZH_VOCAB = SAMPLES / "bert-base-chinese-vocab.txt"
 
 
 def reference_class():
     """transformers' pure-Python BERT tokenizer (BertTokenizerLegacy in v5, BertTokenizer in v4)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a test dependency: fail, never skip, when it is missing
+
     transformers.logging.set_verbosity_error()  # its "overflowing tokens" notice on every pair
     try:
         from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
@@ -49,15 +46,18 @@ def read_lines(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def en_pair():
-    if not EN_VOCAB.is_file():
-        pytest.skip(f"shared data not found at {SHARED}")
     return BertTokenizer(EN_VOCAB), reference_class()(str(EN_VOCAB))
+
+
+@functools.lru_cache(maxsize=None)
+def en_pair_with(lower: bool, strip_accents: bool | None):
+    """(ours, reference) on the English vocab with these switches; built once per pair."""
+    kw = dict(do_lower_case=lower, strip_accents=strip_accents)
+    return BertTokenizer(EN_VOCAB, **kw), reference_class()(str(EN_VOCAB), **kw)
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["zh-lower", "zh-cased"])
 def zh_pair(request):
-    if not ZH_VOCAB.is_file():
-        pytest.skip(f"shared data not found at {SHARED}")
     lc = request.param
     return BertTokenizer(ZH_VOCAB, do_lower_case=lc), reference_class()(str(ZH_VOCAB), do_lower_case=lc)
 
@@ -72,7 +72,6 @@ def tiny_vocab(tmp_path):
 
 
 # ----------------------------------------------------------------------------- parity
-@needs_shared
 def test_en_sample_parity_tokenize_and_encode(en_pair):
     ours, ref = en_pair
     lines = read_lines(SAMPLES / "en_sample.txt")
@@ -82,7 +81,6 @@ def test_en_sample_parity_tokenize_and_encode(en_pair):
         assert ours.encode(line) == ref.encode(line), line
 
 
-@needs_shared
 def test_zh_sample_parity_tokenize_and_encode(zh_pair):
     ours, ref = zh_pair
     lines = read_lines(SAMPLES / "zh_sample.txt")
@@ -111,7 +109,6 @@ TRICKY = [
 ]
 
 
-@needs_shared
 @pytest.mark.parametrize("text", TRICKY)
 def test_tricky_parity(en_pair, text):
     ours, ref = en_pair
@@ -120,7 +117,6 @@ def test_tricky_parity(en_pair, text):
     assert ours.basic_tokenizer.tokenize(text) == ref.basic_tokenizer.tokenize(text)
 
 
-@needs_shared
 @pytest.mark.parametrize("text", TRICKY)
 def test_tricky_parity_zh_cased(text):
     ours = BertTokenizer(ZH_VOCAB, do_lower_case=False)
@@ -128,7 +124,52 @@ def test_tricky_parity_zh_cased(text):
     assert ours.tokenize(text) == ref.tokenize(text)
 
 
-@needs_shared
+# Final sigma: Python's str.lower() writes a capital sigma that ends a word (a cased letter
+# before it, none after it, case-ignorable characters such as ' and combining marks
+# skipped) as ς and every other one as σ. transformers' Python tokenizer and
+# google-research/bert call str.lower() on each whitespace-separated word, and so do we.
+# (The Rust `tokenizers` backend, transformers 5's default BertTokenizer and v4's
+# BertTokenizerFast, lower-cases one character at a time and always writes σ; see
+# docs/tokenization.md.)
+SIGMA_TEXTS = [
+    "AΣ", "ΑΣ ΒΣ", "Σ", "ΟΔΥΣΣΕΥΣ", "ΣΑ", "ΑΣΑ", "ΑΣ.", "ΑΣ-ΒΣ", "ΑΣ's", "ΑΣ'", "ΑΣ\u0301", "ΆΣ", "ὈΔΥΣΣΕΎΣ",
+    "ΑΣ1", "1Σ", "ΑΣ\u200bΒ", "ΑΣ\u00ad", "ΑΣ[SEP]ΒΣ", "Α[SEP]Σ", "ΑΣ[CL\x00S]", "ς σ Σ", "aΣ b", "ǅΣ",
+]
+
+
+def test_final_sigma_is_python_str_lower():
+    ours = BertTokenizer(EN_VOCAB)
+    assert ours.tokenize("AΣ") == ["a", "##ς"]
+    assert ours.tokenize("ΟΔΥΣΣΕΥΣ ΣΑ") == ["ο", "##δ", "##υ", "##σ", "##σ", "##ε", "##υ", "##ς", "σ", "##α"]
+    assert ours.tokenize("ΑΣ's") == ["α", "##σ", "'", "s"]  # ' is case-ignorable: a cased letter follows
+
+
+@pytest.mark.parametrize("strip_accents", [None, True, False])
+@pytest.mark.parametrize("lower", [True, False])
+def test_final_sigma_parity(lower, strip_accents):
+    ours, ref = en_pair_with(lower, strip_accents)
+    for text in SIGMA_TEXTS:
+        assert ours.tokenize(text) == ref.tokenize(text), text
+        assert ours.basic_tokenizer.tokenize(text) == ref.basic_tokenizer.tokenize(text), text
+
+
+greek_text = st.lists(
+    st.one_of(
+        st.characters(min_codepoint=0x370, max_codepoint=0x3FF),  # Greek and Coptic
+        st.characters(min_codepoint=0x1F00, max_codepoint=0x1FFF),  # Greek Extended (accented)
+        st.sampled_from(list("ΣΣΣσς .'-1aZ\u0301\u0308\u0345\u200b\u00ad") + ["[SEP]", "[CL\x00S]"]),
+    ),
+    max_size=30,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=greek_text, lower=st.booleans(), strip_accents=st.sampled_from([None, True, False]))
+def test_hypothesis_greek_matches_reference(text, lower, strip_accents):
+    ours, ref = en_pair_with(lower, strip_accents)
+    assert ours.tokenize(text) == ref.tokenize(text)
+
+
 @pytest.mark.parametrize("strip_accents", [None, True, False])
 @pytest.mark.parametrize("lower", [True, False])
 def test_basic_tokenizer_switches_parity(strip_accents, lower):
@@ -139,7 +180,6 @@ def test_basic_tokenizer_switches_parity(strip_accents, lower):
         assert ours.tokenize(text) == ref.tokenize(text), text
 
 
-@needs_shared
 def test_pairs_truncation_padding_parity(en_pair):
     ours, ref = en_pair
     lines = [l for l in read_lines(SAMPLES / "en_sample.txt") if l][:40]
@@ -164,7 +204,6 @@ def test_pairs_truncation_padding_parity(en_pair):
     assert ours.encode(a, truncation=True, max_length=7) == ref.encode(a, truncation=True, max_length=7)
 
 
-@needs_shared
 def test_decode_parity(en_pair):
     ours, ref = en_pair
     for line in read_lines(SAMPLES / "en_sample.txt")[:100]:
@@ -174,7 +213,6 @@ def test_decode_parity(en_pair):
         assert ours.convert_ids_to_tokens(ids) == ref.convert_ids_to_tokens(ids)
 
 
-@needs_shared
 def test_special_token_ids_and_len(en_pair):
     ours, ref = en_pair
     assert len(ours) == len(ref) == 30522
@@ -185,7 +223,6 @@ def test_special_token_ids_and_len(en_pair):
 
 
 # ----------------------------------------------------------------------------- vocab files
-@needs_shared
 def test_chinese_vocab_keeps_line_separator_tokens():
     tokens = read_vocab_tokens(ZH_VOCAB)
     assert len(tokens) == 21128
@@ -193,17 +230,77 @@ def test_chinese_vocab_keeps_line_separator_tokens():
     assert load_vocab(ZH_VOCAB)["\u2028"] == 343
 
 
+# sha256 of the files as published (tests/data/tokenization/README.md gives their source)
+SHIPPED_VOCABS = {
+    EN_VOCAB: "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+    ZH_VOCAB: "45bbac6b341c319adc98a532532882e91a9cefc0329aa57bac9ae761c27b291c",
+}
+
+
+@pytest.mark.parametrize("path", list(SHIPPED_VOCABS), ids=lambda p: p.name)
+def test_shipped_vocab_is_the_published_file(path):
+    # an editor that strips U+2028 or converts line ends would break the parity tests obscurely
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == SHIPPED_VOCABS[path]
+
+
 def test_missing_vocab_file_names_it(tmp_path):
     missing = tmp_path / "nope" / "vocab.txt"
     with pytest.raises(FileNotFoundError, match="nope"):
         BertTokenizer(missing)
+    with pytest.raises(IsADirectoryError, match=f"{tmp_path.name}'? is a directory"):
+        load_vocab(tmp_path)
 
 
-def test_empty_vocab_file(tmp_path):
-    p = tmp_path / "vocab.txt"
-    p.write_text("", encoding="utf-8")
-    with pytest.raises(ValueError, match="empty"):
+@pytest.mark.parametrize("content", [b"", b"\n", b"\r\n"], ids=["0-bytes", "LF", "CRLF"])
+def test_empty_vocab_file(tmp_path, content):
+    p = tmp_path / "my-vocab.txt"
+    p.write_bytes(content)
+    with pytest.raises(VocabError, match=r"my-vocab\.txt'? is empty"):
         load_vocab(p)
+
+
+@pytest.mark.parametrize(
+    "content,line",
+    [
+        (b"\xff[PAD]\n", 1),
+        (b"[PAD]\n[UNK]\nca\xe9t\n[SEP]\n", 3),
+        (b"[PAD]\r\n[UNK]\r\n\r\nx\xc3\n", 4),  # CRLF lines and an empty line count once each
+        (b"a\rb\r\x80", 3),  # a lone CR ends a line too (universal newlines, as the reference reads it)
+    ],
+)
+def test_non_utf8_vocab_names_file_and_line(tmp_path, content, line):
+    p = tmp_path / "vocab.txt"
+    p.write_bytes(content)
+    with pytest.raises(VocabError, match=rf"vocab\.txt'? is not UTF-8: line {line} "):
+        load_vocab(p)
+
+
+def test_duplicate_vocab_token_names_token_and_lines(tmp_path):
+    p = tmp_path / "vocab.txt"
+    # "the" on lines 6 and 8: the dict would keep one id and the last id (8) would be >= len (7)
+    p.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\nthe\n", encoding="utf-8")
+    message = r"vocab\.txt'?: duplicate token 'the' on lines 6 and 8 "
+    with pytest.raises(VocabError, match=message):
+        load_vocab(p)
+    with pytest.raises(VocabError, match=message):
+        BertTokenizer(p)
+
+
+def test_many_duplicate_vocab_tokens_are_summarised(tmp_path):
+    p = tmp_path / "vocab.txt"
+    tokens = ["x", "a", "x"] + [f"t{i}" for i in range(7)] * 2 + ["x"]  # x on lines 1, 3 and 18
+    p.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    with pytest.raises(VocabError) as info:
+        read_vocab_tokens(p)
+    msg = str(info.value)
+    assert "duplicate token 'x' on lines 1, 3 and 18; duplicate token 't0' on lines 4 and 11;" in msg
+    assert "'t3' on lines 7 and 14; and 3 more duplicated tokens" in msg and "'t4'" not in msg
+
+
+def test_write_vocab_refuses_duplicates(tmp_path):
+    with pytest.raises(VocabError, match="duplicate token 'a' on lines 1 and 3"):
+        write_vocab(["a", "b", "a"], tmp_path / "v.txt")
+    assert not (tmp_path / "v.txt").exists()
 
 
 def test_missing_special_token_is_named(tmp_path):
@@ -317,7 +414,6 @@ mixed_text = st.one_of(
 )
 
 
-@needs_shared
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=mixed_text)
 def test_hypothesis_matches_reference_on_arbitrary_unicode(en_pair, text):
@@ -325,7 +421,6 @@ def test_hypothesis_matches_reference_on_arbitrary_unicode(en_pair, text):
     assert ours.tokenize(text) == ref.tokenize(text)
 
 
-@needs_shared
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=mixed_text)
 def test_hypothesis_never_raises_and_tokens_in_vocab(en_pair, text):
@@ -337,7 +432,6 @@ def test_hypothesis_never_raises_and_tokens_in_vocab(en_pair, text):
     assert all(0 <= i < len(ours) for i in ids)
 
 
-@needs_shared
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=mixed_text)
 def test_hypothesis_pieces_rebuild_basic_tokens(en_pair, text):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -15,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibert.tokenization import BertTokenizer, load_vocab, train_wordpiece, write_vocab
+from minibert.tokenization import SPECIAL_TOKENS, BertTokenizer, load_vocab, train_wordpiece, write_vocab
+from minibert.tokenization.__main__ import main as cli_main
 from minibert.tokenization.trainer import likelihood_gain
 
 HERE = Path(__file__).resolve().parent
@@ -281,7 +283,8 @@ def test_output_written_atomically_and_loadable(tmp_path):
 
 
 def test_trained_vocab_loads_in_transformers_and_tokenizers_agree(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a test dependency: fail, never skip, when it is missing
+
     transformers.logging.set_verbosity_error()
     try:
         from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy as Ref
@@ -313,3 +316,85 @@ def test_cli_help_and_train(tmp_path):
                           str(tmp_path / "nope.txt"), "--vocab-size", "300", "--output", str(out)],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and "nope.txt" in res.stderr
+
+
+def test_special_tokens_are_the_default_and_come_first():
+    assert SPECIAL_TOKENS == tuple(SPECIALS)
+    v = train_wordpiece(iter(["ab ab ab"]), 8, min_frequency=1, show_progress=False)
+    assert v[: len(SPECIAL_TOKENS)] == list(SPECIAL_TOKENS)
+
+
+def test_output_that_cannot_be_written_fails_before_training(tmp_path):
+    def lines():  # training would consume this: it must not be reached
+        raise AssertionError("read the corpus before checking output")
+        yield
+
+    with pytest.raises(IsADirectoryError, match=f"{tmp_path.name}'? is a directory"):
+        train_wordpiece(lines(), 100, output=tmp_path, show_progress=False)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x", encoding="utf-8")
+    with pytest.raises(NotADirectoryError, match="a_file'? is not a directory"):
+        train_wordpiece(lines(), 100, output=blocker / "sub" / "vocab.txt", show_progress=False)
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """main(argv) in this process -> (exit status, stderr)."""
+    try:
+        status = cli_main(argv)
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+def cli_train(tmp_path, **overrides) -> list[str]:
+    args = {"--files": str(SAMPLES / "en_sample.txt"), "--vocab-size": "300", "--output": str(tmp_path / "v.txt")}
+    args.update(overrides)
+    return ["train", "--quiet"] + [x for k, v in args.items() for x in (k, v)]
+
+
+@pytest.mark.parametrize(
+    "option,value,message",
+    [
+        ("--output", "{tmp}", r"'?{tmp}'? is a directory"),  # an existing directory
+        ("--output", "{tmp}/blocker/vocab.txt", r"'?{tmp}/blocker'? is not a directory"),
+        ("--files", "{tmp}/nope.txt", r"'?{tmp}/nope.txt'?: no such file"),
+        ("--files", "{tmp}", r"is a directory"),
+        ("--vocab-size", "5", r"must be at least 6 \(the 5 special tokens and one more\), got 5"),
+        ("--vocab-size", "0", r"must be >= 1, got 0"),
+        ("--vocab-size", "-3", r"must be >= 1, got -3"),
+        ("--vocab-size", "many", r"expected an integer, got 'many'"),
+        ("--min-frequency", "-1", r"must be >= 0, got -1"),
+    ],
+)
+def test_cli_bad_train_arguments_exit_2_naming_the_option(tmp_path, capsys, option, value, message):
+    (tmp_path / "blocker").write_text("x", encoding="utf-8")
+    value, message = value.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    status, err = run_cli(cli_train(tmp_path, **{option: value}), capsys)
+    assert status == 2
+    lines = err.strip().split("\n")
+    assert lines[0].startswith("usage: python -m minibert.tokenization train")
+    assert re.fullmatch(rf"python -m minibert.tokenization train: error: argument {option}: .*{message}.*", lines[-1])
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # nothing written
+
+
+def test_cli_vocab_size_below_the_alphabet(tmp_path, capsys):
+    status, err = run_cli(cli_train(tmp_path, **{"--vocab-size": "6"}), capsys)
+    assert status == 2 and "train: error: vocab_size=6 is too small" in err and "Traceback" not in err
+
+
+def test_cli_tokenize_bad_vocab_exit_2(tmp_path, capsys):
+    dup = tmp_path / "dup.txt"
+    dup.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nthe\n", encoding="utf-8")
+    for vocab, message in [(tmp_path / "nope.txt", "nope.txt'? not found"),
+                           (dup, "duplicate token 'the' on lines 6 and 7")]:
+        status, err = run_cli(["tokenize", "--vocab", str(vocab), "hello"], capsys)
+        assert status == 2 and "Traceback" not in err
+        assert re.search(rf"tokenize: error: argument --vocab: .*{message}", err), err
+
+
+def test_cli_existing_directory_output_in_a_subprocess(tmp_path):
+    argv = cli_train(tmp_path, **{"--output": str(tmp_path)})
+    res = subprocess.run([sys.executable, "-m", "minibert.tokenization", *argv], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == ""
+    assert "train: error: argument --output:" in res.stderr and "Traceback" not in res.stderr

@@ -4,6 +4,7 @@ Public API::
 
     from minibert.tokenization import (
         BertTokenizer, BasicTokenizer, WordpieceTokenizer, train_wordpiece, load_vocab,
+        SPECIAL_TOKENS, VocabError,
     )
 
 The tokenizer reproduces transformers' Python ``BertTokenizer`` token for token; the
@@ -14,14 +15,16 @@ trainer learns a ``vocab.txt`` from raw text (``python -m minibert.tokenization 
 from .basic import BasicTokenizer
 from .bert import BertTokenizer
 from .trainer import TrainedVocab, TrainingReport, train_wordpiece
-from .vocab import load_vocab, read_vocab_tokens, write_vocab
+from .vocab import SPECIAL_TOKENS, VocabError, load_vocab, read_vocab_tokens, write_vocab
 from .wordpiece import WordpieceTokenizer
 
 __all__ = [
+    "SPECIAL_TOKENS",
     "BasicTokenizer",
     "BertTokenizer",
     "TrainedVocab",
     "TrainingReport",
+    "VocabError",
     "WordpieceTokenizer",
     "load_vocab",
     "read_vocab_tokens",

@@ -10,9 +10,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from .bert import BertTokenizer
-from .trainer import ALGORITHMS, DEFAULT_SPECIAL_TOKENS, train_wordpiece
+from .trainer import ALGORITHMS, train_wordpiece
+from .vocab import SPECIAL_TOKENS, check_writable, write_vocab
+
+
+def _int_at_least(low: int):
+    """argparse ``type``: an int >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,61 +41,96 @@ def _parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="learn a vocab.txt from UTF-8 text files (one sentence per line)")
     tr.add_argument("--files", nargs="+", required=True, help="training text files")
-    tr.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary, specials included")
-    tr.add_argument("--output", required=True, help="where to write vocab.txt (written atomically)")
-    tr.add_argument("--min-frequency", type=int, default=2,
+    tr.add_argument("--vocab-size", type=_int_at_least(1), required=True,
+                    help="tokens in the vocabulary, specials included (at least the special tokens + 1)")
+    tr.add_argument("--output", required=True, help="the vocab.txt file to write (written atomically)")
+    tr.add_argument("--min-frequency", type=_int_at_least(0), default=2,
                     help="minimum count for a character to enter the alphabet and for a pair to be merged (2)")
     tr.add_argument("--algorithm", choices=ALGORITHMS, default="wordpiece",
                     help="merge score: wordpiece = gain in unigram log-likelihood (Schuster & Nakajima 2012); "
                          "wordpiece-ratio = count(ab)/(count(a)count(b)) (Hugging Face course); "
                          "bpe = count(ab) (Hugging Face tokenizers); default wordpiece")
-    tr.add_argument("--special-tokens", nargs="+", default=list(DEFAULT_SPECIAL_TOKENS),
+    tr.add_argument("--special-tokens", nargs="+", default=list(SPECIAL_TOKENS),
                     help="special tokens, placed first (default: %(default)s)")
     tr.add_argument("--no-lowercase", action="store_true", help="cased vocabulary (do_lower_case=False)")
     tr.add_argument("--strip-accents", choices=("auto", "yes", "no"), default="auto",
                     help="auto = strip exactly when lower-casing (BERT default)")
     tr.add_argument("--no-chinese-chars", action="store_true", help="do not split CJK ideographs into single words")
     tr.add_argument("--quiet", action="store_true", help="no progress bars")
+    tr.set_defaults(run=_train, parser=tr)
 
     tk = sub.add_parser("tokenize", help="print the WordPiece tokens (or ids) of text with a vocab.txt")
     tk.add_argument("--vocab", required=True, help="vocab.txt")
     tk.add_argument("--cased", action="store_true", help="do_lower_case=False")
     tk.add_argument("--ids", action="store_true", help="print ids ([CLS] ... [SEP]) instead of tokens")
     tk.add_argument("text", nargs="*", help="text to tokenize (default: read lines from stdin)")
+    tk.set_defaults(run=_tokenize, parser=tk)
     return ap
 
 
+def _train(args: argparse.Namespace) -> None:
+    """Check the arguments before the long run, train, write. Bad input ends in ``ap.error``."""
+    ap = args.parser
+    for f in args.files:
+        if not Path(f).is_file():
+            what = "is a directory" if Path(f).is_dir() else "no such file"
+            ap.error(f"argument --files: {f!r}: {what}")
+    n_special = len(args.special_tokens)
+    if args.vocab_size <= n_special:
+        ap.error(f"argument --vocab-size: must be at least {n_special + 1} (the {n_special} special tokens "
+                 f"and one more), got {args.vocab_size}")
+    try:
+        check_writable(args.output)
+    except OSError as e:
+        ap.error(f"argument --output: {e}")
+    try:
+        vocab = train_wordpiece(
+            args.files,
+            args.vocab_size,
+            min_frequency=args.min_frequency,
+            special_tokens=args.special_tokens,
+            algorithm=args.algorithm,
+            lowercase=not args.no_lowercase,
+            strip_accents={"auto": None, "yes": True, "no": False}[args.strip_accents],
+            tokenize_chinese_chars=not args.no_chinese_chars,
+            show_progress=not args.quiet,
+        )
+    except ValueError as e:  # corpus that is empty / not UTF-8, vocab size below the alphabet, bad specials
+        ap.error(str(e))
+    try:
+        write_vocab(vocab, args.output)
+    except OSError as e:
+        ap.error(f"argument --output: cannot write {args.output!r}: {e.strerror or e}")
+    print(vocab.report.summary(), file=sys.stderr)
+    print(f"wrote {len(vocab)} tokens to {args.output}", file=sys.stderr)
+
+
+def _tokenize(args: argparse.Namespace) -> None:
+    ap = args.parser
+    try:
+        tok = BertTokenizer(args.vocab, do_lower_case=not args.cased)
+    except (OSError, ValueError) as e:
+        ap.error(f"argument --vocab: {e}")
+    lines = [" ".join(args.text)] if args.text else (l.rstrip("\n") for l in sys.stdin)
+    for line in lines:
+        if args.ids:
+            print(" ".join(map(str, tok.encode(line))))
+        else:
+            print(" ".join(tok.tokenize(line)))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns 0.
+
+    Bad arguments or input (missing files, an ``--output`` that cannot be written, a
+    ``--vocab-size`` too small, a vocab file that cannot be read ...) print one
+    ``...: error: ...`` line naming the option to stderr and raise ``SystemExit(2)``, as
+    argparse does for its own checks.
+    """
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        if args.command == "train":
-            vocab = train_wordpiece(
-                args.files,
-                args.vocab_size,
-                min_frequency=args.min_frequency,
-                special_tokens=args.special_tokens,
-                algorithm=args.algorithm,
-                lowercase=not args.no_lowercase,
-                strip_accents={"auto": None, "yes": True, "no": False}[args.strip_accents],
-                tokenize_chinese_chars=not args.no_chinese_chars,
-                output=args.output,
-                show_progress=not args.quiet,
-            )
-            print(vocab.report.summary(), file=sys.stderr)
-            print(f"wrote {len(vocab)} tokens to {args.output}", file=sys.stderr)
-            return 0
-        tok = BertTokenizer(args.vocab, do_lower_case=not args.cased)
-        lines = [" ".join(args.text)] if args.text else (l.rstrip("\n") for l in sys.stdin)
-        for line in lines:
-            if args.ids:
-                print(" ".join(map(str, tok.encode(line))))
-            else:
-                print(" ".join(tok.tokenize(line)))
-        return 0
-    except (FileNotFoundError, ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args.run(args)
+    return 0
 
 
 if __name__ == "__main__":

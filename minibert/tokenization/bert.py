@@ -14,8 +14,10 @@ lookup per word.
 
 Deliberate differences from the reference, all on inputs it only logs about:
 truncation that cannot reach ``max_length`` raises ``ValueError`` (the reference logs an
-error and returns the over-long sequence), and a special token missing from the vocab
-file raises ``ValueError`` (the reference silently appends it after the vocab).
+error and returns the over-long sequence), a special token missing from the vocab
+file raises ``ValueError`` (the reference silently appends it after the vocab), and a
+token on two lines of the vocab file raises :class:`~minibert.tokenization.vocab.VocabError`
+(the reference keeps the last id, so ids then run past ``len(vocab)``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ class BertTokenizer:
 
     Raises:
         FileNotFoundError: ``vocab_file`` does not exist.
-        ValueError: the vocab file is empty or lacks one of the special tokens.
+        VocabError (a ``ValueError``): the vocab file is empty, not UTF-8, or has a token on
+            two lines (see :func:`~minibert.tokenization.vocab.read_vocab_tokens`).
+        ValueError: the vocabulary lacks one of the special tokens.
 
     Source of the semantics: transformers ``tokenization_bert.py`` (Python tokenizer) and
     google-research/bert ``tokenization.py``.
@@ -592,7 +596,8 @@ class BertTokenizer:
 
     # ------------------------------------------------------------------ saving
     def save_vocabulary(self, save_directory: str | os.PathLike, filename_prefix: str | None = None) -> tuple[str]:
-        """Write the vocab (by id) to ``save_directory/[prefix-]vocab.txt`` atomically.
+        """Write the vocab (by id) to ``save_directory/[prefix-]vocab.txt`` atomically
+        (:func:`~minibert.tokenization.vocab.write_vocab`).
 
         If ``save_directory`` is not an existing directory it is taken as the file path.
         Returns a 1-tuple with the path written (as transformers does).

@@ -72,14 +72,12 @@ from typing import Iterable, Sequence
 from tqdm.auto import tqdm
 
 from .basic import BasicTokenizer
-from .vocab import write_vocab
+from .vocab import SPECIAL_TOKENS, check_writable, write_vocab
 
-__all__ = ["TrainedVocab", "TrainingReport", "train_wordpiece", "likelihood_gain", "ALGORITHMS",
-           "DEFAULT_SPECIAL_TOKENS"]
+__all__ = ["TrainedVocab", "TrainingReport", "train_wordpiece", "likelihood_gain", "ALGORITHMS"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 ALGORITHMS = ("wordpiece", "wordpiece-ratio", "bpe")
 
 _CHUNK_BYTES = 1 << 20  # read files in ~1 MiB blocks of whole lines
@@ -223,7 +221,7 @@ def train_wordpiece(
     files_or_iterator,
     vocab_size: int,
     min_frequency: int = 2,
-    special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
     algorithm: str = "wordpiece",
     lowercase: bool = True,
     strip_accents: bool | None = None,
@@ -240,7 +238,8 @@ def train_wordpiece(
         vocab_size: wanted number of tokens, special tokens and alphabet included.
         min_frequency: a character must occur this many times to enter the alphabet, and a
             pair this many times to be merged.
-        special_tokens: tokens placed first, in this order (ids 0, 1, ...).
+        special_tokens: tokens placed first, in this order (ids 0, 1, ...); default
+            :data:`~minibert.tokenization.vocab.SPECIAL_TOKENS`.
         algorithm: ``"wordpiece"`` (default: the exact unigram log-likelihood gain of
             Schuster & Nakajima, see :func:`likelihood_gain`), ``"wordpiece-ratio"``
             (count(ab) / (count(a) count(b)), the Hugging Face course's form) or ``"bpe"``
@@ -249,7 +248,7 @@ def train_wordpiece(
             settings the vocabulary will be used with (``lowercase`` = ``do_lower_case``).
         max_input_chars_per_word: longer words are left out (they tokenize to [UNK]).
         output: if given, the vocabulary is also written there as ``vocab.txt``
-            (atomically: temp file + ``os.replace``).
+            (atomically, by :func:`~minibert.tokenization.vocab.write_vocab`).
         show_progress: tqdm bars for counting and merging (on stderr).
 
     Returns:
@@ -262,6 +261,8 @@ def train_wordpiece(
         ValueError: empty corpus, unknown algorithm, bad ``special_tokens``, or a
             ``vocab_size`` smaller than special tokens + alphabet.
         TypeError: an iterator yields something that is not a ``str``.
+        OSError: ``output`` cannot be written (checked before training, see
+            :func:`~minibert.tokenization.vocab.check_writable`).
     """
     t0 = time.perf_counter()
     if algorithm not in ALGORITHMS:
@@ -277,6 +278,8 @@ def train_wordpiece(
         if not isinstance(s, str) or not s or s != s.strip() or len(s.split()) != 1:
             raise ValueError(f"special token {s!r} must be a non-empty str without whitespace")
 
+    if output is not None:
+        check_writable(output)  # before the hours of counting and merging, not after
     files, lines = _resolve_sources(files_or_iterator)
     sources = [str(p) for p in files] if files is not None else ["<iterator>"]
     basic = BasicTokenizer(

@@ -2,75 +2,147 @@
 
 The Chinese BERT vocabulary holds tokens that are U+2028 (LINE SEPARATOR) and ``##`` +
 U+2028, so the file is split on ``\\n`` only: ``str.splitlines()`` would cut those tokens
-in two and ``str.strip()`` would empty them. Like transformers' ``load_vocab``, the file is
-opened in text mode with universal newlines, so ``\\r\\n`` files read the same as ``\\n``
-files.
+in two and ``str.strip()`` would empty them. Like transformers' ``load_vocab`` (which
+opens the file in text mode with universal newlines), ``\\r\\n`` and ``\\r`` line ends
+read the same as ``\\n``.
+
+Unlike transformers' ``load_vocab``, a token on two lines is an error: the token -> id
+dict would keep one of the ids, and the ids of the lines after it would no longer count
+the tokens (a model sized by the dict then meets ids it has no row for).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+from collections import defaultdict
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-__all__ = ["load_vocab", "read_vocab_tokens", "write_vocab"]
+from ..atomic import atomic_write_bytes
+
+__all__ = ["SPECIAL_TOKENS", "VocabError", "check_writable", "load_vocab", "read_vocab_tokens", "write_vocab"]
+
+# The special tokens of a vocabulary we train, in id order (ids 0-4). Google's English and
+# Chinese vocabularies hold the same five at ids 0, 100, 101, 102, 103.
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+_SHOWN_DUPLICATES = 5  # duplicated tokens named in one error message
+
+
+class VocabError(ValueError):
+    """A vocabulary that cannot be used: an empty file, bytes that are not UTF-8, or a
+    token on more than one line."""
+
+
+def _and_join(numbers: Sequence[int]) -> str:
+    """[3] -> "3"; [3, 7] -> "3 and 7"; [3, 7, 9] -> "3, 7 and 9"."""
+    text = [str(n) for n in numbers]
+    return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+
+
+def _check_distinct(tokens: Sequence[str], where: str) -> None:
+    """Raise :class:`VocabError` if a token of ``tokens`` is on two lines, naming the first
+    few such tokens (in order of their first line) and all their 1-based line numbers."""
+    lines: dict[str, list[int]] = defaultdict(list)
+    for i, tok in enumerate(tokens):
+        lines[tok].append(i + 1)
+    dups = [(tok, nums) for tok, nums in lines.items() if len(nums) > 1]  # dict order = first line
+    if not dups:
+        return
+    parts = [f"duplicate token {tok!r} on lines {_and_join(nums)}" for tok, nums in dups[:_SHOWN_DUPLICATES]]
+    if len(dups) > _SHOWN_DUPLICATES:
+        parts.append(f"and {len(dups) - _SHOWN_DUPLICATES} more duplicated tokens")
+    raise VocabError(f"{where}: {'; '.join(parts)} (each token must have one line; its id is its line number - 1)")
 
 
 def read_vocab_tokens(vocab_file: str | os.PathLike) -> list[str]:
-    """Read ``vocab_file`` into the list of its tokens, in file order.
+    """Read ``vocab_file`` into the list of its tokens, in file order (index = id).
 
     Raises:
         FileNotFoundError: the file does not exist (the message names it).
-        ValueError: the file holds no token.
+        IsADirectoryError: the path is a directory.
+        VocabError (a ``ValueError``): the file holds no token, is not UTF-8 (the message
+            gives the line), or has a token on two lines (the message gives the token and
+            its 1-based line numbers).
     """
     path = Path(vocab_file)
+    where = f"vocab file {str(path)!r}"
+    if path.is_dir():
+        raise IsADirectoryError(f"{where} is a directory; expected a vocab.txt file, one token per line")
     if not path.is_file():
-        raise FileNotFoundError(f"vocab file not found: {str(path)!r} (expected a vocab.txt, one token per line)")
-    with open(path, "r", encoding="utf-8") as f:
-        text = f.read()
+        raise FileNotFoundError(f"{where} not found (expected a vocab.txt, one token per line)")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = _universal_newlines(data[: e.start].decode("utf-8")).count("\n") + 1
+        bad = data[e.start : e.end]
+        raise VocabError(f"{where} is not UTF-8: line {line} holds the bytes {bad!r} ({e.reason})") from None
+    text = _universal_newlines(text)
     if text.endswith("\n"):
         text = text[:-1]
     if not text:
-        raise ValueError(f"vocab file {str(path)!r} is empty: expected at least one token per line, got 0")
-    return text.split("\n")
+        raise VocabError(f"{where} is empty: expected at least one token per line, got 0")
+    tokens = text.split("\n")
+    _check_distinct(tokens, where)
+    return tokens
+
+
+def _universal_newlines(text: str) -> str:
+    """``\\r\\n`` and ``\\r`` -> ``\\n``, as Python's text mode reads them."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def load_vocab(vocab_file: str | os.PathLike) -> dict[str, int]:
     """Read ``vocab_file`` into a dict token -> id (id = 0-based line number).
 
-    A token listed twice keeps the id of its last line, as transformers' ``load_vocab``
-    does. Raises as :func:`read_vocab_tokens`.
+    Raises as :func:`read_vocab_tokens` (a token on two lines is a :class:`VocabError`).
     """
     return {tok: i for i, tok in enumerate(read_vocab_tokens(vocab_file))}
 
 
-def write_vocab(tokens: Iterable[str], path: str | os.PathLike) -> Path:
-    """Write ``tokens`` one per line to ``path`` atomically (temp file + ``os.replace``).
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise ``OSError`` now if a file could not be created at ``path`` later (for a long
+    job that writes at the end); missing parent directories count as creatable.
 
     Raises:
-        ValueError: a token contains ``\\n`` or ``\\r`` (it could not be read back).
+        IsADirectoryError: ``path`` is a directory.
+        NotADirectoryError: the nearest existing ancestor of ``path`` is not a directory.
+        PermissionError: that ancestor is not writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        example = str(path / "vocab.txt")
+        raise IsADirectoryError(f"{str(path)!r} is a directory; name the file to write, e.g. {example!r}")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(f"cannot create {str(path)!r}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot create {str(path)!r}: directory {str(parent)!r} is not writable")
+
+
+def write_vocab(tokens: Iterable[str], path: str | os.PathLike) -> Path:
+    """Write ``tokens`` one per line (UTF-8, ``\\n``) to ``path`` atomically.
+
+    The file is written by :func:`minibert.atomic.atomic_write_bytes` (temporary file
+    beside ``path``, then a rename), so a reader never sees half a vocabulary; missing
+    parent directories are created.
+
+    Raises:
+        VocabError: a token contains ``\\n`` or ``\\r``, or appears twice (either way the
+            file could not be read back with the same ids); nothing is written.
+        OSError: ``path`` cannot be written (e.g. it is a directory).
     Returns:
         the path written.
     """
     path = Path(path)
     tokens = list(tokens)
+    where = f"cannot write vocab file {str(path)!r}"
     for i, tok in enumerate(tokens):
         if "\n" in tok or "\r" in tok:
-            raise ValueError(f"vocab token {i} ({tok!r}) contains a line break; cannot write it to {str(path)!r}")
-    parent = path.parent if str(path.parent) else Path(".")
-    parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for tok in tokens:
-                f.write(tok)
-                f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+            raise VocabError(f"{where}: token {i} ({tok!r}) contains a line break")
+    _check_distinct(tokens, where)
+    data = "".join(tok + "\n" for tok in tokens).encode("utf-8")
+    return atomic_write_bytes(path, data)

@@ -1,0 +1,79 @@
+"""The sequence classifier of a fine-tuning run: built from a starting point, evaluated,
+and saved so that :func:`minibert.runs.load_start` loads it back."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..backend import to_numpy
+from ..hf import load_pretrained_weights
+from ..modeling import BertConfig, BertForSequenceClassification
+from ..runs import Pretrained
+from .data import EncodedSplit, iterate_batches
+from .metrics import classification_metrics, softmax_np
+
+
+def build_classifier(pre: Pretrained, labels: Sequence[str], seed: int = 0, dtype=np.float32,
+                     random_init: bool = False, classifier_dropout: float | None = None
+                     ) -> tuple[BertForSequenceClassification, dict[str, list[str]]]:
+    """A :class:`BertForSequenceClassification` with ``len(labels)`` classes, weights from
+    ``pre`` (the classifier too when ``pre`` is a classifier with the same labels), or all
+    fresh when ``random_init`` (same architecture and vocab, for baselines).
+
+    Returns:
+        (model, report) with report as :func:`minibert.hf.load_pretrained_weights`.
+    Raises:
+        HFFormatError: encoder weights that do not fit the config.
+    """
+    kw = pre.config.to_dict()
+    kw["num_labels"] = len(labels)
+    if classifier_dropout is not None:
+        kw["classifier_dropout"] = classifier_dropout
+    model = BertForSequenceClassification(BertConfig(**kw), seed=seed, dtype=dtype)
+    if random_init:
+        return model, {"loaded": [], "new": [n for n, _ in model.named_parameters()],
+                       "unused": sorted(pre.state)}
+    state = dict(pre.state)
+    if pre.labels is not None and list(pre.labels) != list(labels):
+        state = {k: v for k, v in state.items() if not k.startswith("classifier.")}
+    return model, load_pretrained_weights(model, state, pre.source)
+
+
+def predict_split(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
+                  pad_id: int = 0, xp=np, progress=None) -> np.ndarray:
+    """Class probabilities (N, K) float64 of every row of ``split`` (eval mode, no dropout).
+    The model is put back in its previous train/eval mode afterwards."""
+    was_training = model.training
+    model.eval()
+    probs = np.zeros((len(split), model.num_labels))
+    try:
+        for b in iterate_batches(split, batch_size, pad_id):
+            d = b.to(xp)
+            logits = model(d.input_ids, d.token_type_ids, d.attention_mask).logits
+            probs[b.index] = softmax_np(to_numpy(logits))
+            if progress is not None:
+                progress.update(len(b.index))
+    finally:
+        model.train(was_training)
+    return probs
+
+
+def evaluate(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np
+             ) -> tuple[dict[str, float], np.ndarray]:
+    """Metrics (:func:`classification_metrics` plus ``loss``, mean cross-entropy in nats)
+    and the (N, K) probabilities of a labelled split.
+
+    Raises:
+        ValueError: the split has no labels.
+    """
+    if split.labels is None:
+        raise ValueError("evaluate needs a labelled split")
+    probs = predict_split(model, split, batch_size, pad_id, xp)
+    m = classification_metrics(split.labels, probs.argmax(-1), model.num_labels)
+    p_gold = probs[np.arange(len(split)), split.labels]
+    m["loss"] = float(-np.log(np.maximum(p_gold, 1e-300)).mean())
+    return m, probs
+
+
+__all__ = ["build_classifier", "predict_split", "evaluate"]

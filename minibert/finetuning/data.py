@@ -1,0 +1,206 @@
+"""Labelled TSV data for fine-tuning: reading, label sets, encoding, shuffled batches.
+
+TSV format (UTF-8, tab-separated, one header line): ``label<TAB>sentence`` for single
+sentences or ``label<TAB>sentence_a<TAB>sentence_b`` for pairs. Labels are strings (``0``,
+``pos``, ``HUM`` ...); the label set is the sorted set of the train split's labels (in
+numeric order when they are all integers) and is saved with the model. Errors name the
+file and the 1-based line.
+
+Shape legend: B = batch, T = longest sequence in the batch (tokens), K = labels.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..tokenization import BertTokenizer
+SINGLE_COLUMNS = ("label", "sentence")
+PAIR_COLUMNS = ("label", "sentence_a", "sentence_b")
+
+
+class DatasetError(ValueError):
+    """A TSV split that cannot be used; the message names the file and line."""
+
+
+@dataclass
+class Example:
+    """One labelled row: ``text_a``, ``text_b`` (None for single sentences), ``label``
+    (the label string as written) and ``line`` (1-based line number in ``path``)."""
+
+    text_a: str
+    text_b: str | None
+    label: str
+    line: int
+    path: str = ""
+
+
+def read_tsv(path: str | os.PathLike) -> list[Example]:
+    """Read a labelled TSV split (see the module docstring).
+
+    Args:
+        path: the file.
+    Returns:
+        the examples in file order (at least one).
+    Raises:
+        DatasetError: missing file, a header other than ``label, sentence`` or
+            ``label, sentence_a, sentence_b``, a row with a missing (or extra) column or an
+            empty label / sentence, an undecodable line, or no rows at all (empty split);
+            each message starts with ``path:line:``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    examples: list[Example] = []
+    header = None
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{path}:{lineno}: not valid UTF-8 ({e})") from e
+            text = text.rstrip("\r\n")
+            if lineno == 1:
+                header = tuple(c.strip().lower() for c in text.lstrip("\ufeff").split("\t"))
+                if header not in (SINGLE_COLUMNS, PAIR_COLUMNS):
+                    raise DatasetError(
+                        f"{path}:1: header must be 'label<TAB>sentence' or "
+                        f"'label<TAB>sentence_a<TAB>sentence_b', got {text!r}")
+                continue
+            if not text.strip():
+                continue  # blank lines (e.g. a trailing one) are not rows
+            cols = text.split("\t")
+            if len(cols) != len(header):
+                missing = [c for c in header[len(cols):]]
+                what = (f"missing column(s) {', '.join(missing)}" if missing
+                        else f"{len(cols) - len(header)} extra column(s)")
+                raise DatasetError(f"{path}:{lineno}: expected {len(header)} tab-separated "
+                                   f"columns ({', '.join(header)}), got {len(cols)}: {what}")
+            for name, value in zip(header, cols):
+                if not value.strip():
+                    raise DatasetError(f"{path}:{lineno}: empty {name}")
+            label = cols[0].strip()
+            examples.append(Example(cols[1], cols[2] if len(cols) == 3 else None, label, lineno,
+                                    str(path)))
+    if header is None:
+        raise DatasetError(f"{path}:1: empty split (an empty file: no header, no rows)")
+    if not examples:
+        raise DatasetError(f"{path}:2: empty split (a header and no labelled rows)")
+    return examples
+
+
+def label_list(examples: Sequence[Example]) -> list[str]:
+    """The label set of a (train) split: sorted, numerically when every label is an
+    integer ("2" before "10"), else as strings. Index = class id."""
+    labels = {e.label for e in examples}
+    try:
+        return sorted(labels, key=int)
+    except ValueError:
+        return sorted(labels)
+
+
+def label_ids(examples: Sequence[Example], labels: Sequence[str]) -> np.ndarray:
+    """(N,) int64 class ids of ``examples`` under ``labels``.
+
+    Raises:
+        DatasetError: a label not in ``labels`` (``path:line: unknown label``), naming the
+            known ones.
+    """
+    index = {l: i for i, l in enumerate(labels)}
+    out = np.empty(len(examples), dtype=np.int64)
+    for i, e in enumerate(examples):
+        if e.label not in index:
+            raise DatasetError(f"{e.path}:{e.line}: unknown label {e.label!r}; the train "
+                               f"split's labels are {list(labels)}")
+        out[i] = index[e.label]
+    return out
+
+
+@dataclass
+class EncodedSplit:
+    """Token ids of one split, unpadded: ``input_ids`` / ``token_type_ids`` lists of int
+    lists (lengths <= max_seq_length), ``labels`` (N,) int64 or None."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]]
+    labels: np.ndarray | None
+    examples: list[Example] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def encode_split(tokenizer: BertTokenizer, examples: Sequence[Example], max_seq_length: int,
+                 labels: Sequence[str] | None = None) -> EncodedSplit:
+    """Tokenize ``[CLS] a [SEP]`` / ``[CLS] a [SEP] b [SEP]`` with longest-first truncation
+    to ``max_seq_length`` tokens (google-research/bert ``_truncate_seq_pair``).
+
+    Raises:
+        DatasetError: an unknown label (see :func:`label_ids`).
+        ValueError: max_seq_length too small for the special tokens.
+    """
+    ids, types = [], []
+    for e in examples:
+        enc = tokenizer(e.text_a, e.text_b, truncation=True, max_length=max_seq_length)
+        ids.append(enc["input_ids"])
+        types.append(enc["token_type_ids"])
+    y = label_ids(examples, labels) if labels is not None else None
+    return EncodedSplit(ids, types, y, list(examples))
+
+
+@dataclass
+class Batch:
+    """One padded batch: input_ids, token_type_ids, attention_mask (B, T) int64 with T the
+    longest row of this batch (dynamic padding), labels (B,) int64 or None, index (B,)
+    positions of the rows in their split."""
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    attention_mask: np.ndarray
+    labels: np.ndarray | None
+    index: np.ndarray
+
+    def to(self, xp) -> "Batch":
+        """The same batch with its arrays on ``xp``'s device (numpy: unchanged)."""
+        if xp is np:
+            return self
+        return Batch(*(xp.asarray(a) if a is not None else None for a in
+                       (self.input_ids, self.token_type_ids, self.attention_mask,
+                        self.labels)), self.index)
+
+
+def pad_batch(split: EncodedSplit, index: Sequence[int], pad_id: int = 0) -> Batch:
+    """Pad the rows ``index`` of ``split`` to their longest length (right padding with
+    ``pad_id``, token type 0, attention 0)."""
+    index = np.asarray(index, dtype=np.int64)
+    T = max(len(split.input_ids[i]) for i in index)
+    B = len(index)
+    ids = np.full((B, T), pad_id, dtype=np.int64)
+    tt = np.zeros((B, T), dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
+    for r, i in enumerate(index):
+        n = len(split.input_ids[i])
+        ids[r, :n] = split.input_ids[i]
+        tt[r, :n] = split.token_type_ids[i]
+        mask[r, :n] = 1
+    labels = split.labels[index] if split.labels is not None else None
+    return Batch(ids, tt, mask, labels, index)
+
+
+def iterate_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0, *,
+                    seed: int | None = None, epoch: int = 0, start_batch: int = 0
+                    ) -> Iterator[Batch]:
+    """Batches of ``batch_size`` rows (the last may be smaller) from batch ``start_batch``
+    on: in split order when ``seed`` is None, else in a permutation drawn from (seed,
+    epoch) only, so an epoch can be resumed at any batch."""
+    order = (np.random.default_rng([seed, epoch]).permutation(len(split)) if seed is not None
+             else np.arange(len(split)))
+    for s in range(start_batch * batch_size, len(order), batch_size):
+        yield pad_batch(split, order[s:s + batch_size], pad_id)
+
+
+__all__ = ["DatasetError", "Example", "read_tsv", "label_list", "label_ids", "EncodedSplit",
+           "encode_split", "Batch", "pad_batch", "iterate_batches"]

@@ -1,0 +1,253 @@
+"""THE training loop, shared by every job (pretraining, fine-tuning, benchmarks).
+
+One optimizer step (:func:`train`):
+
+    zero_grad
+    for each of k micro-batches:  forward -> backward(dloss = 1/k)    (gradient accumulation)
+    gradient hook                 (where a data-parallel all-reduce goes)
+    clip the global norm          (the norm is measured even when clipping is off)
+    non-finite check              (on the device: a bad step zeroes its gradients and
+                                   its learning rate, so the parameters stay as they were)
+    optimizer step at the scheduled learning rate
+
+Nothing in a step reads a device value on the host: losses, metric sums and the
+non-finite counters stay on the device and are read at log steps, evaluations and
+checkpoints only. Dropout draws from a generator seeded by (seed, step, micro-batch), and
+the data position (epoch, batch in epoch) is in every checkpoint together with the
+not-yet-logged metric sums, so a run resumed from any checkpoint continues the same loss
+curve as an uninterrupted one.
+
+A job supplies a :class:`Task`: its batches, its forward pass with metric sums, how to
+turn sums into metrics, and optionally an evaluation.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Protocol
+
+from tqdm.auto import tqdm
+
+from . import backend
+from .backend import get_array_module
+from .checkpoint import save_checkpoint
+from .optim import clip_grad_norm, linear_schedule_with_warmup
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (no batch in an epoch, non-finite steps in a row)."""
+
+
+class Task(Protocol):
+    """What a job gives the loop.
+
+    ``batches(epoch, start_batch)`` yields the host batches of one epoch from batch
+    ``start_batch`` on, the same ones for the same arguments; each has a host
+    ``attention_mask`` (B, T) (to count tokens).
+    ``forward(model, batch)`` runs the model with labels and returns (loss, sums): loss a
+    0-d device array, sums a dict of 0-d device arrays (e.g. correct predictions) that the
+    loop adds up between log steps.
+    ``summarize(totals)`` turns host totals of those sums (and ``steps``) into metrics.
+    ``evaluate(step)`` (may be None) evaluates and returns a record (host floats).
+    ``trainer_record()`` returns job fields for the checkpoint (job name, arguments ...).
+    """
+
+    def batches(self, epoch: int, start_batch: int) -> Iterator[Any]: ...
+    def forward(self, model, batch) -> tuple[Any, dict[str, Any]]: ...
+    def summarize(self, totals: dict[str, float]) -> dict[str, float]: ...
+    def trainer_record(self) -> dict[str, Any]: ...
+    evaluate: Callable[[int], dict] | None
+
+
+@dataclass
+class TrainingConfig:
+    """The loop's settings (units: optimizer steps unless stated).
+
+    max_steps: optimizer steps of the run (>= 1). lr: peak learning rate.
+    warmup_steps: linear warmup, then linear decay to 0 at max_steps.
+    max_grad_norm: global-norm clipping threshold; 0 = no clipping.
+    gradient_accumulation_steps: micro-batches per step (>= 1), each weighted 1/k.
+    seed: the run seed (dropout streams derive from it).
+    log_every / eval_every / save_every: cadence; eval and save also happen at the end;
+        0 = at the end only.
+    max_nonfinite_steps: stop after this many non-finite steps in a row (>= 1).
+    log_grad_norms: every N steps a "grad_flow" record (0 = off).
+    progress: show a tqdm bar. desc: its label.
+    """
+
+    max_steps: int
+    lr: float
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    gradient_accumulation_steps: int = 1
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    save_every: int = 0
+    max_nonfinite_steps: int = 5
+    log_grad_norms: int = 0
+    progress: bool = True
+    desc: str = "train"
+
+
+@dataclass
+class TrainState:
+    """Where a run is: ``step`` optimizer steps done; the next micro-batch is batch
+    ``batch_in_epoch`` of ``epoch``; ``elapsed_s`` seconds of training so far; ``window``:
+    host sums of the steps since the last train record (kept across a resume)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    elapsed_s: float = 0.0
+    window: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainState":
+        return cls(int(d.get("step", 0)), int(d.get("epoch", 0)), int(d.get("batch_in_epoch", 0)),
+                   float(d.get("elapsed_s", 0.0)), dict(d.get("window") or {}))
+
+
+def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int, Any]]:
+    """Endless (epoch, position after this batch, batch) over epochs from (epoch, start).
+
+    Raises:
+        TrainingError: an epoch that yields no batch at all.
+    """
+    while True:
+        n = 0
+        for batch in task.batches(epoch, start):
+            n += 1
+            start += 1
+            yield epoch, start, batch
+        if n == 0 and start == 0:
+            raise TrainingError(f"epoch {epoch} yields no batch: too little data for the "
+                                "batch size")
+        epoch, start = epoch + 1, 0
+
+
+def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, *,
+          metrics, checkpoint_path, grad_hook: Callable[[list], None] | None = None,
+          device: str | None = None) -> tuple[TrainState, dict | None]:
+    """Train ``model`` from ``state`` to ``cfg.max_steps``; returns the final state and the
+    last evaluation record (None without evaluation).
+
+    Args:
+        model: a BertPreTrainedModel whose ``backward(dloss=...)`` follows a forward.
+        optimizer: :class:`minibert.optim.AdamW` over the model's parameters.
+        task: the job's :class:`Task`.
+        metrics: a :class:`minibert.runs.MetricsLog`; records {"kind": "train" | "eval" |
+            "grad_flow", "step", "elapsed_s", ...}.
+        checkpoint_path: where the resumable state is saved (atomically).
+        grad_hook: called with the parameter list after backward, before clipping
+            (a data-parallel all-reduce).
+    Raises:
+        TrainingError: see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite
+            steps in a row (the last checkpoint holds the last good parameters).
+    """
+    from .gradflow import grad_flow_record
+
+    params = model.parameters()
+    xp = get_array_module(params[0].data)
+    k = cfg.gradient_accumulation_steps
+    stream = micro_batches(task, state.epoch, state.batch_in_epoch)
+    sums: dict[str, Any] = dict(state.window)      # device (or host, after a resume) sums
+    bad_run = xp.zeros((), dtype=xp.int64)         # non-finite steps in a row, on the device
+    bad_since = xp.zeros((), dtype=xp.int64)
+    t_start = time.perf_counter() - state.elapsed_s
+    t_window, tokens = time.perf_counter(), 0
+    last_eval = None
+    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not cfg.progress,
+               desc=cfg.desc, dynamic_ncols=True)
+
+    def read_sums() -> dict[str, float]:
+        return {key: float(v) for key, v in sums.items()}
+
+    def check_nonfinite() -> None:
+        if int(bad_run) >= cfg.max_nonfinite_steps:
+            raise TrainingError(
+                f"loss or gradient norm not finite in {int(bad_run)} steps in a row since "
+                f"step {int(bad_since) + 1}; stopped at step {state.step} (updates of those "
+                f"steps were skipped; the last checkpoint is {checkpoint_path})")
+
+    def save() -> None:
+        check_nonfinite()
+        state.window = read_sums()
+        state.elapsed_s = time.perf_counter() - t_start
+        save_checkpoint(checkpoint_path, model, optimizer,
+                        {**task.trainer_record(), **state.to_dict()})
+
+    def evaluate() -> dict:
+        record = {"kind": "eval", "step": state.step,
+                  "elapsed_s": round(time.perf_counter() - t_start, 3), **task.evaluate(state.step)}
+        metrics.write(record)
+        model.train()
+        return record
+
+    model.train()
+    try:
+        while state.step < cfg.max_steps:
+            step = state.step
+            lr = linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
+            model.zero_grad()
+            loss_sum, step_sums = 0.0, {}
+            for i in range(k):
+                state.epoch, state.batch_in_epoch, batch = next(stream)
+                model.set_dropout_rng(backend.make_rng(backend.derive_seed(cfg.seed, step, i),
+                                                       device))
+                loss, batch_sums = task.forward(model, batch)
+                model.backward(dloss=1.0 / k)
+                loss_sum = loss_sum + loss / k
+                for key, v in batch_sums.items():
+                    step_sums[key] = step_sums.get(key, 0) + v
+                tokens += int(batch.attention_mask.sum())          # host array
+            if grad_hook is not None:
+                grad_hook(params)
+            grad_norm = clip_grad_norm(params, cfg.max_grad_norm or float("inf"))
+            finite = xp.isfinite(grad_norm) & xp.isfinite(loss_sum)
+            for p in params:
+                xp.copyto(p.grad, 0, where=~finite)                 # NaN * 0 is NaN: zero them
+            bad_since = xp.where(finite | (bad_run > 0), bad_since, step)
+            bad_run = xp.where(finite, 0, bad_run + 1)
+            keep = finite.astype(params[0].data.dtype)
+            optimizer.step(keep * lr)                              # lr 0 on a bad step
+            for key, v in (("loss", loss_sum), ("grad_norm", grad_norm), *step_sums.items()):
+                sums[key] = sums.get(key, 0.0) + xp.where(finite, v, 0)
+            sums["steps"] = sums.get("steps", 0.0) + keep
+            sums["skipped"] = sums.get("skipped", 0.0) + (1 - keep)
+            state.step += 1
+            bar.update(1)
+            if cfg.log_grad_norms and state.step % cfg.log_grad_norms == 0:
+                metrics.write(grad_flow_record(state.step, model, optimizer, lr, grad_norm))
+            end = state.step == cfg.max_steps
+            if state.step % cfg.log_every == 0 or end:
+                check_nonfinite()
+                now = time.perf_counter()
+                totals = read_sums()
+                m = task.summarize(totals)
+                steps = max(totals["steps"], 1.0)
+                record = {"kind": "train", "step": state.step, "epoch": state.epoch,
+                          "elapsed_s": round(now - t_start, 3), "lr": lr,
+                          "loss": totals["loss"] / steps, **m,
+                          "grad_norm": totals["grad_norm"] / steps,
+                          "skipped_steps": int(totals["skipped"]),
+                          "tokens_per_s": round(tokens / max(now - t_window, 1e-9), 1)}
+                metrics.write(record)
+                bar.set_postfix({key: f"{v:.3g}" for key, v in record.items()
+                                 if key in ("loss", "lr", "tokens_per_s") or key.endswith("acc")})
+                sums, tokens, t_window = {}, 0, now
+            if task.evaluate is not None and (
+                    end or (cfg.eval_every and state.step % cfg.eval_every == 0)):
+                last_eval = evaluate()
+                bar.write(f"step {state.step}: " + ", ".join(
+                    f"{key} {v:.4g}" for key, v in last_eval.items()
+                    if isinstance(v, float) and key != "elapsed_s"))
+            if end or (cfg.save_every and state.step % cfg.save_every == 0):
+                save()
+    finally:
+        bar.close()
+    state.elapsed_s = time.perf_counter() - t_start
+    return state, last_eval

@@ -1,0 +1,205 @@
+"""minibert.training: the one loop. Gradient accumulation is the larger batch, a step reads
+no device value on the host, non-finite steps are skipped and stop the run, and a run
+killed at any moment resumes onto the uninterrupted loss curve (both jobs)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minibert import BertConfig
+from minibert.modeling import BertForSequenceClassification
+from minibert.optim import AdamW
+from minibert.runs import MetricsLog
+from minibert.training import TrainingConfig, TrainingError, TrainState, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Rows:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    labels: np.ndarray
+
+
+class ToyTask:
+    """Fixed rows in a fixed order, ``size`` per micro-batch (epoch = all rows)."""
+
+    evaluate = None
+
+    def __init__(self, data: Rows, size: int, nan_steps=()):
+        self.data, self.size, self.nan_steps, self.calls = data, size, set(nan_steps), 0
+
+    def batches(self, epoch, start_batch):
+        n = len(self.data.labels)
+        for s in range(start_batch * self.size, n, self.size):
+            yield Rows(*(a[s:s + self.size] for a in
+                         (self.data.input_ids, self.data.attention_mask, self.data.labels)))
+
+    def forward(self, model, batch):
+        out = model(batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels)
+        self.calls += 1
+        loss = out.loss * np.nan if self.calls in self.nan_steps else out.loss
+        return loss, {"correct": (out.logits.argmax(-1) == batch.labels).sum()}
+
+    def summarize(self, totals):
+        return {"correct": totals.get("correct", 0.0)}
+
+    def trainer_record(self):
+        return {"job": "toy"}
+
+
+def toy(seed=0, rows=16, dtype=np.float64):
+    config = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=8, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, num_labels=3)
+    rng = np.random.default_rng(seed)
+    data = Rows(rng.integers(1, 20, (rows, 6)), np.ones((rows, 6), np.int64),
+                rng.integers(0, 3, rows))
+    return BertForSequenceClassification(config, seed=1, dtype=dtype), data
+
+
+def run(model, task, tmp_path, steps, k=1, **kw):
+    opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.01, correct_bias=True)
+    cfg = TrainingConfig(max_steps=steps, lr=1e-2, warmup_steps=1, gradient_accumulation_steps=k,
+                         log_every=1, progress=False, **kw)
+    log = MetricsLog(tmp_path / "m.jsonl")
+    try:
+        state, _ = train(model, opt, task, cfg, TrainState(), metrics=log,
+                         checkpoint_path=tmp_path / "c.npz")
+    finally:
+        log.close()
+    return state, MetricsLog.read(tmp_path / "m.jsonl")
+
+
+def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
+    big, data = toy()
+    acc, _ = toy()
+    run(big, ToyTask(data, 8), tmp_path, steps=4)
+    run(acc, ToyTask(data, 2), tmp_path, steps=4, k=4)
+    for (n, p), (_, q) in zip(big.named_parameters(), acc.named_parameters()):
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-10, err_msg=n)
+
+
+class Guarded(np.ndarray):
+    """A NumPy array that refuses to be read on the host (a stand-in for device memory)."""
+
+    reads = 0
+
+    def _refuse(self, *a, **k):
+        Guarded.reads += 1
+        raise AssertionError("host read of a device value inside a training step")
+
+    __float__ = __int__ = __bool__ = __index__ = item = tolist = _refuse
+
+
+def test_a_training_step_reads_no_device_value(tmp_path, monkeypatch):
+    model, data = toy(dtype=np.float32)
+    for p in model.parameters():
+        p.data = p.data.view(Guarded)
+        p.grad = p.grad.view(Guarded)
+    task = ToyTask(data, 8)
+    from minibert import training
+    # log steps may read: with log_every past max_steps the first read is the final log
+    opt = AdamW(model.named_parameters(), lr=1e-3)
+    cfg = TrainingConfig(max_steps=3, lr=1e-3, log_every=10**6, progress=False)
+    log = MetricsLog(tmp_path / "m.jsonl")
+    monkeypatch.setattr(training, "save_checkpoint", lambda *a, **k: None)
+    with pytest.raises(AssertionError, match="host read"):
+        # the final log step reads the sums: that is the first read, after 3 steps
+        train(model, opt, task, cfg, TrainState(), metrics=log, checkpoint_path=tmp_path / "c")
+    log.close()
+    assert task.calls == 3  # every forward of the 3 steps ran before the first read
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
+    model, data = toy()
+    task = ToyTask(data, 8, nan_steps={2})
+    before = {}
+
+    class Spy(ToyTask):
+        def forward(self, model, batch):
+            if self.calls == 1:
+                before.update({n: p.data.copy() for n, p in model.named_parameters()})
+            return super().forward(model, batch)
+
+    spy = Spy(data, 8, nan_steps={2})
+    state, records = run(model, spy, tmp_path, steps=2)
+    for n, p in model.named_parameters():  # the second (non-finite) step changed nothing
+        np.testing.assert_array_equal(p.data, before[n], err_msg=n)
+    assert [r["skipped_steps"] for r in records if r["kind"] == "train"] == [0, 1]
+    assert all(np.isfinite(r["loss"]) for r in records if r["kind"] == "train")
+
+    model, data = toy()
+    with pytest.raises(TrainingError, match=r"not finite in 3 steps in a row since step 2"):
+        run(model, ToyTask(data, 8, nan_steps={2, 3, 4, 5, 6}), tmp_path / "b", steps=6,
+            max_nonfinite_steps=3)
+
+
+def test_an_epoch_without_batches_is_an_error(tmp_path):
+    model, data = toy(rows=0)
+    with pytest.raises(TrainingError, match="epoch 0 yields no batch"):
+        run(model, ToyTask(data, 8), tmp_path, steps=1)
+
+
+# ---------------------------------------------------------------------- kill -9, resume
+def kill_when_checkpointed(cmd, ckpt: Path, timeout=120):
+    """Start ``cmd``, SIGKILL it as soon as a checkpoint exists; True if it was killed."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while proc.poll() is None and time.time() - t0 < timeout:
+        if ckpt.exists():
+            time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.01)
+    proc.wait()
+    return False
+
+
+def train_losses(path: Path):
+    return [(r["step"], r["loss"]) for r in MetricsLog.read(path) if r["kind"] == "train"]
+
+
+def test_finetune_killed_and_resumed_reproduces_the_loss_curve(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_finetune import make_rows, write  # the same toy data as test_finetune
+    from minibert import BertForPreTraining
+    from minibert.checkpoint import save_checkpoint
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 96), ("dev", 16), ("test", 8)):
+        write(data / f"{split}.tsv", "label\tsentence\n" + "\n".join(make_rows(n, rng)) + "\n")
+    pre = tmp_path / "pre"
+    pre.mkdir()
+    from test_finetune import WORDS
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    write(pre / "vocab.txt", "\n".join(vocab) + "\n")
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)
+    save_checkpoint(pre / "checkpoint.npz", BertForPreTraining(config, seed=1),
+                    trainer_state={"job": "pretrain", "args": {"lowercase": True}, "step": 0})
+    base = [sys.executable, str(ROOT / "finetune.py"), "--init", str(pre), "--data", str(data),
+            "--max-seq-length", "12", "--batch-size", "8", "--epochs", "3", "--log-every", "2",
+            "--lr", "3e-3", "--no-progress"]
+    full = tmp_path / "full"
+    subprocess.run(base + ["--output-dir", str(full)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+    cut = tmp_path / "cut"
+    killed = kill_when_checkpointed(base + ["--output-dir", str(cut)], cut / "checkpoint.npz")
+    assert killed, "the run finished before it could be killed"
+    subprocess.run(base + ["--output-dir", str(cut), "--resume"], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+    assert train_losses(cut / "metrics.jsonl") == train_losses(full / "metrics.jsonl")
+    assert json.loads((cut / "summary.json").read_text())["dev"] == \
+        json.loads((full / "summary.json").read_text())["dev"]
+    assert not list(cut.glob("*.tmp"))
