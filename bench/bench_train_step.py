@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Time one full pretraining step (forward, backward, clip, AdamW) of minibert and of
+"""Time one full pretraining step (forward, backward, clip, AdamW) of minibert (the step of
+minibert.training, the loop every job runs) and of
 transformers' BertForPreTraining on the same config and the same batch, in one run.
 
     python bench/bench_train_step.py                       # tiny and mini, CPU
@@ -23,34 +24,52 @@ import numpy as np
 
 
 def make_batch(rng, B, T, V, max_pred=20):
+    """Dense HF-style labels (for transformers) and their fixed-shape form (for minibert)."""
+    from minibert.modeling import masked_lm_from_labels
     ids = rng.integers(1000, V, size=(B, T))
     labels = np.full((B, T), -100)
     for b in range(B):
         pos = rng.choice(np.arange(1, T - 1), size=min(max_pred, round(0.15 * T)), replace=False)
         labels[b, pos] = ids[b, pos]
     tt = (np.arange(T)[None] >= T // 2).astype(np.int64).repeat(B, 0)
-    return dict(input_ids=ids, token_type_ids=tt, attention_mask=np.ones((B, T), np.int64),
-                labels=labels, next_sentence_label=rng.integers(0, 2, size=B))
+    common = dict(input_ids=ids, token_type_ids=tt, attention_mask=np.ones((B, T), np.int64),
+                  next_sentence_label=rng.integers(0, 2, size=B))
+    positions, mlm_ids, weights = masked_lm_from_labels(labels, width=max_pred)
+    return (dict(common, labels=labels),
+            dict(common, masked_lm_positions=positions, masked_lm_ids=mlm_ids,
+                 masked_lm_weights=weights))
+
+
+class FixedBatchTask:
+    """The same pretraining batch every step, through minibert.training's step."""
+
+    evaluate = None
+
+    def __init__(self, inputs):
+        self.inputs = inputs
+
+    def forward(self, model, batch):
+        out = model(**self.inputs)
+        return out.loss, {}
 
 
 def minibert_step_fn(config, batch, device):
     from minibert import backend
     from minibert.modeling import BertForPreTraining
-    from minibert.optim import AdamW, clip_grad_norm
+    from minibert.optim import AdamW
+    from minibert.training import TrainingConfig, train_step
     backend.set_device(device)
     xp = backend.xp_for(device)
     model = BertForPreTraining(config).to(device)
-    model.set_dropout_rng(backend.make_rng(0, device))
     opt = AdamW(model.named_parameters(), lr=1e-4)
-    inputs = {k: xp.asarray(v) for k, v in batch.items()}
+    task = FixedBatchTask({k: xp.asarray(v) for k, v in batch.items()})
+    cfg = TrainingConfig(max_steps=1, lr=1e-4, max_grad_norm=1.0)
+    count = [0]
 
     def step():
-        model.zero_grad()
-        out = model(**inputs)
-        model.backward()
-        clip_grad_norm(model.parameters(), 1.0)
-        opt.step()
-        return float(out.loss)  # a host sync, as a training loop that logs the loss has
+        loss, *_ = train_step(model, opt, task, [None], count[0], 1e-4, cfg, device=device)
+        count[0] += 1
+        return float(loss)  # a host sync, as a training loop that logs the loss has
     return step
 
 
@@ -96,10 +115,10 @@ def main():
     results = []
     for preset in args.presets:
         config = BertConfig.from_preset(preset, vocab_size=args.vocab_size)
-        batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
-                           args.vocab_size)
+        hf_batch, batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
+                                     args.vocab_size)
         steps = {"minibert": minibert_step_fn(config, batch, args.device),
-                 "transformers": torch_step_fn(config, batch, args.device)}
+                 "transformers": torch_step_fn(config, hf_batch, args.device)}
         for fn in steps.values():
             for _ in range(args.warmup):
                 fn()

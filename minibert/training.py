@@ -129,6 +129,42 @@ def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int
         epoch, start = epoch + 1, 0
 
 
+def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
+               cfg: TrainingConfig, *, grad_hook=None, device: str | None = None):
+    """One optimizer step over the micro-batches ``micro`` (k = len(micro)); no host read.
+
+    zero_grad -> (forward -> backward(1/k)) per micro-batch -> ``grad_hook`` -> clip ->
+    non-finite check -> optimizer step at ``lr``. A step whose loss or gradient norm is
+    not finite has its gradients zeroed and its learning rate set to 0: the parameters
+    stay as they were (Adam's moments decay by one step).
+
+    Returns:
+        (loss, grad_norm, finite, sums): 0-d device arrays (mean loss over the micro-
+        batches, gradient norm before clipping, whether the step was applied) and the sum
+        of the task's per-micro-batch sums.
+    """
+    params = model.parameters()
+    xp = get_array_module(params[0].data)
+    k = len(micro)
+    model.zero_grad()
+    loss_sum, sums = 0.0, {}
+    for i, batch in enumerate(micro):
+        model.set_dropout_rng(backend.make_rng(backend.derive_seed(cfg.seed, step, i), device))
+        loss, batch_sums = task.forward(model, batch)
+        model.backward(dloss=1.0 / k)
+        loss_sum = loss_sum + loss / k
+        for key, v in batch_sums.items():
+            sums[key] = sums.get(key, 0) + v
+    if grad_hook is not None:
+        grad_hook(params)
+    grad_norm = clip_grad_norm(params, cfg.max_grad_norm or float("inf"))
+    finite = xp.isfinite(grad_norm) & xp.isfinite(loss_sum)
+    for p in params:
+        xp.copyto(p.grad, 0, where=~finite)                         # NaN * 0 is NaN: zero them
+    optimizer.step(finite.astype(params[0].data.dtype) * lr)        # lr 0 on a bad step
+    return loss_sum, grad_norm, finite, sums
+
+
 def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, *,
           metrics, checkpoint_path, grad_hook: Callable[[list], None] | None = None,
           device: str | None = None) -> tuple[TrainState, dict | None]:
@@ -192,29 +228,18 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         while state.step < cfg.max_steps:
             step = state.step
             lr = linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
-            model.zero_grad()
-            loss_sum, step_sums = 0.0, {}
-            for i in range(k):
+            micro = []
+            for _ in range(k):
                 state.epoch, state.batch_in_epoch, batch = next(stream)
-                model.set_dropout_rng(backend.make_rng(backend.derive_seed(cfg.seed, step, i),
-                                                       device))
-                loss, batch_sums = task.forward(model, batch)
-                model.backward(dloss=1.0 / k)
-                loss_sum = loss_sum + loss / k
-                for key, v in batch_sums.items():
-                    step_sums[key] = step_sums.get(key, 0) + v
+                micro.append(batch)
                 tokens += int(batch.attention_mask.sum())          # host array
-            if grad_hook is not None:
-                grad_hook(params)
-            grad_norm = clip_grad_norm(params, cfg.max_grad_norm or float("inf"))
-            finite = xp.isfinite(grad_norm) & xp.isfinite(loss_sum)
-            for p in params:
-                xp.copyto(p.grad, 0, where=~finite)                 # NaN * 0 is NaN: zero them
+            loss, grad_norm, finite, step_sums = train_step(
+                model, optimizer, task, micro, step, lr, cfg, grad_hook=grad_hook,
+                device=device)
             bad_since = xp.where(finite | (bad_run > 0), bad_since, step)
             bad_run = xp.where(finite, 0, bad_run + 1)
             keep = finite.astype(params[0].data.dtype)
-            optimizer.step(keep * lr)                              # lr 0 on a bad step
-            for key, v in (("loss", loss_sum), ("grad_norm", grad_norm), *step_sums.items()):
+            for key, v in (("loss", loss), ("grad_norm", grad_norm), *step_sums.items()):
                 sums[key] = sums.get(key, 0.0) + xp.where(finite, v, 0)
             sums["steps"] = sums.get("steps", 0.0) + keep
             sums["skipped"] = sums.get("skipped", 0.0) + (1 - keep)
