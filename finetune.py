@@ -22,7 +22,6 @@ metrics.jsonl, summary.json, predictions_{dev,test}.tsv, training_curves.png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -80,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
                    help="micro-batches whose gradients are summed (each weighted 1/k) per step")
     g.add_argument("--eval-batch-size", type=positive_int, default=64, help="sequences per eval batch")
-    g.add_argument("--lr", type=positive_float, default=5e-5, help="peak learning rate")
+    g.add_argument("--lr", type=non_negative_float, default=5e-5, help="peak learning rate")
     g.add_argument("--warmup-proportion", type=float_in(0.0, 1.0), default=0.1,
                    help="share of the steps with linear warmup")
     g.add_argument("--weight-decay", type=non_negative_float, default=0.01, help="decoupled weight decay")

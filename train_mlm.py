@@ -28,7 +28,7 @@ from minibert import backend
 from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.checkpoint import CheckpointError, check_same_config, load_checkpoint
 from minibert.cli import (dropout_probability, fail as _fail, float_in, int_at_least,
-                          non_negative_float, non_negative_int, positive_float, positive_int,
+                          non_negative_float, non_negative_int, positive_int,
                           probability)
 from minibert.hf import HFFormatError, load_pretrained_weights
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
@@ -128,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sequences per micro-batch (per step: batch size x accumulation)")
     g.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
                    help="micro-batches whose gradients are summed (each weighted 1/k) per step")
-    g.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate")
+    g.add_argument("--lr", type=non_negative_float, default=1e-3, help="peak learning rate")
     g.add_argument("--warmup-steps", type=non_negative_int, default=None,
                    help="linear warmup steps (default: 10%% of --max-steps)")
     g.add_argument("--weight-decay", type=non_negative_float, default=0.01,
@@ -236,8 +236,9 @@ def get_tokenizer(args, run, files, objective, resume: bool) -> BertTokenizer:
 class PretrainTask:
     """The pretraining job for :func:`minibert.training.train`."""
 
-    def __init__(self, args, objective, store, vocab, eval_batches, model, xp):
+    def __init__(self, args, objective, store, vocab, eval_batches, reference, model, xp):
         self.args, self.objective, self.store, self.vocab = args, objective, store, vocab
+        self.reference = reference  # baselines printed beside every evaluation
         self.eval_batches, self.model, self.xp = eval_batches, model, xp
         self.evaluate = self._evaluate if eval_batches else None
         self.data_kw = dict(masking=args.masking, dupe_factor=args.dupe_factor,
@@ -247,9 +248,10 @@ class PretrainTask:
                             whole_word_mask=args.whole_word_mask)
 
     def batches(self, epoch: int, start_batch: int):
-        return iterate_batches(self.store, self.vocab, self.objective, self.args.batch_size,
+        return iterate_batches(self.store, self.vocab, self.args.batch_size,
                                self.args.max_seq_length, epoch=epoch, seed=self.args.seed,
-                               start_batch=start_batch, **self.data_kw)
+                               start_batch=start_batch, objective=self.objective,
+                               **self.data_kw)
 
     def forward(self, model, batch):
         inputs = {k: self.xp.asarray(v) for k, v in batch.model_inputs().items()}
@@ -266,7 +268,7 @@ class PretrainTask:
             _, sums = self.forward(self.model, b)
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
-        return self.summarize(totals)
+        return {**self.summarize(totals), **self.reference}
 
     def trainer_record(self) -> dict:
         return {"job": "pretrain", "args": {k: getattr(self.args, k) for k in RESUME_FIXED},
@@ -287,9 +289,10 @@ def main(argv=None) -> int:
         if args.init_checkpoint and not resume:
             start = load_start(args.init_checkpoint, "--init-checkpoint")
             if start.tokenizer_options.get("do_lower_case", True) != args.lowercase:
-                raise RunError(f"--init-checkpoint {args.init_checkpoint} lower-cases="
-                               f"{start.tokenizer_options.get('do_lower_case', True)}; this "
-                               f"run has lowercase={args.lowercase} (add or drop --no-lowercase)")
+                raise RunError(f"--init-checkpoint {args.init_checkpoint} was trained with "
+                               f"lowercase={start.tokenizer_options.get('do_lower_case', True)}"
+                               f"; this run has lowercase={args.lowercase} (add or drop "
+                               "--no-lowercase)")
             if args.vocab and Path(args.vocab).read_bytes() != start.vocab_file.read_bytes():
                 raise RunError(f"--vocab {args.vocab} differs from {start.vocab_file}, the "
                                f"vocab the weights of --init-checkpoint were trained with")
@@ -310,7 +313,7 @@ def main(argv=None) -> int:
         train_store, eval_store = split_documents(store, eval_fraction=args.eval_fraction,
                                                   seed=args.seed,
                                                   min_documents=objective.min_documents)
-        if resumed is not None:
+        if resumed is not None and args.init_checkpoint:  # the architecture it took over
             config = resumed["config"]
         elif start is not None:
             config = start.config
@@ -367,8 +370,9 @@ def main(argv=None) -> int:
     atomic_write_bytes(run.config, config.to_json().encode())
     write_args(run, vars(args))
 
-    eval_batches = make_eval_batches(eval_store, vocab, objective, args.batch_size,
+    eval_batches = make_eval_batches(eval_store, vocab, args.batch_size,
                                      args.max_seq_length, seed=args.seed + 1,
+                                     objective=objective,
                                      max_instances=args.eval_instances,
                                      short_seq_prob=args.short_seq_prob,
                                      masked_lm_prob=args.masked_lm_prob,
@@ -377,8 +381,9 @@ def main(argv=None) -> int:
     reference = {}
     if eval_batches:  # none when --eval-fraction is 0
         counts = token_counts(train_store, config.vocab_size)
-        labels = [np.where(b.masked_lm_weights > 0, b.masked_lm_ids, -100) for b in eval_batches]
-        reference["unigram_baseline"] = unigram_cross_entropy(counts, labels)
+        reference["unigram_baseline"] = unigram_cross_entropy(
+            counts, [b.masked_lm_ids for b in eval_batches],
+            [b.masked_lm_weights for b in eval_batches])
         if objective.sentence_task:
             # always guessing the commoner label: at short max_seq_length most NSP chunks
             # hold one segment, which the reference always pairs with a random B
@@ -392,7 +397,7 @@ def main(argv=None) -> int:
           f"{sum(len(b.input_ids) for b in eval_batches)} sequences"
           + "".join(f"; {k.replace('_', ' ')} {v:.3f}" for k, v in reference.items()))
 
-    task = PretrainTask(args, objective, train_store, vocab, eval_batches, model, xp)
+    task = PretrainTask(args, objective, train_store, vocab, eval_batches, reference, model, xp)
     cfg = TrainingConfig(max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup_steps,
                          max_grad_norm=args.max_grad_norm,
                          gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -418,7 +423,7 @@ def main(argv=None) -> int:
                "parameters": model.num_parameters(), "vocab_size": config.vocab_size,
                **reference,
                **{"eval_" + k: v for k, v in (last_eval or {}).items()
-                  if k not in ("kind", "step", "elapsed_s")},
+                  if k not in ("kind", "step", "elapsed_s") and k not in reference},
                "checkpoint": str(run.checkpoint)}
     atomic_write_json(run.summary, summary)
     print("summary: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

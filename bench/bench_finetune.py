@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from minibert.finetuning import (build_classifier, classification_metrics, encode_split,  # noqa: E402
-                                 iterate_batches, label_list, load_pretrained, read_tsv)
+                                 iterate_batches, label_list, read_tsv)
+from minibert.runs import load_start  # noqa: E402
 from minibert.optim import decays, linear_schedule_with_warmup  # noqa: E402
 from minibert.tokenization import BertTokenizer  # noqa: E402
 
@@ -57,7 +58,7 @@ def run_transformers(args) -> dict:
     if args.max_train_examples:
         ex["train"] = ex["train"][:args.max_train_examples]
     labels = label_list(ex["train"])
-    pre = load_pretrained(args.init)
+    pre = load_start(args.init)
     tok = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     max_len = min(args.max_seq_length, pre.config.max_position_embeddings)
     enc = {s: encode_split(tok, e, max_len, labels) for s, e in ex.items()}
@@ -68,15 +69,14 @@ def run_transformers(args) -> dict:
         model.classifier.weight.copy_(torch.from_numpy(ours.classifier.weight.data))
         model.classifier.bias.copy_(torch.from_numpy(ours.classifier.bias.data))
     groups = [
-        {"params": [p for n, p in model.named_parameters() if decays(n)],
+        {"params": [p for p in model.parameters() if decays(p)],
          "weight_decay": args.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if not decays(n)],
+        {"params": [p for p in model.parameters() if not decays(p)],
          "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=args.lr, eps=args.adam_eps)
     steps_per_epoch = -(-len(enc["train"]) // args.batch_size)
     total = steps_per_epoch * args.epochs
     warmup = int(args.warmup_proportion * total)
-    rng = np.random.default_rng(args.seed)  # the same batch order as finetune.py
 
     def evaluate(split):
         model.eval()
@@ -94,7 +94,9 @@ def run_transformers(args) -> dict:
     model.train()
     for epoch in range(args.epochs):
         t0 = time.perf_counter()
-        for b in iterate_batches(enc["train"], args.batch_size, rng, tok.pad_token_id):
+        # the same batch order as finetune.py: a permutation per (seed, epoch)
+        for b in iterate_batches(enc["train"], args.batch_size, tok.pad_token_id,
+                                 seed=args.seed, epoch=epoch):
             for g in opt.param_groups:
                 g["lr"] = linear_schedule_with_warmup(step, args.lr, warmup, total)
             out = model(input_ids=torch.from_numpy(b.input_ids),

@@ -29,7 +29,8 @@ def _import_cupy():
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # pragma: no cover - depends on the machine
-        raise BackendError(f"device 'cuda': CuPy is installed but no CUDA GPU is usable ({e})") from e
+        raise BackendError(
+            f"device 'cuda': CuPy is installed but no CUDA GPU is usable ({e})") from e
     if n < 1:  # pragma: no cover
         raise BackendError("device 'cuda': CuPy is installed but it sees no CUDA GPU")
     return cupy
@@ -81,11 +82,6 @@ def to_numpy(x) -> np.ndarray:
     if type(x).__module__.startswith("cupy"):
         return x.get()
     return np.asarray(x)
-
-
-def to_device(x, device: str | None = None):
-    """Move a host array to ``device`` (default: the current device); no copy on the CPU."""
-    return xp_for(device).asarray(x)
 
 
 def erf(x):

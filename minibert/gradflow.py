@@ -72,7 +72,7 @@ def adamw_updates(optimizer: AdamW, lr: float) -> dict:
         xp = get_array_module(p.data)
         s = step_size * optimizer.m[name] / (xp.sqrt(optimizer.v[name]) * v_scale + optimizer.eps)
         d = -s
-        if optimizer.weight_decay and decays(name):
+        if optimizer.weight_decay and decays(p):
             decay = lr * optimizer.weight_decay
             d = d - decay * (p.data + s) / (1.0 - decay)
         out[name] = d

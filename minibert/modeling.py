@@ -159,12 +159,16 @@ class BertEmbeddings(Module):
         return self.dropout(self.LayerNorm(x))
 
     def backward(self, dout) -> None:
-        """dout: (B, T, C); adds into the three embedding tables' grads."""
-        d = self.LayerNorm.backward(self.dropout.backward(dout))          # (B, T, C)
-        self.word_embeddings.backward(d)
-        self.token_type_embeddings.backward(d)
+        """dout: (B, T, C); adds into the embedding tables' grads (the integer ids and the
+        fixed sinusoidal table have no gradient)."""
+        # forward: return dropout(LayerNorm(x))
+        dx = self.LayerNorm.backward(self.dropout.backward(dout))        # (B, T, C)
+        # forward: x = word_embeddings(input_ids) + token_type_embeddings(token_type_ids)
+        self.word_embeddings.backward(dx)
+        self.token_type_embeddings.backward(dx)
+        # forward: x += position_embeddings(arange(T)), broadcast over B  ->  sum over B
         if hasattr(self, "position_embeddings"):
-            self.position_embeddings.backward(d.sum(axis=0))             # (T, C), ids unique
+            self.position_embeddings.backward(dx.sum(axis=0))            # (T, C), ids unique
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,15 +192,17 @@ class BertSelfAttention(Module):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
         q, k, v = self.query(x), self.key(x), self.value(x)              # (B, T, C) each
         p = self.dropout.p if self.dropout.training else 0.0
-        ctx, probs, self._cache = attention_forward(q, k, v, mask_add, self.num_attention_heads,
-                                                    p, self.dropout.rng)
-        self.attention_probs = probs if output_attentions else None
+        ctx, self._cache = attention_forward(q, k, v, mask_add, self.num_attention_heads, p,
+                                             self.dropout.rng)           # (B, T, C)
+        self.attention_probs = self._cache.probs if output_attentions else None
         return ctx
 
     def backward(self, dctx):
         """dctx: (B, T, C) -> dx (B, T, C), summed over the three projections."""
-        dq, dk, dv = attention_backward(dctx, self._cache)
+        # forward: ctx = attention(q, k, v, mask_add)
+        dq, dk, dv = attention_backward(dctx, self._cache)               # (B, T, C) each
         self._cache = None
+        # forward: q, k, v = query(x), key(x), value(x)  ->  x fans out: sum
         return self.query.backward(dq) + self.key.backward(dk) + self.value.backward(dv)
 
 
@@ -224,10 +230,11 @@ class BertOutput(Module):
 
     def backward(self, dout):
         """dout: (B, T, C) -> (dh (B, T, in_features), dresidual (B, T, C))."""
-        if not self.pre_ln:
-            dout = self.LayerNorm.backward(dout)
-        dh = self.dense.backward(self.dropout.backward(dout))
-        return dh, dout
+        # forward: return y if pre_ln else LayerNorm(y)
+        dy = dout if self.pre_ln else self.LayerNorm.backward(dout)      # (B, T, C)
+        # forward: y = dropout(dense(h)) + residual
+        dh = self.dense.backward(self.dropout.backward(dy))              # (B, T, in_features)
+        return dh, dy
 
 
 class BertAttention(Module):
@@ -240,12 +247,17 @@ class BertAttention(Module):
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C) -> (B, T, C)."""
-        h = self.output.LayerNorm(x) if self.pre_ln else x
-        return self.output(self.self(h, mask_add, output_attentions), x)
+        h = self.output.LayerNorm(x) if self.pre_ln else x               # (B, T, C)
+        ctx = self.self(h, mask_add, output_attentions)                  # (B, T, C)
+        return self.output(ctx, x)
 
     def backward(self, dout):
-        dctx, dx = self.output.backward(dout)
-        dh = self.self.backward(dctx)
+        """dout: (B, T, C) -> dx (B, T, C)."""
+        # forward: return output(ctx, x)
+        dctx, dx = self.output.backward(dout)                            # (B, T, C) each
+        # forward: ctx = self(h, mask_add)
+        dh = self.self.backward(dctx)                                    # (B, T, C)
+        # forward: h = LayerNorm(x) if pre_ln else x  ->  x fans out: sum with the residual
         return dx + (self.output.LayerNorm.backward(dh) if self.pre_ln else dh)
 
 
@@ -262,7 +274,9 @@ class BertIntermediate(Module):
         return self.intermediate_act_fn(self.dense(x))
 
     def backward(self, dout):
-        return self.dense.backward(self.intermediate_act_fn.backward(dout))
+        """dout: (B, T, I) -> dx (B, T, C)."""
+        # forward: return act(dense(x))
+        return self.dense.backward(self.intermediate_act_fn.backward(dout))  # (B, T, C)
 
 
 class BertLayer(Module):
@@ -277,14 +291,20 @@ class BertLayer(Module):
     def forward(self, x, mask_add, output_attentions: bool = False):
         """(B, T, C) -> (B, T, C)."""
         a = self.attention(x, mask_add, output_attentions)               # (B, T, C)
-        h = self.output.LayerNorm(a) if self.pre_ln else a
-        return self.output(self.intermediate(h), a)                      # (B, T, C)
+        h = self.output.LayerNorm(a) if self.pre_ln else a               # (B, T, C)
+        i = self.intermediate(h)                                         # (B, T, I)
+        return self.output(i, a)                                         # (B, T, C)
 
     def backward(self, dout):
+        """dout: (B, T, C) -> dx (B, T, C)."""
+        # forward: return output(i, a)
         di, da = self.output.backward(dout)                              # (B,T,I), (B,T,C)
+        # forward: i = intermediate(h)
         dh = self.intermediate.backward(di)                              # (B, T, C)
+        # forward: h = LayerNorm(a) if pre_ln else a  ->  a fans out: sum with the residual
         da = da + (self.output.LayerNorm.backward(dh) if self.pre_ln else dh)
-        return self.attention.backward(da)
+        # forward: a = attention(x, mask_add)
+        return self.attention.backward(da)                               # (B, T, C)
 
 
 class BertEncoder(Module):
@@ -297,15 +317,19 @@ class BertEncoder(Module):
             self.ln = LayerNorm(config.hidden_size, config.layer_norm_eps, dtype=dtype)
 
     def forward(self, x, mask_add, output_attentions: bool = False):
+        """x: (B, T, C) -> (B, T, C)."""
         for layer in self.layer:
-            x = layer(x, mask_add, output_attentions)
+            x = layer(x, mask_add, output_attentions)                    # (B, T, C)
         return self.ln(x) if hasattr(self, "ln") else x
 
     def backward(self, dout):
+        """dout: (B, T, C) -> dx (B, T, C)."""
+        # forward: return ln(x) if pre-LN else x
         if hasattr(self, "ln"):
-            dout = self.ln.backward(dout)
+            dout = self.ln.backward(dout)                                # (B, T, C)
+        # forward: for layer in self.layer: x = layer(x, mask_add)  ->  last layer first
         for layer in reversed(list(self.layer)):
-            dout = layer.backward(dout)
+            dout = layer.backward(dout)                                  # (B, T, C)
         return dout
 
 
@@ -319,12 +343,13 @@ class BertPooler(Module):
 
     def forward(self, hidden):
         """(B, T, C) -> (B, C)."""
-        out, self._cache = tanh_forward(self.dense(hidden[:, 0]))
+        out, self._cache = tanh_forward(self.dense(hidden[:, 0]))       # (B, C)
         return out
 
     def backward(self, dout):
-        """(B, C) -> d(hidden[:, 0]) (B, C)."""
-        d = self.dense.backward(tanh_backward(dout, self._cache))
+        """(B, C) -> d(hidden[:, 0]) (B, C); the caller adds it at position 0."""
+        # forward: out = tanh(dense(hidden[:, 0]))
+        d = self.dense.backward(tanh_backward(dout, self._cache))        # (B, C)
         self._cache = None
         return d
 
@@ -469,9 +494,13 @@ class BertModel(BertPreTrainedModel):
             d = get_array_module(d_pooler_output).zeros(shape, dtype=dtype)  # (B, T, C)
         else:
             d = d_last_hidden_state.astype(dtype, copy=True)                 # (B, T, C)
+        # forward: pooled = pooler(h), which reads h[:, 0] only
         if d_pooler_output is not None:
-            d[:, 0] += self.pooler.backward(d_pooler_output)
-        self.embeddings.backward(self.encoder.backward(d))
+            d[:, 0] += self.pooler.backward(d_pooler_output)             # (B, C)
+        # forward: h = encoder(x, mask_add)  (mask_add is a constant)
+        dx = self.encoder.backward(d)                                    # (B, T, C)
+        # forward: x = embeddings(input_ids, token_type_ids)
+        self.embeddings.backward(dx)
 
 
 class BertPredictionHeadTransform(Module):
@@ -484,9 +513,12 @@ class BertPredictionHeadTransform(Module):
         self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
 
     def forward(self, h):
+        """(N, C) -> (N, C)."""
         return self.LayerNorm(self.transform_act_fn(self.dense(h)))
 
     def backward(self, dout):
+        """dout: (N, C) -> dh (N, C)."""
+        # forward: return LayerNorm(act(dense(h)))
         return self.dense.backward(self.transform_act_fn.backward(self.LayerNorm.backward(dout)))
 
 
@@ -503,11 +535,15 @@ class BertLMPredictionHead(Module):
 
     def forward(self, h):
         """(N, C) -> logits (N, V)."""
-        return self.decoder(self.transform(h))
+        t = self.transform(h)                                            # (N, C)
+        return self.decoder(t)                                           # (N, V)
 
     def backward(self, dlogits):
         """(N, V) -> (N, C); the decoder's weight gradient lands in the word embeddings."""
-        return self.transform.backward(self.decoder.backward(dlogits))
+        # forward: return decoder(t) = t @ E^T + bias, E the tied word-embedding matrix
+        dt = self.decoder.backward(dlogits)                              # (N, C)
+        # forward: t = transform(h)
+        return self.transform.backward(dt)                               # (N, C)
 
 
 class BertPreTrainingHeads(Module):

@@ -3,8 +3,8 @@
 BERT's optimizer is ``AdamWeightDecayOptimizer`` in google-research/bert
 ``optimization.py``: Adam (Kingma & Ba 2015) *without* bias correction, eps 1e-6, and
 weight decay decoupled from the gradient (Loshchilov & Hutter 2019), not applied to
-LayerNorm and bias parameters. ``correct_bias=True`` gives the bias-corrected form of
-``torch.optim.AdamW``.
+LayerNorm and bias parameters (see :func:`decays`). ``correct_bias=True`` gives the
+bias-corrected form of ``torch.optim.AdamW``.
 """
 from __future__ import annotations
 
@@ -16,13 +16,24 @@ import numpy as np
 from .backend import get_array_module, to_numpy
 from .nn import Parameter
 
-NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias", "ln.weight", "ln.bias")
 
+def decays(param: Parameter) -> bool:
+    """Whether ``param`` gets weight decay: exactly the weight matrices (``ndim >= 2``: the
+    weights of Linear and Embedding), never a 1-d vector (a bias, a LayerNorm gain or shift).
 
-def decays(name: str) -> bool:
-    """Whether a parameter of this name gets weight decay: not biases, not LayerNorm
-    (google-research/bert ``exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]``)."""
-    return not name.endswith(NO_DECAY)
+    On BERT's parameters this is google-research/bert's name rule
+    ``exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]`` (``optimization.py``,
+    the same set as HF's ``no_decay = ["bias", "LayerNorm.weight"]``): every 1-d parameter
+    of BERT is a bias or a LayerNorm vector and every matrix is a weight. Deciding by shape
+    rather than by name means a new layer cannot fall through a list of names: a bias or
+    gain called anything at all is not decayed. (The pre-LN final norm ``bert.encoder.ln``,
+    which the reference does not have, is not decayed either, as every LayerNorm.)
+
+    Args:
+        param: a :class:`~minibert.nn.Parameter` (anything whose ``.data`` has ``ndim``,
+            e.g. a torch parameter, works the same way).
+    """
+    return param.data.ndim >= 2
 
 
 class AdamW:
@@ -30,7 +41,7 @@ class AdamW:
 
     Per parameter p with gradient g, at step t (1-based):
         m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
-        p -= lr * wd * p                          (decaying parameters only)
+        p -= lr * wd * p                          (matrices only, see :func:`decays`)
         p -= lr * m' / (sqrt(v') + eps)
     where m' = m / (1 - b1^t), v' = v / (1 - b2^t) if ``correct_bias`` else m, v (BERT).
 
@@ -72,7 +83,7 @@ class AdamW:
             m += (1.0 - b1) * g
             v *= b2
             v += (1.0 - b2) * (g * g)
-            if self.weight_decay and decays(name):
+            if self.weight_decay and decays(p):
                 p.data *= 1.0 - lr * self.weight_decay
             denom = xp.sqrt(v)
             if v_scale != 1.0:

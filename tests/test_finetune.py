@@ -11,7 +11,7 @@ from minibert import BertConfig, BertForPreTraining
 from minibert.checkpoint import save_checkpoint
 from minibert.finetuning import (DatasetError, classification_metrics, encode_split,
                                  iterate_batches, label_ids, label_list, read_tsv)
-from minibert.runs import load_start as load_pretrained
+from minibert.runs import load_start
 from minibert.hf import save_hf_directory
 from minibert.tokenization import BertTokenizer
 
@@ -190,7 +190,7 @@ def test_end_to_end_from_minibert_checkpoint(dataset, pretrained_run, tmp_path, 
     assert (out / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
     # the saved model predicts the same without training, and carries its labels
-    pre = load_pretrained(out)
+    pre = load_start(out)
     assert pre.labels == ["neg", "pos"]
     rc = finetune.main(["--model", str(out), "--predict", "very good film"])
     again = capsys.readouterr().out
@@ -218,7 +218,7 @@ def test_end_to_end_pairs_from_hf_directory_with_random_init(tmp_path, pretraine
     for split, n in (("train", 16), ("dev", 8), ("test", 8)):
         write(d / f"{split}.tsv", "label\tsentence_a\tsentence_b\n"
               + "\n".join(make_rows(n, rng, pair=True)) + "\n")
-    pre = load_pretrained(pretrained_run)
+    pre = load_start(pretrained_run)
     model = BertForPreTraining(pre.config)
     model.load_state_dict(pre.state)
     hf_dir = save_hf_directory(model, tmp_path / "hf", pre.vocab_file)

@@ -11,15 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining
-from minibert.gradcheck import PERTURBATIONS, GradcheckReport, check_module, perturbed
+from minibert.gradcheck import (PERTURBATIONS, GradcheckReport, check_module, check_tensor,
+                                perturbed)
 from minibert.gradflow import (adamw_updates, grad_flow_record, grad_flow_stats, layer_of,
                                plot_grad_flow, read_grad_flow)
 from minibert.nn import Linear, Module, Parameter, softmax_backward
 from minibert.nn import activations
 from minibert.optim import AdamW, clip_grad_norm
-from minibert.testing import (assert_module_gradients, attention_inputs, bert_configs,
-                              float_arrays, hidden_states, layer_shapes, padding_masks,
-                              token_batches)
+from minibert.testing import (assert_module_gradients, assert_parameter_gradients,
+                              attention_inputs, bert_configs, float_arrays, hidden_states,
+                              layer_shapes, padding_masks, token_batches)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,6 +136,25 @@ def test_check_module_on_a_user_module():
         assert_module_gradients(Scale(4, wrong=True), [x], input_names=["x"])
 
 
+def test_check_tensor_results_and_parameter_assertion():
+    x = np.zeros(3)
+    noise = check_tensor(lambda: 0.0, x, np.full(3, 1e-12), "b")  # true gradient 0
+    assert (noise.result, noise.method, noise.passed) == ("pass (abs)", "full", True)
+    wrong = check_tensor(lambda: float(x.sum()), x, np.full(3, 2.0), "x", full=False,
+                         directions=2)
+    assert (wrong.result, wrong.method, wrong.passed) == ("FAIL", "dir x2", False)
+
+    model, inp = Scale(4), np.random.default_rng(0).standard_normal((3, 4))
+    model.forward(inp)
+    model.zero_grad()
+    model.backward(np.ones((3, 4)))                     # the gradient of loss below
+    loss = lambda: float(model.forward(inp).sum())
+    assert_parameter_gradients(model, loss, np.random.default_rng(0), "scale")
+    model.w.grad[0] += 1e-3
+    with pytest.raises(AssertionError, match="scale: gradient check failed for w"):
+        assert_parameter_gradients(model, loss, np.random.default_rng(0), "scale")
+
+
 def test_check_module_directional_and_errors():
     rng = np.random.default_rng(1)
     lin = Linear(30, 20, rng=rng, dtype=np.float64)  # weight 600 entries: directional
@@ -152,7 +172,8 @@ def test_check_module_directional_and_errors():
 @given(data=st.data())
 def test_token_batches_agree_with_their_config(data):
     config = data.draw(bert_configs(max_hidden=8, max_positions=7))
-    assert config.hidden_size % config.num_attention_heads == 0 and config.hidden_size <= 8
+    assert config.hidden_size % config.num_attention_heads == 0
+    assert 3 <= config.hidden_size <= 8
     b = data.draw(token_batches(config, max_batch=3))
     B, T = b.input_ids.shape
     assert 1 <= B <= 3 and 1 <= T <= config.max_position_embeddings

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibert.nn import Parameter
+from minibert import BertConfig, BertForPreTraining, BertForSequenceClassification
+from minibert.nn import Module, Parameter
 from minibert.optim import AdamW, clip_grad_norm, decays, linear_schedule_with_warmup
 from minibert.testing import seeds
 
@@ -24,8 +25,8 @@ def test_bias_corrected_adamw_matches_torch(seed, lr, wd):
     ours = make_params(rng)
     ref = [torch.tensor(p.data.copy(), requires_grad=True) for _, p in ours]
     opt = AdamW(ours, lr=lr, weight_decay=wd, correct_bias=True, eps=1e-6)
-    groups = [{"params": [t], "weight_decay": wd if decays(n) else 0.0}
-              for (n, _), t in zip(ours, ref)]
+    groups = [{"params": [t], "weight_decay": wd if decays(p) else 0.0}
+              for (_, p), t in zip(ours, ref)]
     topt = torch.optim.AdamW(groups, lr=lr, eps=1e-6, betas=(0.9, 0.999))
     for _ in range(5):
         for (_, p), t in zip(ours, ref):
@@ -56,9 +57,61 @@ def test_bert_adamw_has_no_bias_correction_and_skips_layernorm_and_bias():
                                    err_msg=n)
 
 
+def _old_name_rule(name: str) -> bool:
+    """The rule decays() replaced: a list of name suffixes that are not decayed."""
+    return not name.endswith(("bias", "LayerNorm.weight", "LayerNorm.bias", "ln.weight",
+                              "ln.bias"))
+
+
+def _google_rule(name: str) -> bool:
+    """google-research/bert optimization.py: exclude_from_weight_decay=["LayerNorm",
+    "layer_norm", "bias"], matched with re.search against the variable name."""
+    return not any(s in name for s in ("LayerNorm", "layer_norm", "bias"))
+
+
+@pytest.mark.parametrize("model_cls, norm", [(BertForPreTraining, "post"),
+                                             (BertForPreTraining, "pre"),
+                                             (BertForSequenceClassification, "post")])
+def test_decay_by_shape_agrees_with_the_name_rules_on_bert(model_cls, norm):
+    config = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=16, max_position_embeddings=8,
+                        norm_position=norm, num_labels=3)
+    named = list(model_cls(config).named_parameters())
+    assert {decays(p) for _, p in named} == {True, False}
+    assert [n for n, p in named if decays(p) != _old_name_rule(n)] == []
+    # the reference has no pre-LN final norm; its name rule would decay that gain
+    expected = ["bert.encoder.ln.weight"] if norm == "pre" else []
+    assert [n for n, p in named if decays(p) != _google_rule(n)] == expected
+
+
+class NewLayer(Module):
+    """A made-up layer whose 1-d parameters have names no list would expect."""
+
+    def __init__(self, rng):
+        self.kernel = Parameter(rng.standard_normal((3, 4)))
+        self.offset = Parameter(rng.standard_normal(3))    # a bias by another name
+        self.gamma_weight = Parameter(rng.standard_normal(3))  # a gain ending in "weight"
+
+
+def test_a_new_layers_oddly_named_vector_is_not_decayed():
+    layer = NewLayer(np.random.default_rng(0))
+    named = dict(layer.named_parameters())
+    assert _old_name_rule("gamma_weight") and _old_name_rule("offset")  # the old rule's trap
+    assert decays(named["kernel"]) and not decays(named["offset"])
+    assert not decays(named["gamma_weight"])
+    before = {n: p.data.copy() for n, p in named.items()}
+    lr, wd = 0.1, 0.5
+    AdamW(layer.named_parameters(), lr=lr, weight_decay=wd).step()  # zero grads: decay only
+    np.testing.assert_array_equal(named["offset"].data, before["offset"])
+    np.testing.assert_array_equal(named["gamma_weight"].data, before["gamma_weight"])
+    np.testing.assert_allclose(named["kernel"].data, before["kernel"] * (1 - lr * wd),
+                               rtol=1e-15)
+
+
 def test_optimizer_state_round_trip_continues_identically():
     rng = np.random.default_rng(1)
-    a, b = make_params(rng), [(n, Parameter(p.data.copy())) for n, p in make_params(np.random.default_rng(1))]
+    a = make_params(rng)
+    b = [(n, Parameter(p.data.copy())) for n, p in make_params(np.random.default_rng(1))]
     opt_a, opt_b = AdamW(a, lr=0.01), AdamW(b, lr=0.01)
     grads = [[rng.standard_normal(p.data.shape) for _, p in a] for _ in range(4)]
     for step, gs in enumerate(grads):

@@ -1,8 +1,12 @@
-"""Tests for minibert.pretraining: corpus errors, token store, NSP pairs, masking, batches."""
+"""Tests for minibert.pretraining: corpus errors, token store, NSP pairs, masking, batches.
+
+The objectives other than NSP (SOP, RoBERTa full sentences) are tested in test_objectives.py.
+"""
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 from pathlib import Path
 
@@ -17,9 +21,11 @@ from minibert.pretraining import (
     VocabInfo,
     build_or_load_store,
     build_store,
+    collate,
     count_instances,
     create_instances_from_document,
     create_masked_lm_predictions,
+    default_max_predictions,
     iter_documents,
     iterate_batches,
     iterate_instances,
@@ -32,10 +38,10 @@ from minibert.pretraining import (
     truncate_seq_pair,
     unigram_cross_entropy,
 )
+from minibert.objectives import get_objective
+from minibert.pretraining.batches import Instance
 
-VOCAB_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "vocab" / "bert-base-uncased-vocab.txt"
-if not VOCAB_FILE.is_file():
-    VOCAB_FILE = Path("/work/shared/data/vocab/bert-base-uncased-vocab.txt")
+VOCAB_FILE = Path(__file__).resolve().parent / "data" / "tokenization" / "bert-base-uncased-vocab.txt"
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(5)
@@ -118,7 +124,19 @@ def doc_of_token(store, ids):
 
 
 def unmasked(batch):
-    return np.where(batch.labels != IGNORE_INDEX, batch.labels, batch.input_ids)
+    """(B, T) input ids with the original token put back at every predicted position."""
+    ids = batch.input_ids.copy()
+    rows, slots = np.nonzero(batch.masked_lm_weights > 0)
+    ids[rows, batch.masked_lm_positions[rows, slots]] = batch.masked_lm_ids[rows, slots]
+    return ids
+
+
+def dense_labels(batch):
+    """(B, T) original id at predicted positions, IGNORE_INDEX elsewhere."""
+    labels = np.full(batch.input_ids.shape, IGNORE_INDEX)
+    rows, slots = np.nonzero(batch.masked_lm_weights > 0)
+    labels[rows, batch.masked_lm_positions[rows, slots]] = batch.masked_lm_ids[rows, slots]
+    return labels
 
 
 # ------------------------------------------------------------------ reading errors
@@ -141,9 +159,15 @@ def test_empty_corpus(tmp_path, tok):
 def test_no_document_break(tmp_path, tok):
     f = write(tmp_path / "one.txt", "the cat sat .\nthe dog ran .\na mat .\n")
     with pytest.raises(CorpusError, match=r"1 document.*blank line") as e:
-        build_store([f], tok, show_progress=False)
+        build_store([f], tok, show_progress=False, min_documents=2)
     assert "one.txt" in str(e.value)
     assert isinstance(e.value, ValueError)
+    assert build_store([f], tok, show_progress=False).num_documents == 1  # enough for MLM / SOP
+    with pytest.raises(CorpusError, match=r"1 document"):
+        build_or_load_store([f], tok, tmp_path / "cache", show_progress=False, min_documents=2)
+    build_or_load_store([f], tok, tmp_path / "cache", show_progress=False)  # cached for 1 ...
+    with pytest.raises(CorpusError, match=r"1 document"):  # ... and still refused for 2
+        build_or_load_store([f], tok, tmp_path / "cache", show_progress=False, min_documents=2)
 
 
 def test_bad_utf8_names_file_and_line(tmp_path, tok):
@@ -241,13 +265,49 @@ def test_split_documents():
     _, ev3 = split_documents(store, eval_documents=5, seed=4)
     assert not np.array_equal(ev.doc_ids, ev3.doc_ids)
     assert tr.num_tokens + ev.num_tokens == store.num_tokens
-    with pytest.raises(CorpusError):
-        split_documents(position_store([[3], [4], [5]]), eval_documents=2)
+    with pytest.raises(CorpusError, match="at least 2"):
+        split_documents(position_store([[3], [4], [5]]), eval_documents=2, min_documents=2)
+    with pytest.raises(CorpusError, match="at least 2"):
+        split_documents(position_store([[3], [4], [5]]), eval_documents=1, min_documents=2)
+    tr1, ev1 = split_documents(position_store([[3], [4], [5]]), eval_documents=2)  # min 1
+    assert (tr1.num_documents, ev1.num_documents) == (1, 2)
     with pytest.raises(ValueError):
         split_documents(store, eval_fraction=0.1, eval_documents=3)
 
 
 # ------------------------------------------------------------------ NSP instances
+
+
+def reference_truncate_seq_pair(len_a, len_b, max_num_tokens, rng):
+    """google-research/bert truncate_seq_pair, one token and one coin at a time, on lengths."""
+    a0, a1, b0, b1 = 0, len_a, 0, len_b
+    while (a1 - a0) + (b1 - b0) > max_num_tokens:
+        front = rng.random() < 0.5
+        if (a1 - a0) > (b1 - b0):
+            a0, a1 = (a0 + 1, a1) if front else (a0, a1 - 1)
+        else:
+            b0, b1 = (b0 + 1, b1) if front else (b0, b1 - 1)
+    return a0, a1, b0, b1
+
+
+@settings(max_examples=300, deadline=None)
+@given(la=st.integers(0, 300), lb=st.integers(0, 300), m=st.integers(0, 300), seed=st.integers(0, 2**32 - 1))
+def test_truncate_seq_pair_matches_the_reference_loop(la, lb, m, seed):
+    fast, slow = np.random.default_rng(seed), np.random.default_rng(seed)
+    assert truncate_seq_pair(la, lb, m, fast) == reference_truncate_seq_pair(la, lb, m, slow)
+    # The generator is left where k single draws would leave it.
+    assert fast.bit_generator.state == slow.bit_generator.state
+    assert fast.random() == slow.random()
+
+
+@settings(max_examples=50, deadline=None)
+@given(k=st.integers(0, 200), seed=st.integers(0, 2**32 - 1))
+def test_one_vector_draw_equals_scalar_draws(k, seed):
+    # What the vectorised truncate_seq_pair relies on: NumPy's Generator.random(k) gives the
+    # values, and leaves the state, of k calls of Generator.random().
+    one, many = np.random.default_rng(seed), np.random.default_rng(seed)
+    np.testing.assert_array_equal(one.random(k), [many.random() for _ in range(k)])
+    assert one.bit_generator.state == many.bit_generator.state
 
 
 @settings(max_examples=200, deadline=None)
@@ -322,6 +382,75 @@ def test_random_next_puts_back_unused_sentences():
         t0, t1 = store.token_range(d)
         assert sorted(used) == store.tokens[t0:t1].tolist()
     assert n_random > 20
+
+
+def test_nsp_pairs_pinned():
+    # The pairs of the single-module implementation (before the objectives were split out),
+    # pinned. Store: doc 0 = sentences 10-12 | 13-14 | 15-18 | 19; doc 1 = 20-21 | 22-26;
+    # doc 2 = 27-28 | 29-30 | 31-32 | 33-35. max_seq_length 10: target 7 tokens, no short
+    # targets. Doc 0, generator seed 0: the first chunk is 3 sentences (9 >= 7 tokens); A =
+    # its first 2 (10-14); B is random: doc 2 from sentence 31-32, until 7 - 5 = 2 tokens;
+    # the chunk's third sentence goes back and starts the next chunk, 15-18 | 19 (document
+    # end): A = 15-18, B = 19, IsNext. Doc 2: A = 27-28, B = 29-35 trimmed by 2 (B is longer:
+    # it loses both, here 29 at the front and 35 at the back).
+    store = position_store([[3, 2, 4, 1], [2, 5], [2, 2, 2, 3]])
+    want = {
+        0: [([2, 10, 11, 12, 13, 14, 3, 31, 32, 3], [0] * 7 + [1] * 3, 1),
+            ([2, 15, 16, 17, 18, 3, 19, 3], [0] * 6 + [1] * 2, 0)],
+        1: [([2, 20, 21, 3, 22, 23, 24, 25, 26, 3], [0] * 4 + [1] * 6, 0)],
+        2: [([2, 27, 28, 3, 30, 31, 32, 33, 34, 3], [0] * 4 + [1] * 6, 0)],
+    }
+    for d, pairs in want.items():
+        got = create_instances_from_document(store, d, 10, 0.0, np.random.default_rng(d), 2, 3)
+        assert [(ids.tolist(), types.tolist(), lab) for ids, types, lab in got] == pairs
+        assert all(ids.dtype == np.int32 and types.dtype == np.int8 for ids, types, _ in got)
+
+
+def test_nsp_epoch_pinned():
+    # A whole masked epoch (pairs, masks, shuffle) hashed; the digest was computed with the
+    # single-module implementation, so the split changed no instance for the same seed.
+    store = random_position_store(np.random.default_rng(42), n_docs=60, max_sents=15, max_len=14)
+    h = hashlib.sha256()
+    for x in iterate_instances(store, big_vocab_info(store.num_tokens + 20), 32, 3, 7,
+                               max_predictions_per_seq=20, shuffle_buffer=50):
+        for a in (x.input_ids, x.token_type_ids, x.masked_lm_positions, x.masked_lm_labels):
+            h.update(np.asarray(a, np.int64).tobytes())
+        h.update(bytes([x.sentence_label]))
+    assert h.hexdigest() == "0f209853cdd5023d6cf53163fe8e59edbc1e40152bb8fb8908aff1d6febed5a9"
+
+
+class CountingRng:
+    """Wraps a numpy Generator and counts the calls made to it."""
+
+    def __init__(self, seed):
+        self._rng = np.random.default_rng(seed)
+        self.calls = 0
+
+    def __getattr__(self, name):
+        method = getattr(self._rng, name)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop"])
+def test_rng_calls_per_document_do_not_grow_with_sentence_length(objective):
+    # A one-line document of n tokens (plus a short second document for random B): the
+    # number of generator calls to cut it into pairs must not depend on n (the reference
+    # draws one coin per truncated token).
+    obj = get_objective(objective)
+    calls = {}
+    for n in (50, 5_000, 500_000):
+        store = position_store([[n], [3, 4]])
+        rngs = [CountingRng(seed) for seed in range(20)]
+        for r in rngs:
+            pairs = obj.document_pairs(store, 0, 32, 0.1, r, CLS, SEP)
+            assert len(pairs) == 1 and len(pairs[0][0]) == 32
+        calls[n] = [r.calls for r in rngs]
+    assert calls[50] == calls[5_000] == calls[500_000]
 
 
 # ------------------------------------------------------------------ masking
@@ -451,8 +580,6 @@ def test_short_seq_prob_shortens_targets():
 
 
 def test_vocab_info_real_vocab():
-    if not VOCAB_FILE.is_file():
-        pytest.skip("shared vocab not present")
     lines = VOCAB_FILE.read_text(encoding="utf-8").split("\n")
     vocab = {t: i for i, t in enumerate(lines[:-1] if lines[-1] == "" else lines)}
     vi = VocabInfo.from_vocab(vocab)
@@ -478,22 +605,36 @@ def corpus():
 def test_batches_shapes_and_invariants(corpus):
     store, vi = corpus
     T = 32
-    batches = list(iterate_batches(store, vi, 8, T, epoch=0, seed=1, whole_word_mask=False))
+    P = 5  # default_max_predictions(32, 0.15) = ceil(4.8)
+    batches = list(iterate_batches(store, vi, 8, T, epoch=0, seed=1, whole_word_mask=False, short_seq_prob=0.5))
     assert len(batches) > 10
     for b in batches:
-        for a in (b.input_ids, b.token_type_ids, b.attention_mask, b.labels):
+        for a in (b.input_ids, b.token_type_ids, b.attention_mask):
             assert a.shape == (8, T) and a.dtype == np.int64
+        for a in (b.masked_lm_positions, b.masked_lm_ids):
+            assert a.shape == (8, P) and a.dtype == np.int64
+        assert b.masked_lm_weights.shape == (8, P) and b.masked_lm_weights.dtype == np.float32
         assert b.next_sentence_label.shape == (8,) and b.next_sentence_label.dtype == np.int64
         real = b.attention_mask == 1
-        assert np.all(b.input_ids[~real] == PAD) and np.all(b.labels[~real] == IGNORE_INDEX)
-        assert np.all(b.token_type_ids[~real] == 0)
-        # padding is a suffix
+        assert np.all(b.input_ids[~real] == PAD) and np.all(b.token_type_ids[~real] == 0)
+        # padding is a suffix, in the token rows and in the prediction slots
         assert np.all(np.diff(b.attention_mask, axis=1) <= 0)
-        lab = b.labels != IGNORE_INDEX
-        assert not np.isin(b.input_ids[lab & (b.input_ids == b.labels)], [CLS, SEP, PAD]).any()
-        assert not np.isin(b.labels[lab], [CLS, SEP, PAD]).any()
+        assert np.all(np.diff(b.masked_lm_weights, axis=1) <= 0)
+        assert set(np.unique(b.masked_lm_weights)) <= {0.0, 1.0}
+        slot = b.masked_lm_weights > 0
+        assert np.all(b.masked_lm_positions[~slot] == 0) and np.all(b.masked_lm_ids[~slot] == 0)
+        # weights count the real predictions: round(L * 0.15), at least 1, at most P, per row
+        lengths = b.attention_mask.sum(1)
+        want = np.minimum(P, np.maximum(1, [round(L * 0.15) for L in lengths]))
+        np.testing.assert_array_equal(b.masked_lm_weights.sum(1), want)
+        rows = np.repeat(np.arange(8), P).reshape(8, P)
+        pos = b.masked_lm_positions
+        assert np.all(real[rows[slot], pos[slot]])  # predicted positions are real tokens ...
+        assert np.all(np.diff(np.where(slot, pos, T + np.arange(P)), axis=1) > 0)  # ... increasing
+        assert not np.isin(b.masked_lm_ids[slot], [CLS, SEP, PAD]).any()
+        np.testing.assert_array_equal(unmasked(b)[rows[slot], pos[slot]], b.masked_lm_ids[slot])
         assert set(np.unique(b.next_sentence_label)) <= {0, 1}
-    n = count_instances(store, T, epoch=0, seed=1)
+    n = count_instances(store, T, epoch=0, seed=1, short_seq_prob=0.5)
     assert len(batches) == n // 8
 
 
@@ -506,10 +647,11 @@ def test_same_arguments_same_batches_and_resume(corpus):
     assert len(tail) == len(full) - 9
     for x, y in zip(full, again):
         np.testing.assert_array_equal(x.input_ids, y.input_ids)
-        np.testing.assert_array_equal(x.labels, y.labels)
+        np.testing.assert_array_equal(x.masked_lm_ids, y.masked_lm_ids)
     for x, y in zip(full[9:], tail):
-        for f in ("input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"):
-            np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
+        assert x.model_inputs().keys() == y.model_inputs().keys()
+        for f, a in x.model_inputs().items():
+            np.testing.assert_array_equal(a, y.model_inputs()[f])
     # Batches are the instance stream cut into groups, from its very first instance.
     insts = list(iterate_instances(store, vi, 24, 3, 7, shuffle_buffer=50))
     assert len(full) == len(insts) // 4
@@ -525,7 +667,7 @@ def _instances_by_content(store, vi, epoch, **kw):
     out = {}
     for inst in iterate_instances(store, vi, 32, epoch, seed=3, **kw):
         orig = inst.input_ids.copy()
-        orig[inst.masked_positions] = inst.masked_labels
+        orig[inst.masked_lm_positions] = inst.masked_lm_labels
         out[orig.tobytes()] = inst.input_ids.tobytes()
     return out
 
@@ -566,12 +708,96 @@ def test_shuffle_buffer_of_one_keeps_documents_together(corpus):
     assert len(runs) == store.num_documents  # each document's instances come out contiguously
 
 
-def test_pad_to_multiple_of(corpus):
+def test_collate_fixed_shapes_and_errors():
+    def inst(L, n, label):
+        return Instance(np.arange(L, dtype=np.int32), np.zeros(L, np.int8),
+                        np.arange(1, n + 1, dtype=np.int32), np.full(n, 7, np.int32), label)
+
+    b = collate([inst(3, 1, 0), inst(6, 2, 1)], max_seq_length=8, max_predictions_per_seq=4, pad_id=PAD)
+    assert b.input_ids.shape == (2, 8) and b.masked_lm_ids.shape == (2, 4)
+    np.testing.assert_array_equal(b.masked_lm_weights, [[1, 0, 0, 0], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(b.masked_lm_positions, [[1, 0, 0, 0], [1, 2, 0, 0]])
+    np.testing.assert_array_equal(b.masked_lm_ids, [[7, 0, 0, 0], [7, 7, 0, 0]])
+    np.testing.assert_array_equal(b.next_sentence_label, [0, 1])
+    assert list(b.model_inputs()) == ["input_ids", "token_type_ids", "attention_mask", "masked_lm_positions",
+                                      "masked_lm_ids", "masked_lm_weights", "next_sentence_label"]
+    nolabel = collate([inst(3, 1, None)], 8, 4, PAD)
+    assert nolabel.next_sentence_label is None and "next_sentence_label" not in nolabel.model_inputs()
+    with pytest.raises(ValueError, match="with and without"):
+        collate([inst(3, 1, None), inst(3, 1, 0)], 8, 4, PAD)
+    with pytest.raises(ValueError, match="9 tokens"):
+        collate([inst(9, 1, 0)], 8, 4, PAD)
+    with pytest.raises(ValueError, match="5 predictions"):
+        collate([inst(8, 5, 0)], 8, 4, PAD)
+    with pytest.raises(ValueError, match="empty"):
+        collate([], 8, 4, PAD)
+
+
+def test_masked_lm_prob_04(corpus):
+    # Wettig et al. 2023 mask 40%: with the default P = ceil(T * 0.4) no row is capped.
     store, vi = corpus
-    for b in iterate_batches(store, vi, 4, 30, 0, 0, pad_to_multiple_of=8, short_seq_prob=1.0):
-        T = b.input_ids.shape[1]
-        longest = int(b.attention_mask.sum(1).max())
-        assert T >= longest and (T % 8 == 0 or T == 30) and T - longest < 8
+    T = 32
+    P = default_max_predictions(T, 0.4)
+    assert P == 13
+    n_rows = 0
+    for b in iterate_batches(store, vi, 8, T, 0, 0, masked_lm_prob=0.4, short_seq_prob=0.3):
+        assert b.masked_lm_ids.shape == (8, P)
+        lengths = b.attention_mask.sum(1)
+        np.testing.assert_array_equal(b.masked_lm_weights.sum(1), [round(L * 0.4) for L in lengths])
+        n_rows += 8
+    assert n_rows > 50
+    # An explicit smaller P caps the predictions (the reference's behaviour).
+    b = next(iterate_batches(store, vi, 8, T, 0, 0, masked_lm_prob=0.4, max_predictions_per_seq=5,
+                             short_seq_prob=0.0))
+    assert b.masked_lm_ids.shape == (8, 5) and np.all(b.masked_lm_weights.sum(1) <= 5)
+
+
+def test_default_max_predictions_and_probability_checks(corpus):
+    assert default_max_predictions(128, 0.15) == 20  # the reference's setting
+    assert default_max_predictions(512, 0.15) == 77
+    assert default_max_predictions(100, 0.07) == 7  # 100 * 0.07 = 7.000000000000001
+    assert default_max_predictions(128, 0.4) == 52
+    assert default_max_predictions(10, 0.0) == 1
+    for T in range(1, 600):  # a row of L <= T tokens predicts round(L * p) <= round(T * p)
+        for p in (0.1, 0.15, 0.2, 0.33, 0.4, 0.5, 1.0):
+            assert round(T * p) <= default_max_predictions(T, p)
+    with pytest.raises(ValueError, match="masked_lm_prob"):
+        default_max_predictions(128, 1.5)
+    store, vi = corpus
+    ids = np.array([CLS, 7, 8, SEP])
+    for bad in (-0.1, 1.01, float("nan")):
+        with pytest.raises(ValueError, match=r"masked_lm_prob must be a probability in \[0, 1\]"):
+            create_masked_lm_predictions(ids, vi, bad, 5, np.random.default_rng(0))
+        with pytest.raises(ValueError, match="masked_lm_prob"):
+            next(iterate_batches(store, vi, 2, 16, 0, 0, masked_lm_prob=bad))
+        with pytest.raises(ValueError, match="short_seq_prob"):
+            next(iterate_batches(store, vi, 2, 16, 0, 0, short_seq_prob=bad))
+        with pytest.raises(ValueError, match="short_seq_prob"):
+            make_eval_batches(store, vi, 2, 16, 0, short_seq_prob=bad)
+    with pytest.raises(ValueError, match="max_predictions_per_seq"):
+        next(iterate_batches(store, vi, 2, 16, 0, 0, max_predictions_per_seq=0))
+    out, pos, _ = create_masked_lm_predictions(ids, vi, 1.0, 5, np.random.default_rng(0))
+    assert pos.tolist() == [1, 2]  # every candidate; [CLS] and [SEP] never
+
+
+def test_epoch_smaller_than_a_batch_is_an_error():
+    store = position_store([[3, 4], [5], [2, 2]])  # 3 short documents: a few pairs
+    vi = big_vocab_info()
+    n = count_instances(store, 64, 0, 0)
+    assert 0 < n < 128
+    with pytest.raises(CorpusError, match=rf"epoch 0 .* yields {n} instances, fewer than batch_size 128: "
+                                          r"lower --batch-size or add text"):
+        list(iterate_batches(store, vi, 128, 64, 0, 0))
+    with pytest.raises(CorpusError, match="fewer than batch_size"):  # also when resuming
+        list(iterate_batches(store, vi, 128, 64, 0, 0, start_batch=2))
+    (last,) = iterate_batches(store, vi, 128, 64, 0, 0, drop_last=False)  # one smaller batch
+    assert last.input_ids.shape == (n, 64)
+    assert len(list(iterate_batches(store, vi, n, 64, 0, 0))) == 1  # exactly one full batch is fine
+    # An epoch without any instance (here: SOP on one-token documents) is refused either way.
+    tiny = position_store([[1], [1]])
+    for drop_last in (True, False):
+        with pytest.raises(CorpusError, match="yields 0 instances"):
+            list(iterate_batches(tiny, vi, 1, 64, 0, 0, objective="mlm+sop", drop_last=drop_last))
 
 
 def test_eval_batches_fixed_and_unigram_baseline(corpus):
@@ -581,8 +807,12 @@ def test_eval_batches_fixed_and_unigram_baseline(corpus):
     e2 = make_eval_batches(ev, vi, 16, 32, seed=5)
     assert len(e1) == len(e2) > 0
     for a, b in zip(e1, e2):
-        np.testing.assert_array_equal(a.input_ids, b.input_ids)
-        np.testing.assert_array_equal(a.labels, b.labels)
+        for f, x in a.model_inputs().items():
+            np.testing.assert_array_equal(x, b.model_inputs()[f])
+    # every batch (16, 32) and (16, P) but the last, which may hold fewer rows
+    assert all(b.input_ids.shape == (16, 32) and b.masked_lm_ids.shape == (16, 5) for b in e1[:-1])
+    assert e1[-1].input_ids.shape[1] == 32 and e1[-1].masked_lm_ids.shape[1] == 5
+    assert sum(b.input_ids.shape[0] for b in make_eval_batches(ev, vi, 16, 32, seed=5, max_instances=21)) == 21
     # Held-out batches use only held-out documents (B sentences included).
     eval_docs = set(ev.doc_ids.tolist())
     for b in e1:
@@ -598,7 +828,15 @@ def test_eval_batches_fixed_and_unigram_baseline(corpus):
     lab = np.repeat(np.arange(4), c)
     p = c[:3] / c.sum()
     assert math.isclose(unigram_cross_entropy(c, lab, smoothing=0.0), float(-(p * np.log(p)).sum()))
-    assert np.isfinite(unigram_cross_entropy(counts, [b.labels for b in e1]))
+    # Fixed-shape slots: padding slots (weight 0, id 0) are left out.
+    ids, w = np.array([[0, 1, 0], [2, 0, 0]]), np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+    logp = np.log((c + 1) / (c.sum() + 4))
+    assert math.isclose(unigram_cross_entropy(c, ids, w), float(-(logp[0] + logp[1] + logp[2]) / 3))
+    ce = unigram_cross_entropy(counts, [b.masked_lm_ids for b in e1], [b.masked_lm_weights for b in e1])
+    assert np.isfinite(ce)
+    assert math.isclose(ce, unigram_cross_entropy(counts, [dense_labels(b) for b in e1]))
+    with pytest.raises(ValueError, match="2 label arrays but 1"):
+        unigram_cross_entropy(c, [ids, ids], [w])
 
 
 def test_single_document_store_is_refused():
@@ -624,12 +862,8 @@ def test_negative_seed_is_refused():
 
 
 def test_real_tokenizer_end_to_end(tmp_path):
-    try:
-        from minibert.tokenization import BertTokenizer
-    except ImportError:
-        pytest.skip("minibert.tokenization.BertTokenizer not available yet")
-    if not VOCAB_FILE.is_file():
-        pytest.skip("shared vocab not present")
+    from minibert.tokenization import BertTokenizer
+
     tok = BertTokenizer(str(VOCAB_FILE), do_lower_case=True)
     f = write(tmp_path / "c.txt", "The cat sat on the mat.\nIt was purring loudly.\n\nUnbelievable things happen.\nA second sentence!\n")
     store = build_store([f], tok, show_progress=False)

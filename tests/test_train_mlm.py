@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 import train_mlm  # noqa: E402
 from minibert.checkpoint import load_checkpoint  # noqa: E402
 
@@ -33,7 +34,7 @@ def args_for(corpus, out, *extra):
 
 def records(out, kind):
     lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["type"] == kind]
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 CURVE_KEYS = ("step", "epoch", "lr", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc",
@@ -69,17 +70,18 @@ def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeyp
     assert train_mlm.main(args_for(corpus, straight)) == 0
 
     crashed = tmp_path / "crashed"
-    real_save = train_mlm.save_checkpoint
+    from minibert import training
+    real_save = training.save_checkpoint
 
     def save_then_crash(path, model, optimizer, state):
         real_save(path, model, optimizer, state)
         if state["step"] == 4:
             raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
 
-    monkeypatch.setattr(train_mlm, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
     with pytest.raises(KeyboardInterrupt):
         train_mlm.main(args_for(corpus, crashed))
-    monkeypatch.setattr(train_mlm, "save_checkpoint", real_save)
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
     assert train_mlm.main(args_for(corpus, crashed, "--resume")) == 0
 
     assert curve(crashed) == curve(straight)
@@ -111,17 +113,21 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         result = real_forward(self, *a, **kw)
         if self.training:
             calls["n"] += 1
-            if calls["n"] == 6:  # the 6th training step (step index 5)
+            if calls["n"] >= 6:  # every training step from the 6th on
                 result.loss = result.loss * np.nan
         return result
 
     monkeypatch.setattr(train_mlm.BertForPreTraining, "forward", forward)
     with pytest.raises(SystemExit) as e:
-        train_mlm.main(args_for(corpus, out))
+        train_mlm.main(args_for(corpus, out, "--max-nonfinite-steps", "2"))
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "loss is nan at step 5" in err and "checkpoint.npz" in err
+    assert "not finite in 2 steps in a row since step 6" in err and "checkpoint.npz" in err
     assert load_checkpoint(out / "checkpoint.npz")["trainer"]["step"] == 4
+    # the skipped steps left the parameters alone: the log shows them skipped, loss finite
+    train = records(out, "train")
+    assert [r["skipped_steps"] for r in train] == [0, 0, 0, 0, 0, 1]
+    assert all(math.isfinite(r["loss"]) for r in train)
 
 
 @pytest.mark.parametrize("content, message", [
@@ -208,12 +214,12 @@ def test_init_checkpoint_starts_a_new_run_from_trained_weights(corpus, tmp_path,
     with pytest.raises(SystemExit):
         train_mlm.main(args_for(corpus, tmp_path / "third", "--init-checkpoint", str(first),
                                 "--no-lowercase"))
-    assert "trained with lowercase=True" in capsys.readouterr().err
+    assert "was trained with lowercase=True" in capsys.readouterr().err
     # writing the new run over the one it starts from is refused, nothing is touched
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
     with pytest.raises(SystemExit):
         train_mlm.main(args_for(corpus, first, "--init-checkpoint", str(first)))
-    assert "would overwrite it" in capsys.readouterr().err
+    assert "holds the checkpoint of a pretrain run" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == before
     # another vocab of the same size would misalign the embeddings
     other = tmp_path / "other_vocab.txt"
@@ -224,3 +230,139 @@ def test_init_checkpoint_starts_a_new_run_from_trained_weights(corpus, tmp_path,
         train_mlm.main(args_for(corpus, tmp_path / "fourth", "--init-checkpoint", str(first),
                                 "--vocab", str(other)))
     assert "differs from" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- objectives, defects
+@pytest.mark.parametrize("objective, task", [("mlm", None), ("mlm+sop", "sop")])
+def test_other_objectives_pretrain_and_report_their_own_metrics(corpus, tmp_path, objective,
+                                                                task):
+    out = tmp_path / objective
+    assert train_mlm.main(args_for(corpus, out, "--objective", objective)) == 0
+    train = records(out, "train")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["objective"] == objective
+    assert not any("nsp" in k for r in train for k in r) and not any("nsp" in k for k in summary)
+    if task:
+        assert f"{task}_acc" in train[-1] and f"eval_{task}_acc" in summary
+    else:
+        assert not any(k.endswith(("sop_acc",)) for k in summary)
+    names = load_checkpoint(out / "checkpoint.npz")["model"]
+    assert ("cls.seq_relationship.weight" in names) == (task is not None)
+
+
+def test_masked_lm_prob_04_gives_wider_batches(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert train_mlm.main(args_for(corpus, out, "--masked-lm-prob", "0.4")) == 0
+    args = json.loads((out / "args.json").read_text())
+    assert args["max_predictions_per_seq"] == 13  # ceil(32 * 0.4)
+
+
+def test_too_few_instances_for_the_batch_is_an_error_not_a_hang(tmp_path, capsys):
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("".join(f"doc {i} first line.\ndoc {i} second line.\n\n" for i in range(4)))
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(["--corpus", str(corpus), "--output-dir", str(tmp_path / "o"),
+                        "--vocab-size", "60", "--batch-size", "128", "--eval-fraction", "0",
+                        "--no-progress"])
+    assert e.value.code == 2
+    assert "fewer than batch_size 128" in capsys.readouterr().err
+
+
+def test_resume_of_a_finished_run_keeps_its_summary(corpus, tmp_path):
+    out = tmp_path / "run"
+    assert train_mlm.main(args_for(corpus, out)) == 0
+    before = json.loads((out / "summary.json").read_text())
+    assert train_mlm.main(args_for(corpus, out, "--resume")) == 0
+    after = json.loads((out / "summary.json").read_text())
+    for k, v in before.items():
+        if k.startswith("eval_"):
+            assert after[k] == pytest.approx(v), k
+
+
+def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch):
+    """--save-every 4 with --log-every 3: the record at step 6 spans the checkpoint at 4."""
+    extra = ("--log-every", "3")
+    straight = tmp_path / "straight"
+    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
+    from minibert import training
+    real_save = training.save_checkpoint
+
+    def save_then_crash(path, model, optimizer, state):
+        real_save(path, model, optimizer, state)
+        if state["step"] == 4:
+            raise KeyboardInterrupt
+
+    crashed = tmp_path / "crashed"
+    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_mlm.main(args_for(corpus, crashed, *extra))
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
+    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
+    assert [r["step"] for r in records(crashed, "train")] == [3, 6, 8]
+    assert curve(crashed) == curve(straight)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--max-seq-length", "4"], "--max-seq-length"), (["--max-seq-length", "0"], "--max-seq-length"),
+    (["--max-seq-length", "-1"], "--max-seq-length"), (["--batch-size", "0"], "--batch-size"),
+    (["--lr", "-1"], "--lr"), (["--lr", "inf"], "--lr"), (["--save-every", "0"], "--save-every"),
+    (["--log-every", "0"], "--log-every"), (["--masked-lm-prob", "1.5"], "--masked-lm-prob"),
+    (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps"),
+])
+def test_bad_options_get_an_error_line_naming_the_option(corpus, tmp_path, capsys, argv, option):
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(args_for(corpus, tmp_path / "o", *argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {option}:" in err and "Traceback" not in err
+
+
+def test_unusable_output_dirs_get_an_error_line(corpus, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for target, message in ((afile, "is a file"), (afile / "sub", "cannot be created")):
+        with pytest.raises(SystemExit) as e:
+            train_mlm.main(args_for(corpus, target))
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"--output-dir {target}: {message}" in err
+    assert afile.read_text() == "keep me"
+
+
+def test_a_new_run_refuses_an_existing_run_unless_overwrite(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_mlm.main(args_for(corpus, out, "--max-steps", "2")) == 0
+    before = (out / "checkpoint.npz").read_bytes()
+    with pytest.raises(SystemExit):
+        train_mlm.main(args_for(corpus, out, "--max-steps", "2"))
+    assert "--resume" in capsys.readouterr().err
+    assert (out / "checkpoint.npz").read_bytes() == before
+    (out / "checkpoint.npz.x1y2.tmp").write_bytes(b"torn")  # a killed write
+    assert train_mlm.main(args_for(corpus, out, "--max-steps", "3", "--overwrite")) == 0
+    assert load_checkpoint(out / "checkpoint.npz")["trainer"]["step"] == 3
+    assert not list(out.glob("*.tmp"))
+    assert [r["step"] for r in records(out, "train")] == [1, 2, 3]
+
+
+def test_files_honour_the_umask(corpus, tmp_path):
+    import os
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "run"
+        assert train_mlm.main(args_for(corpus, out, "--max-steps", "1")) == 0
+    finally:
+        os.umask(old)
+    for name in ("checkpoint.npz", "summary.json", "vocab.txt", "config.json", "metrics.jsonl"):
+        assert (out / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def test_killed_and_resumed_reproduces_the_loss_curve(corpus, tmp_path):
+    from test_training import kill_when_checkpointed, train_losses
+    import subprocess
+    base = [sys.executable, str(ROOT / "train_mlm.py"), *args_for(corpus, "X", "--max-steps",
+                                                                  "24", "--save-every", "3")]
+    cmd = lambda out, *more: [str(out) if a == "X" else a for a in base] + list(more)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    subprocess.run(cmd(full), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    assert kill_when_checkpointed(cmd(cut), cut / "checkpoint.npz")
+    subprocess.run(cmd(cut, "--resume"), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    assert train_losses(cut / "metrics.jsonl") == train_losses(full / "metrics.jsonl")
+    assert not list(cut.glob("*.tmp"))

@@ -121,7 +121,6 @@ def test_a_training_step_reads_no_device_value(tmp_path, monkeypatch):
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
     model, data = toy()
-    task = ToyTask(data, 8, nan_steps={2})
     before = {}
 
     class Spy(ToyTask):

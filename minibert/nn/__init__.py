@@ -1,6 +1,7 @@
 """Parameters, modules and layers, each forward next to its hand-written backward."""
 from .activations import ACTIVATIONS, Activation, softmax_backward, softmax_forward
-from .attention import attention_backward, attention_forward, extended_attention_mask
+from .attention import (AttentionCache, attention_backward, attention_forward,
+                        extended_attention_mask)
 from .dropout import Dropout
 from .embedding import Embedding, scatter_add_rows
 from .layernorm import LayerNorm, layernorm_backward, layernorm_forward
@@ -9,9 +10,9 @@ from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
 from .module import Module, ModuleList, Parameter
 
 __all__ = [
-    "ACTIVATIONS", "Activation", "Dropout", "Embedding", "IGNORE_INDEX", "LayerNorm", "Linear",
-    "Module", "ModuleList", "Parameter", "attention_backward", "attention_forward",
-    "cross_entropy_backward", "cross_entropy_forward", "extended_attention_mask",
-    "layernorm_backward", "layernorm_forward", "linear_backward", "linear_forward",
-    "scatter_add_rows", "softmax_backward", "softmax_forward",
+    "ACTIVATIONS", "Activation", "AttentionCache", "Dropout", "Embedding", "IGNORE_INDEX",
+    "LayerNorm", "Linear", "Module", "ModuleList", "Parameter", "attention_backward",
+    "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
+    "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",
+    "linear_forward", "scatter_add_rows", "softmax_backward", "softmax_forward",
 ]

@@ -4,6 +4,10 @@ The GELU names follow Hugging Face ``ACT2FN``: ``"gelu"`` is the exact form
 x * Phi(x) (Hendrycks & Gimpel 2016, used by google-research/bert's released models
 through HF), ``"gelu_new"`` the tanh approximation of the same paper (GPT-2, original
 BERT TF code).
+
+Every pair follows one contract: ``*_forward(x) -> (out, cache)`` and
+``*_backward(dout, cache) -> dx``, with dout and dx of the shape of out and x. The
+derivations are in docs/backprop.md, sections 4 and 5.
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ def relu_forward(x):
 
 
 def relu_backward(dout, cache):
+    """d/dx max(x, 0) = 1 where x > 0, else 0 (0 at the kink, as PyTorch)."""
     (x,) = cache
     return dout * (x > 0)
 
@@ -64,6 +69,7 @@ def tanh_forward(x):
 
 
 def tanh_backward(dout, cache):
+    """d tanh(x) / dx = 1 - tanh(x)^2, from the cached output."""
     (out,) = cache
     return dout * (1.0 - out * out)
 
@@ -102,13 +108,33 @@ class Activation(Module):
 
 
 def softmax_forward(x, axis: int = -1):
-    """Numerically stable softmax along ``axis`` (max subtracted first). Same shape out."""
+    """Numerically stable softmax along ``axis`` (the max is subtracted first, which
+    changes nothing: softmax ignores a constant added to a row).
+
+    Args:
+        x: any shape, float.
+        axis: the axis normalised over.
+    Returns:
+        probs (same shape as x, each slice along ``axis`` sums to 1) and a cache
+        ``(probs, axis)`` for :func:`softmax_backward`.
+    """
     xp = get_array_module(x)
     e = xp.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    probs = e / e.sum(axis=axis, keepdims=True)
+    return probs, (probs, axis)
 
 
-def softmax_backward(dprobs, probs, axis: int = -1):
-    """Jacobian-vector product of softmax, row by row:
-    dx = p * (dp - sum(dp * p)), from dp_i/dx_j = p_i (delta_ij - p_j)."""
+def softmax_backward(dprobs, cache):
+    """Jacobian-vector product of softmax along the forward's axis:
+    dx = p * (dp - sum(dp * p)), from dp_i/dx_j = p_i (delta_ij - p_j)
+    (J = diag(p) - p p^T, never materialised; docs/backprop.md section 5).
+
+    Args:
+        dprobs: upstream gradient, the shape of probs.
+        cache: from :func:`softmax_forward`.
+    Returns:
+        dx, the shape of x.
+    """
+    probs, axis = cache
+    # forward: probs = exp(x - max) / sum(exp(x - max))
     return probs * (dprobs - (dprobs * probs).sum(axis=axis, keepdims=True))

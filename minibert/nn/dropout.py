@@ -12,14 +12,17 @@ def dropout_forward(x, p: float, rng):
         p: drop probability in [0, 1).
         rng: numpy / cupy ``Generator`` on the same device as ``x``.
     Returns:
-        out (same shape), mask (the scale per element: 0 or 1 / (1 - p), dtype of x).
+        out (same shape) and the cache of :func:`dropout_backward`, which is the mask
+        itself (the scale per element: 0 or 1 / (1 - p), shape and dtype of x).
     """
     mask = (rng.random(x.shape, dtype=x.dtype) >= p).astype(x.dtype) * (1.0 / (1.0 - p))
     return x * mask, mask
 
 
-def dropout_backward(dout, mask):
-    """forward: out = x * mask  ->  dx = dout * mask."""
+def dropout_backward(dout, cache):
+    """dx (shape of dout) from dout and the mask returned by :func:`dropout_forward`."""
+    mask = cache
+    # forward: out = x * mask
     return dout * mask
 
 

@@ -1,0 +1,301 @@
+"""Central-difference gradient checks: the primitives, one tensor, one whole Module.
+
+The checks follow cs231n's ``gradient_check.py``: perturb one entry by +-h, evaluate a
+scalar loss, and compare (L(x + h) - L(x - h)) / 2h with the analytic gradient. For tensors
+too large to perturb entry by entry, :func:`directional_derivative` checks the gradient
+along random unit directions u instead: (L(x + h u) - L(x - h u)) / 2h = <grad, u> (the
+"check along a random direction" trick, e.g. Nocedal & Wright, Numerical Optimization,
+section 8.1). Run in float64: with float32 the rounding error of the differences is ~1e-3.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..backend import get_array_module, to_numpy
+
+
+def rel_error(a, b, floor: float = 1e-8) -> float:
+    """max |a - b| / max(max |a|, max |b|, floor): a scale-aware relative error.
+
+    Args:
+        a, b: arrays of the same shape (or scalars).
+        floor: smallest denominator, so that two all-but-zero gradients (e.g. a key bias,
+            whose true gradient is 0) compare as equal.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0), floor)
+    return float(np.abs(a - b).max(initial=0.0) / scale)
+
+
+def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """d f / d x by central differences, perturbing ``x`` in place entry by entry.
+
+    Args:
+        f: evaluates the scalar loss from the current contents of ``x``.
+        x: float64 array (numpy or cupy), restored exactly after each perturbation.
+        h: step.
+    Returns:
+        Host float64 array of the shape of ``x``.
+    """
+    grad = np.zeros(x.shape, dtype=np.float64)
+    for i in np.ndindex(*x.shape):
+        old = float(x[i])
+        x[i] = old + h
+        fp = f()
+        x[i] = old - h
+        fm = f()
+        x[i] = old
+        grad[i] = (fp - fm) / (2 * h)
+    return grad
+
+
+def directional_derivative(f: Callable[[], float], x: np.ndarray, direction: np.ndarray,
+                           h: float = 1e-6) -> float:
+    """(f(x + h u) - f(x - h u)) / 2h along ``direction`` u (shape of x), restoring ``x``
+    afterwards."""
+    old = x.copy()
+    x += h * direction
+    fp = f()
+    x[...] = old - h * direction
+    fm = f()
+    x[...] = old
+    return (fp - fm) / (2 * h)
+
+
+# ---------------------------------------------------------------------------------------
+# One tensor, and the report of many
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class GradcheckRow:
+    """One checked tensor.
+
+    Attributes:
+        name: parameter name (``named_parameters``) or input name.
+        shape: the tensor's shape.
+        method: ``"full"`` (every entry perturbed) or ``"dir xK"`` (K random unit
+            directions).
+        max_abs_error: max |analytic - numerical| over the compared values.
+        rel_error: :func:`rel_error` of the compared values.
+        result: ``"pass"`` (rel_error <= tol); ``"pass (abs)"`` when only the absolute
+            tolerance held (a true gradient of ~0, such as the key bias's: softmax ignores
+            a constant added to a row of scores, so only finite-difference noise is left
+            to compare); ``"FAIL"``.
+    """
+
+    name: str
+    shape: tuple
+    method: str
+    max_abs_error: float
+    rel_error: float
+    result: str
+
+    @property
+    def passed(self) -> bool:
+        return self.result != "FAIL"
+
+
+def check_tensor(f: Callable[[], float], x, analytic, name: str = "", *, full: bool = True,
+                 rng: np.random.Generator | None = None, directions: int = 4,
+                 h: float = 1e-6, tol: float = 1e-5, atol: float = 1e-8) -> GradcheckRow:
+    """Compare the analytic gradient of the scalar ``f()`` with respect to ``x`` with
+    central differences.
+
+    Args:
+        f: evaluates the scalar loss (float64) from the current contents of ``x``.
+        x: float64 array, perturbed in place and restored exactly.
+        analytic: the gradient to check, shape of ``x`` (numpy or cupy).
+        name: the row's name.
+        full: perturb every entry; otherwise compare <analytic, u> with the directional
+            derivative along ``directions`` random unit vectors u drawn from ``rng``.
+        tol, atol: passes if rel_error <= tol or max abs error <= atol.
+        h: finite-difference step.
+    Returns:
+        A :class:`GradcheckRow`.
+    """
+    analytic = np.array(to_numpy(analytic), dtype=np.float64)  # a copy, kept from f
+    if full:
+        numerical, method = numerical_gradient(f, x, h), "full"
+    else:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        xp = get_array_module(x)
+        ana, num = [], []
+        for _ in range(directions):
+            u = rng.standard_normal(x.shape)
+            u /= np.linalg.norm(u)
+            num.append(directional_derivative(f, x, xp.asarray(u), h))
+            ana.append(float((analytic * u).sum()))
+        analytic, numerical, method = np.array(ana), np.array(num), f"dir x{directions}"
+    abs_err = float(np.abs(analytic - numerical).max(initial=0.0))
+    err = rel_error(analytic, numerical)
+    result = "pass" if err <= tol else "pass (abs)" if abs_err <= atol else "FAIL"
+    return GradcheckRow(name, tuple(x.shape), method, abs_err, err, result)
+
+
+@dataclass
+class GradcheckReport:
+    """The result of :func:`check_module`: one :class:`GradcheckRow` per tensor.
+
+    ``passed`` is True when every row passed; ``str(report)`` is the table printed by
+    ``python -m minibert.gradcheck``; ``failures`` lists the failing rows.
+    """
+
+    title: str
+    rows: list[GradcheckRow] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows)
+
+    @property
+    def failures(self) -> list[GradcheckRow]:
+        return [r for r in self.rows if not r.passed]
+
+    def __bool__(self) -> bool:  # `assert report` reads naturally
+        return self.passed
+
+    def __str__(self) -> str:
+        lines = [self.title] if self.title else []
+        w = max([len("tensor")] + [len(r.name) for r in self.rows])
+        lines.append(f"  {'tensor':<{w}}  {'shape':<14} {'check':<7} {'max abs err':>11} "
+                     f"{'rel err':>9}  result")
+        for r in self.rows:
+            shape = "(" + ", ".join(map(str, r.shape)) + ("," if len(r.shape) == 1 else "") + ")"
+            lines.append(f"  {r.name:<{w}}  {shape:<14} {r.method:<7} {r.max_abs_error:>11.2e} "
+                         f"{r.rel_error:>9.2e}  {r.result}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# check_module
+# ---------------------------------------------------------------------------------------
+
+def _is_float_array(x) -> bool:
+    return hasattr(x, "dtype") and hasattr(x, "shape") and x.dtype.kind == "f"
+
+
+def _as_tuple(x) -> tuple:
+    if x is None:
+        return ()
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _random_upstream_loss(seed: int):
+    """The default loss: L = sum_i <out_i, G_i> with G_i ~ N(0, 1) fixed by ``seed``.
+
+    A random upstream gradient (not all ones) is what exposes, for example, a LayerNorm
+    backward that forgets its mean term: with G = 1 that term is zero by construction."""
+    state: dict[int, Any] = {}
+
+    def loss(out):
+        outs = _as_tuple(out)
+        if not outs or not all(_is_float_array(o) for o in outs):
+            raise TypeError("check_module: with the default loss, forward must return a float "
+                            "array or a tuple of float arrays; pass loss=callable for anything "
+                            f"else (got {type(out).__name__})")
+        if not state:
+            rng = np.random.default_rng(seed)
+            for i, o in enumerate(outs):
+                xp = get_array_module(o)
+                state[i] = xp.asarray(rng.standard_normal(o.shape), dtype=o.dtype)
+        value = sum((o * state[i]).sum() for i, o in enumerate(outs))
+        upstream = tuple(state[i] for i in range(len(outs)))
+        return value, (upstream if isinstance(out, (tuple, list)) else upstream[0])
+    return loss
+
+
+def check_module(module, inputs: Sequence = (), loss: Callable | None = None, *,
+                 input_names: Sequence[str] | None = None,
+                 before_forward: Callable[[], None] | None = None, seed: int = 0,
+                 tol: float = 1e-5, atol: float = 1e-8, h: float = 1e-6,
+                 full_max_size: int = 100, directions: int = 4,
+                 title: str = "", prefix: str = "") -> GradcheckReport:
+    """Check every parameter gradient and input gradient of ``module`` numerically.
+
+    The module is run as ``out = module.forward(*inputs)``; the scalar loss and the
+    upstream gradient come from ``loss(out) -> (value, upstream)``; then
+    ``module.zero_grad()`` and ``module.backward(upstream)`` (``backward(*upstream)`` if
+    ``upstream`` is a tuple, ``backward()`` if it is None) must fill every
+    ``Parameter.grad`` and return the input gradients. Each float tensor is then checked
+    by :func:`check_tensor`: entry by entry when it has at most ``full_max_size``
+    entries, otherwise along ``directions`` random unit vectors.
+
+    Args:
+        module: a :class:`minibert.nn.Module` with ``forward``, ``backward``,
+            ``named_parameters`` and ``zero_grad``; its parameters must be float64.
+        inputs: positional arguments of ``forward``. Float arrays (float64) are copied and
+            checked against the gradients ``backward`` returns (a single array is the
+            first float input's gradient; a tuple is positional over ``inputs``, None
+            entries skipped); integer arrays and other objects are passed through.
+        loss: ``loss(out) -> (scalar, upstream)``. Default: L = sum(out * G) with a random
+            G ~ N(0, 1) drawn from ``seed``, upstream G (out may be a tuple of arrays).
+        input_names: labels of the inputs in the report (default ``input0``, ``input1``...).
+        before_forward: called before every forward, e.g. to reset a dropout generator
+            so that every evaluation uses the same mask.
+        seed: seed of the upstream gradient and of the random directions.
+        tol, atol: a tensor passes if rel_error <= tol or max abs error <= atol.
+        h: finite-difference step.
+        full_max_size: largest tensor checked entry by entry.
+        directions: random directions for larger tensors.
+        title, prefix: report title and a prefix for every row name.
+    Returns:
+        A :class:`GradcheckReport` (``.passed``, ``.rows``; prints as a table).
+        Gradients are left in the parameters' ``grad``; parameter values are restored
+        exactly; the caller's input arrays are never modified.
+    Raises:
+        TypeError: a parameter or float input that is not float64, or a default loss on a
+            non-array output.
+        ValueError: ``backward`` returned an input gradient of the wrong shape.
+    """
+    loss = loss or _random_upstream_loss(seed)
+    names = (list(input_names) if input_names is not None
+             else [f"input{i}" for i in range(len(inputs))])
+    inputs = [x.copy() if _is_float_array(x) else x for x in inputs]
+    params = list(module.named_parameters())
+    for name, x in [(n, p.data) for n, p in params] + [
+            (names[i], x) for i, x in enumerate(inputs) if _is_float_array(x)]:
+        if x.dtype != np.float64:
+            raise TypeError(f"check_module: {name} is {x.dtype}; gradient checks need float64 "
+                            "(build the module with dtype=np.float64 and cast the inputs)")
+
+    def evaluate():
+        if before_forward is not None:
+            before_forward()
+        return module.forward(*inputs)
+
+    _, upstream = loss(evaluate())
+    module.zero_grad()
+    if upstream is None:
+        returned = module.backward()
+    elif isinstance(upstream, tuple):
+        returned = module.backward(*upstream)
+    else:
+        returned = module.backward(upstream)
+
+    targets: list[tuple[str, Any, Any]] = []  # (name, array perturbed in place, analytic)
+    for name, p in params:
+        targets.append((prefix + name, p.data, p.grad.copy()))
+    if returned is not None:
+        float_idx = [i for i, x in enumerate(inputs) if _is_float_array(x)]
+        pairs = (enumerate(returned) if isinstance(returned, (tuple, list))
+                 else [(float_idx[0], returned)] if float_idx else [])
+        for i, g in pairs:
+            if g is None or i >= len(inputs) or not _is_float_array(inputs[i]):
+                continue
+            if tuple(g.shape) != tuple(inputs[i].shape):
+                raise ValueError(f"check_module: backward returned a gradient of shape "
+                                 f"{tuple(g.shape)} for {names[i]} of shape "
+                                 f"{tuple(inputs[i].shape)}")
+            targets.append((prefix + names[i], inputs[i], g.copy()))
+
+    def f() -> float:
+        return float(loss(evaluate())[0])
+
+    rng = np.random.default_rng(seed + 1)
+    return GradcheckReport(title, [
+        check_tensor(f, x, analytic, name, full=x.size <= full_max_size, rng=rng,
+                     directions=directions, h=h, tol=tol, atol=atol)
+        for name, x, analytic in targets])

@@ -1,0 +1,57 @@
+"""Pretraining data: corpus and token store, MLM masking, instances and fixed-shape batches.
+
+The semantics follow google-research/bert ``create_pretraining_data.py``; the
+organisation does not (the corpus is tokenized once into a memory-mappable store and
+instances are generated on the fly, epoch by epoch). One idea per module:
+
+* :mod:`.corpus`: reading text, the :class:`TokenStore`, held-out split, unigram baseline;
+* :mod:`.masking`: the MLM corruption every objective shares (80/10/10);
+* :mod:`.batches`: epochs of instances, shuffling, resumption, fixed-shape :class:`Batch`;
+* how documents become sequences (BERT pairs, ALBERT segments, RoBERTa full sentences)
+  is the objective's business: :mod:`minibert.objectives`.
+
+Typical use::
+
+    objective = get_objective("mlm+nsp")
+    store = build_or_load_store(files, tokenizer, cache_dir, min_documents=objective.min_documents)
+    train, held_out = split_documents(store, eval_fraction=0.01, min_documents=objective.min_documents)
+    for batch in iterate_batches(train, VocabInfo.from_tokenizer(tokenizer), 32, 128, epoch, seed,
+                                 objective=objective):
+        out = model(**{k: xp.asarray(v) for k, v in batch.model_inputs().items()})
+"""
+
+from ..nn.losses import IGNORE_INDEX
+from ..objectives import create_instances_from_document, truncate_seq_pair
+from .batches import (Batch, Instance, collate, count_instances, iterate_batches, iterate_instances,
+                      make_eval_batches)
+from .corpus import (CorpusError, TokenStore, build_or_load_store, build_store, iter_documents,
+                     load_store, resolve_corpus_files, save_store, split_documents, token_counts,
+                     unigram_cross_entropy)
+from .masking import VocabInfo, create_masked_lm_predictions, default_max_predictions
+
+__all__ = [
+    "IGNORE_INDEX",
+    "CorpusError",
+    "TokenStore",
+    "VocabInfo",
+    "Instance",
+    "Batch",
+    "resolve_corpus_files",
+    "iter_documents",
+    "build_store",
+    "save_store",
+    "load_store",
+    "build_or_load_store",
+    "split_documents",
+    "truncate_seq_pair",
+    "create_instances_from_document",
+    "create_masked_lm_predictions",
+    "default_max_predictions",
+    "iterate_instances",
+    "count_instances",
+    "collate",
+    "iterate_batches",
+    "make_eval_batches",
+    "token_counts",
+    "unigram_cross_entropy",
+]

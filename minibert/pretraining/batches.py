@@ -1,0 +1,401 @@
+"""Epochs of masked instances and fixed-shape batches, generated on the fly from a token store.
+
+An objective (:mod:`minibert.objectives`) cuts the documents into unmasked segments;
+:func:`~.masking.create_masked_lm_predictions` masks them; a bounded shuffle buffer mixes
+them; :func:`collate` lays them out in google-research/bert's fixed-shape features
+(``run_pretraining.py``: ``input_ids``, ``input_mask``, ``segment_ids``,
+``masked_lm_positions``, ``masked_lm_ids``, ``masked_lm_weights``,
+``next_sentence_labels``), under Hugging Face's names where HF has one. Nothing
+proportional to ``corpus x dupe_factor`` is ever held in memory.
+
+Randomness. Every draw comes from a ``numpy.random.Generator`` seeded by a
+``SeedSequence`` of small integers: the segments of document ``d`` from
+(seed, copy, d) (:func:`minibert.objectives.segment_rng`), its masks from
+(seed, mask copy, d), the epoch's document order and shuffle from (seed, epoch). A batch
+therefore depends only on the arguments, which is what makes ``start_batch`` resumption
+exact.
+
+Shape legend: B = batch, T = max_seq_length, P = max_predictions_per_seq, L = one
+instance's length, P' = one instance's number of predictions, D = documents.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..objectives import Objective, get_objective
+from .corpus import CorpusError, TokenStore, check_seed
+from .masking import VocabInfo, check_probability, create_masked_lm_predictions, default_max_predictions
+
+__all__ = ["Instance", "Batch", "collate", "iterate_instances", "count_instances",
+           "iterate_batches", "make_eval_batches"]
+
+# First words of the SeedSequence entropy of the mask and epoch-order generators (the
+# segment generators use 101, see minibert.objectives.base; the held-out split 404).
+_TAG_MASKS, _TAG_ORDER = 202, 303
+
+
+@dataclass
+class Instance:
+    """One masked sequence (the reference's ``TrainingInstance``).
+
+    Fields:
+        input_ids: (L,) int32, after masking; [CLS] first, [SEP] last.
+        token_type_ids: (L,) int8, the segment of each token (0, or 1 for a pair's B).
+        masked_lm_positions: (P',) int32, increasing positions that carry an MLM label.
+        masked_lm_labels: (P',) int32, the original ids at those positions.
+        sentence_label: the objective's sentence-level label (0/1), None without one.
+        document: index (in the store) of the document the sequence starts in.
+    """
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    masked_lm_positions: np.ndarray
+    masked_lm_labels: np.ndarray
+    sentence_label: int | None
+    document: int = -1
+
+
+@dataclass
+class Batch:
+    """A fixed-shape batch for ``BertForPreTraining.forward``: always (B, T) and (B, P).
+
+    Fields (host NumPy arrays):
+        input_ids: (B, T) int64 token ids, [PAD] after the end.
+        token_type_ids: (B, T) int64, 0 for [CLS] A [SEP], 1 for B [SEP], 0 at padding.
+        attention_mask: (B, T) int64, 1 at real tokens, 0 at padding.
+        masked_lm_positions: (B, P) int64, positions to predict (0 in a padding slot).
+        masked_lm_ids: (B, P) int64, the original ids there (0 in a padding slot).
+        masked_lm_weights: (B, P) float32, 1 for a real slot, 0 for a padding slot.
+        next_sentence_label: (B,) int64 sentence-level label (NSP: 0 = IsNext,
+            1 = random B; SOP: 0 = in order, 1 = swapped), or None when the objective
+            has no sentence task.
+    """
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    attention_mask: np.ndarray
+    masked_lm_positions: np.ndarray
+    masked_lm_ids: np.ndarray
+    masked_lm_weights: np.ndarray
+    next_sentence_label: np.ndarray | None = None
+
+    def model_inputs(self) -> dict[str, np.ndarray]:
+        """The keyword arguments of ``BertForPreTraining.forward`` (None fields left out).
+        Host arrays: move each to the device with ``xp.asarray``."""
+        names = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions",
+                 "masked_lm_ids", "masked_lm_weights", "next_sentence_label")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+
+def collate(instances: Sequence[Instance], max_seq_length: int, max_predictions_per_seq: int,
+            pad_id: int) -> Batch:
+    """Lay instances out as a :class:`Batch` of shape (B, T) and (B, P).
+
+    Inputs:
+        instances: 1..B instances, all with a sentence label or all without.
+        max_seq_length: T. max_predictions_per_seq: P.
+        pad_id: id of [PAD].
+    Raises:
+        ValueError: no instance, an instance longer than T or with more than P
+            predictions, or sentence labels on some instances only.
+    """
+    if not instances:
+        raise ValueError("cannot collate an empty list of instances")
+    with_label = [x.sentence_label is not None for x in instances]
+    if any(with_label) != all(with_label):
+        raise ValueError("cannot collate instances with and without a sentence label")
+    B, T, P = len(instances), max_seq_length, max_predictions_per_seq
+    input_ids = np.full((B, T), pad_id, dtype=np.int64)
+    token_type_ids = np.zeros((B, T), dtype=np.int64)
+    attention_mask = np.zeros((B, T), dtype=np.int64)
+    positions = np.zeros((B, P), dtype=np.int64)
+    ids = np.zeros((B, P), dtype=np.int64)
+    weights = np.zeros((B, P), dtype=np.float32)
+    for b, x in enumerate(instances):
+        L, n = len(x.input_ids), len(x.masked_lm_positions)
+        if L > T:
+            raise ValueError(f"an instance has {L} tokens, over max_seq_length {T}")
+        if n > P:
+            raise ValueError(f"an instance has {n} predictions, over max_predictions_per_seq {P}")
+        input_ids[b, :L] = x.input_ids
+        token_type_ids[b, :L] = x.token_type_ids
+        attention_mask[b, :L] = 1
+        positions[b, :n] = x.masked_lm_positions
+        ids[b, :n] = x.masked_lm_labels
+        weights[b, :n] = 1.0
+    labels = np.array([x.sentence_label for x in instances], dtype=np.int64) if all(with_label) else None
+    return Batch(input_ids, token_type_ids, attention_mask, positions, ids, weights, labels)
+
+
+# ----------------------------------------------------------------------------------------
+# Checks and the shared instance stream
+# ----------------------------------------------------------------------------------------
+
+
+def _check_store(store: TokenStore, objective: Objective) -> None:
+    if store.num_documents < objective.min_documents:
+        raise CorpusError(
+            f"the store holds {store.num_documents} document(s); objective {objective.name!r} "
+            f"needs at least {objective.min_documents}: {objective.min_documents_reason}")
+
+
+def _check_data_args(objective: Objective, max_seq_length: int, short_seq_prob: float,
+                     masked_lm_prob: float, max_predictions_per_seq: int | None) -> int:
+    """Validate the arguments shared by every entry point; returns P."""
+    objective.check_max_seq_length(max_seq_length)
+    check_probability("short_seq_prob", short_seq_prob)
+    check_probability("masked_lm_prob", masked_lm_prob)
+    if max_predictions_per_seq is None:
+        return default_max_predictions(max_seq_length, masked_lm_prob)
+    if max_predictions_per_seq < 1:
+        raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
+    return int(max_predictions_per_seq)
+
+
+def _copies(epoch: int, masking: str, dupe_factor: int) -> tuple[int, int]:
+    """(segment copy, mask copy) of an epoch."""
+    if masking not in ("static", "dynamic"):
+        raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}")
+    if dupe_factor < 1:
+        raise ValueError(f"dupe_factor must be >= 1, got {dupe_factor}")
+    pair_copy = epoch % dupe_factor
+    return pair_copy, (pair_copy if masking == "static" else epoch)
+
+
+def _order_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator of an epoch's document order (its first draw) and shuffle buffer."""
+    return np.random.default_rng([_TAG_ORDER, seed, epoch])
+
+
+def _masked_instances(objective: Objective, store: TokenStore, vocab: VocabInfo,
+                      doc_order: Sequence[int], max_seq_length: int, seed: int, copy: int,
+                      mask_copy: int, short_seq_prob: float, masked_lm_prob: float,
+                      max_predictions_per_seq: int, whole_word_mask: bool) -> Iterator[Instance]:
+    """The objective's segments, masked: one mask generator per (seed, mask_copy, document),
+    drawn from in order by the segments that start in that document."""
+    mask_rng, mask_doc = None, None
+    for seg in objective.segments(store, doc_order, max_seq_length, short_seq_prob=short_seq_prob,
+                                  seed=seed, copy=copy, cls_id=vocab.cls_id, sep_id=vocab.sep_id):
+        if seg.document != mask_doc:
+            mask_doc = seg.document
+            mask_rng = np.random.default_rng([_TAG_MASKS, seed, mask_copy, mask_doc])
+        ids, positions, labels = create_masked_lm_predictions(
+            seg.input_ids, vocab, masked_lm_prob, max_predictions_per_seq, mask_rng, whole_word_mask)
+        yield Instance(ids, seg.token_type_ids, positions, labels, seg.label, seg.document)
+
+
+# ----------------------------------------------------------------------------------------
+# Epochs: static (dupe_factor) and dynamic masking, resumable and bounded in memory
+# ----------------------------------------------------------------------------------------
+
+
+def iterate_instances(
+    store: TokenStore,
+    vocab: VocabInfo,
+    max_seq_length: int,
+    epoch: int,
+    seed: int,
+    *,
+    objective: str | Objective = "mlm+nsp",
+    masking: str = "dynamic",
+    dupe_factor: int = 10,
+    short_seq_prob: float = 0.1,
+    masked_lm_prob: float = 0.15,
+    max_predictions_per_seq: int | None = None,
+    whole_word_mask: bool = False,
+    shuffle_buffer: int = 10_000,
+) -> Iterator[Instance]:
+    """Yield one epoch of masked instances, shuffled, generated on the fly from the store.
+
+    What an epoch contains. The reference makes ``dupe_factor`` passes over the
+    documents, each cutting them into instances and masking them afresh, and trains on
+    the union. Here epoch ``e`` is pass ``e % dupe_factor``: its segments are drawn from
+    generators seeded by (seed, e % dupe_factor, document). The masks:
+
+    * ``masking="static"``: also seeded by (seed, e % dupe_factor, document), so there are
+      exactly ``dupe_factor`` distinct versions of the data, as in the reference;
+    * ``masking="dynamic"``: seeded by (seed, e, document): fresh masks every epoch
+      (RoBERTa's dynamic masking), segments still cycling with ``dupe_factor``.
+
+    Order. Documents are visited in a permutation drawn from (seed, epoch) and their
+    instances pass through a shuffle buffer of ``shuffle_buffer`` instances (a random
+    slot is emitted and refilled; the remainder is emitted in random order), so memory
+    stays at O(shuffle_buffer) instances. The same arguments always yield the same
+    sequence.
+
+    Inputs:
+        objective: a name in ``minibert.objectives.OBJECTIVES`` or an ``Objective``.
+        max_predictions_per_seq: P, the cap on predictions per instance; None =
+            ``default_max_predictions(max_seq_length, masked_lm_prob)``.
+    Yields:
+        :class:`Instance`, L <= max_seq_length, P' <= P.
+    Raises:
+        CorpusError: fewer documents than the objective needs.
+        ValueError: unknown objective or masking mode, dupe_factor < 1, a negative seed or
+            epoch, a probability outside [0, 1], max_predictions_per_seq < 1, or
+            max_seq_length below the objective's minimum.
+    """
+    obj = get_objective(objective)
+    _check_store(store, obj)
+    check_seed(seed=seed, epoch=epoch)
+    P = _check_data_args(obj, max_seq_length, short_seq_prob, masked_lm_prob, max_predictions_per_seq)
+    copy, mask_copy = _copies(epoch, masking, dupe_factor)
+    order_rng = _order_rng(seed, epoch)
+    doc_order = order_rng.permutation(store.num_documents)
+    cap = max(1, int(shuffle_buffer))
+    buf: list[Instance] = []
+    for inst in _masked_instances(obj, store, vocab, doc_order, max_seq_length, seed, copy, mask_copy,
+                                  short_seq_prob, masked_lm_prob, P, whole_word_mask):
+        if len(buf) < cap:
+            buf.append(inst)
+            continue
+        j = int(order_rng.integers(0, cap))
+        yield buf[j]
+        buf[j] = inst
+    for j in order_rng.permutation(len(buf)):
+        yield buf[j]
+
+
+def count_instances(
+    store: TokenStore,
+    max_seq_length: int,
+    epoch: int,
+    seed: int,
+    *,
+    objective: str | Objective = "mlm+nsp",
+    dupe_factor: int = 10,
+    short_seq_prob: float = 0.1,
+) -> int:
+    """Number of instances ``iterate_instances`` yields for this epoch (segments only, no masking).
+
+    For the sentence-pair objectives it depends on ``epoch`` only through
+    ``epoch % dupe_factor``; for ``mlm`` only through the epoch's document order. Takes
+    about half the time of generating the epoch; use it to size a learning-rate schedule.
+
+    Raises:
+        as ``iterate_instances``.
+    """
+    obj = get_objective(objective)
+    _check_store(store, obj)
+    check_seed(seed=seed, epoch=epoch)
+    obj.check_max_seq_length(max_seq_length)
+    check_probability("short_seq_prob", short_seq_prob)
+    copy, _ = _copies(epoch, "static", dupe_factor)
+    doc_order = _order_rng(seed, epoch).permutation(store.num_documents)
+    segments = obj.segments(store, doc_order, max_seq_length, short_seq_prob=short_seq_prob,
+                            seed=seed, copy=copy, cls_id=0, sep_id=0)
+    return sum(1 for _ in segments)
+
+
+def iterate_batches(
+    store: TokenStore,
+    vocab: VocabInfo,
+    batch_size: int,
+    max_seq_length: int,
+    epoch: int,
+    seed: int,
+    start_batch: int = 0,
+    *,
+    objective: str | Objective = "mlm+nsp",
+    masking: str = "dynamic",
+    dupe_factor: int = 10,
+    short_seq_prob: float = 0.1,
+    masked_lm_prob: float = 0.15,
+    max_predictions_per_seq: int | None = None,
+    whole_word_mask: bool = False,
+    shuffle_buffer: int = 10_000,
+    drop_last: bool = True,
+) -> Iterator[Batch]:
+    """Yield the batches of one epoch, starting at batch ``start_batch``; reproducible and resumable.
+
+    The instance stream is ``iterate_instances`` (see there for the objective, static vs
+    dynamic masking, dupe_factor and shuffling). Batch ``k`` of epoch ``e`` is the same for
+    the same arguments, so a run resumed at (e, k) with ``start_batch=k`` sees exactly the
+    batches an uninterrupted run would have seen from k on. Resuming replays the epoch's
+    instance generation up to that point (no collation), which costs about the time of
+    generating those instances.
+
+    Inputs:
+        batch_size: B.
+        max_seq_length: T, the width of every batch.
+        max_predictions_per_seq: P, the width of the masked_lm arrays; None =
+            ``default_max_predictions(max_seq_length, masked_lm_prob)``.
+        drop_last: drop the last, smaller batch, so every batch is (B, T) and (B, P).
+    Yields:
+        :class:`Batch`, (B, T) and (B, P) arrays; ``next_sentence_label`` (B,) or None.
+    Raises:
+        CorpusError: fewer documents than the objective needs, or an epoch that would
+            yield no batch at all: no instance, or with ``drop_last`` fewer than
+            ``batch_size`` (raised once the epoch has been generated).
+        ValueError: bad arguments (see ``iterate_instances``), batch_size < 1 or
+            start_batch < 0.
+    """
+    if batch_size < 1 or start_batch < 0:
+        raise ValueError(f"need batch_size >= 1 and start_batch >= 0, got {batch_size}, {start_batch}")
+    obj = get_objective(objective)
+    P = _check_data_args(obj, max_seq_length, short_seq_prob, masked_lm_prob, max_predictions_per_seq)
+    stream = iterate_instances(
+        store, vocab, max_seq_length, epoch, seed, objective=obj, masking=masking,
+        dupe_factor=dupe_factor, short_seq_prob=short_seq_prob, masked_lm_prob=masked_lm_prob,
+        max_predictions_per_seq=P, whole_word_mask=whole_word_mask, shuffle_buffer=shuffle_buffer)
+    seen = sum(1 for _ in itertools.islice(stream, start_batch * batch_size))
+    pending: list[Instance] = []
+    for inst in stream:
+        seen += 1
+        pending.append(inst)
+        if len(pending) == batch_size:
+            yield collate(pending, max_seq_length, P, vocab.pad_id)
+            pending = []
+    if seen == 0 or (drop_last and seen < batch_size):
+        raise CorpusError(
+            f"epoch {epoch} of the training documents ({store.num_documents} documents) yields "
+            f"{seen} instances, fewer than batch_size {batch_size}: lower --batch-size or add text")
+    if pending and not drop_last:
+        yield collate(pending, max_seq_length, P, vocab.pad_id)
+
+
+def make_eval_batches(
+    store: TokenStore,
+    vocab: VocabInfo,
+    batch_size: int,
+    max_seq_length: int,
+    seed: int,
+    *,
+    objective: str | Objective = "mlm+nsp",
+    max_instances: int | None = None,
+    short_seq_prob: float = 0.1,
+    masked_lm_prob: float = 0.15,
+    max_predictions_per_seq: int | None = None,
+    whole_word_mask: bool = False,
+) -> list[Batch]:
+    """A fixed evaluation set from held-out documents: the same batches every time.
+
+    One pass over the documents in store order (segments and masks seeded by ``seed``,
+    copy 0 and the document; no shuffling), cut to ``max_instances`` if given. Every batch
+    is (B, T) and (B, P) except the last, which may hold fewer rows. Build it once and
+    reuse it: the list is held in memory.
+
+    Returns:
+        list of :class:`Batch`; empty when the store holds no document (nothing held out).
+    Raises:
+        CorpusError: some documents, but fewer than the objective needs.
+        ValueError: bad arguments (see ``iterate_instances``), batch_size < 1.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if store.num_documents == 0:
+        return []
+    obj = get_objective(objective)
+    _check_store(store, obj)
+    check_seed(seed=seed)
+    P = _check_data_args(obj, max_seq_length, short_seq_prob, masked_lm_prob, max_predictions_per_seq)
+    stream = _masked_instances(obj, store, vocab, range(store.num_documents), max_seq_length, seed,
+                               0, 0, short_seq_prob, masked_lm_prob, P, whole_word_mask)
+    insts = list(itertools.islice(stream, max_instances))
+    return [collate(insts[i : i + batch_size], max_seq_length, P, vocab.pad_id)
+            for i in range(0, len(insts), batch_size)]
