@@ -336,15 +336,12 @@ def main(argv=None) -> int:
                          eval_every=args.eval_every or steps_per_epoch, save_every=steps_per_epoch,
                          max_nonfinite_steps=args.max_nonfinite_steps, progress=args.progress,
                          desc="fine-tune")
-    metrics = MetricsLog(run.metrics, resume_step=state.step if resume else None)
     t0 = time.perf_counter()
     try:
-        state, _ = train(model, opt, task, cfg, state, metrics=metrics,
+        state, _ = train(model, opt, task, cfg, state, metrics_path=run.metrics,
                          checkpoint_path=run.checkpoint, device=device)
     except TrainingError as e:
         fail(str(e))
-    finally:
-        metrics.close()
     seconds = time.perf_counter() - t0
     if not run.best_model.exists():  # e.g. --resume of a run whose best was lost
         task.evaluate(state.step)

@@ -38,7 +38,7 @@ from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
                                   default_max_predictions, iter_documents, iterate_batches,
                                   make_eval_batches, resolve_corpus_files, split_documents,
                                   token_counts, unigram_cross_entropy)
-from minibert.runs import (MetricsLog, RunError, check_resumable, load_start, prepare_run_dir,
+from minibert.runs import (RunError, check_resumable, load_start, prepare_run_dir,
                            write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece
 from minibert.training import TrainingConfig, TrainingError, TrainState, train
@@ -406,15 +406,12 @@ def main(argv=None) -> int:
                          max_nonfinite_steps=args.max_nonfinite_steps,
                          log_grad_norms=args.log_grad_norms, progress=args.progress,
                          desc="pretrain")
-    metrics = MetricsLog(run.metrics, resume_step=state.step if resume else None)
     t0 = time.perf_counter()
     try:
-        state, last_eval = train(model, optimizer, task, cfg, state, metrics=metrics,
+        state, last_eval = train(model, optimizer, task, cfg, state, metrics_path=run.metrics,
                                  checkpoint_path=run.checkpoint, device=device)
     except (TrainingError, CorpusError) as e:
         fail(str(e))
-    finally:
-        metrics.close()
     if last_eval is None and task.evaluate is not None:  # e.g. --resume of a finished run
         last_eval = {"step": state.step, **task.evaluate(state.step)}
     summary = {"objective": objective.name, "steps": state.step, "epochs_started": state.epoch + 1,

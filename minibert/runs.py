@@ -149,7 +149,8 @@ class MetricsLog:
 
     Args:
         path: the file.
-        resume_step: None for a new run, else the step of the checkpoint resumed from.
+        resume_step: the step the run starts from (0 for a new run, which keeps nothing),
+            or None to start the file empty.
     """
 
     def __init__(self, path: str | os.PathLike, resume_step: int | None = None):

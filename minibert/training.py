@@ -166,7 +166,7 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
 
 
 def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, *,
-          metrics, checkpoint_path, grad_hook: Callable[[list], None] | None = None,
+          metrics_path, checkpoint_path, grad_hook: Callable[[list], None] | None = None,
           device: str | None = None) -> tuple[TrainState, dict | None]:
     """Train ``model`` from ``state`` to ``cfg.max_steps``; returns the final state and the
     last evaluation record (None without evaluation).
@@ -175,8 +175,9 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         model: a BertPreTrainedModel whose ``backward(dloss=...)`` follows a forward.
         optimizer: :class:`minibert.optim.AdamW` over the model's parameters.
         task: the job's :class:`Task`.
-        metrics: a :class:`minibert.runs.MetricsLog`; records {"kind": "train" | "eval" |
-            "grad_flow", "step", "elapsed_s", ...}.
+        metrics_path: the run's metrics.jsonl (:class:`minibert.runs.MetricsLog`): records
+            {"kind": "train" | "eval" | "grad_flow", "step", "elapsed_s", ...}; the records
+            after ``state.step`` (of an interrupted run) are dropped first.
         checkpoint_path: where the resumable state is saved (atomically).
         grad_hook: called with the parameter list after backward, before clipping
             (a data-parallel all-reduce).
@@ -185,6 +186,7 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             steps in a row (the last checkpoint holds the last good parameters).
     """
     from .gradflow import grad_flow_record
+    from .runs import MetricsLog
 
     params = model.parameters()
     xp = get_array_module(params[0].data)
@@ -196,6 +198,7 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
     t_start = time.perf_counter() - state.elapsed_s
     t_window, tokens = time.perf_counter(), 0
     last_eval = None
+    metrics = MetricsLog(metrics_path, resume_step=state.step)
     bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not cfg.progress,
                desc=cfg.desc, dynamic_ncols=True)
 
@@ -274,5 +277,6 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
                 save()
     finally:
         bar.close()
+        metrics.close()
     state.elapsed_s = time.perf_counter() - t_start
     return state, last_eval

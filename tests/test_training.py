@@ -70,12 +70,8 @@ def run(model, task, tmp_path, steps, k=1, **kw):
     opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.01, correct_bias=True)
     cfg = TrainingConfig(max_steps=steps, lr=1e-2, warmup_steps=1, gradient_accumulation_steps=k,
                          log_every=1, progress=False, **kw)
-    log = MetricsLog(tmp_path / "m.jsonl")
-    try:
-        state, _ = train(model, opt, task, cfg, TrainState(), metrics=log,
-                         checkpoint_path=tmp_path / "c.npz")
-    finally:
-        log.close()
+    state, _ = train(model, opt, task, cfg, TrainState(), metrics_path=tmp_path / "m.jsonl",
+                     checkpoint_path=tmp_path / "c.npz")
     return state, MetricsLog.read(tmp_path / "m.jsonl")
 
 
@@ -110,12 +106,11 @@ def test_a_training_step_reads_no_device_value(tmp_path, monkeypatch):
     # log steps may read: with log_every past max_steps the first read is the final log
     opt = AdamW(model.named_parameters(), lr=1e-3)
     cfg = TrainingConfig(max_steps=3, lr=1e-3, log_every=10**6, progress=False)
-    log = MetricsLog(tmp_path / "m.jsonl")
     monkeypatch.setattr(training, "save_checkpoint", lambda *a, **k: None)
     with pytest.raises(AssertionError, match="host read"):
         # the final log step reads the sums: that is the first read, after 3 steps
-        train(model, opt, task, cfg, TrainState(), metrics=log, checkpoint_path=tmp_path / "c")
-    log.close()
+        train(model, opt, task, cfg, TrainState(), metrics_path=tmp_path / "m.jsonl",
+              checkpoint_path=tmp_path / "c")
     assert task.calls == 3  # every forward of the 3 steps ran before the first read
 
 
