@@ -66,7 +66,10 @@ class TrainingConfig:
     max_steps: optimizer steps of the run (>= 1). lr: peak learning rate.
     warmup_steps: linear warmup, then linear decay to 0 at max_steps.
     max_grad_norm: global-norm clipping threshold; 0 = no clipping.
-    gradient_accumulation_steps: micro-batches per step (>= 1), each weighted 1/k.
+    gradient_accumulation_steps: micro-batches per step (>= 1), each weighted 1/k: the
+        step equals one on the k micro-batches together when each holds the same number
+        of counted targets (sequences for classification); with MLM the micro-batches'
+        mean losses are averaged, as HF's Trainer does.
     seed: the run seed (dropout streams derive from it).
     log_every / eval_every / save_every: cadence; eval and save also happen at the end;
         0 = at the end only.
