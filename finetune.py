@@ -31,14 +31,16 @@ import numpy as np
 from minibert import backend
 from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.backend import to_numpy
-from minibert.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from minibert.cli import (dropout_probability, fail as _fail, float_in, int_at_least,
+from minibert.checkpoint import (CheckpointError, check_same_config, load_checkpoint,
+                                 save_checkpoint)
+from minibert.cli import (dropout_probability, explicit_options, fail as _fail, float_in,
+                          int_at_least,
                           non_negative_float, positive_float, positive_int)
 from minibert.finetuning import (DatasetError, build_classifier, encode_split, evaluate,
                                  iterate_batches, label_list, read_tsv, softmax_np)
 from minibert.hf import HFFormatError, save_hf_directory
 from minibert.optim import AdamW
-from minibert.runs import (MetricsLog, RunError, check_resumable, load_start, prepare_run_dir,
+from minibert.runs import (MetricsLog, RunError, load_start, prepare_run_dir, resume_args,
                            write_args)
 from minibert.tokenization import BertTokenizer
 from minibert.training import TrainingConfig, TrainingError, TrainState, train
@@ -46,7 +48,8 @@ from minibert.training import TrainingConfig, TrainingError, TrainState, train
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "classify" / "en" / "movie_reviews"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
+    """The arguments, and the names of those given on the command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
@@ -95,7 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--metric", choices=["accuracy", "macro_f1", "mcc"], default="accuracy",
                    help="dev metric that picks the best checkpoint")
     g.add_argument("--eval-every", type=positive_int, default=None,
-                   help="also evaluate on dev every N steps (default: once per epoch)")
+                   help="evaluate on dev (and keep the best model) every N steps instead "
+                        "of once per epoch")
     g.add_argument("--seed", type=int_at_least(0), default=0, help="seed of head init, shuffling, dropout")
     g.add_argument("--device", choices=list(backend.DEVICES), default=None,
                    help="cpu or cuda (default: $MINIBERT_DEVICE or cpu)")
@@ -116,12 +120,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--export-hf", metavar="DIR",
                    help="also write the best model as a Hugging Face directory")
     args = p.parse_args(argv)
+    given = explicit_options(p, argv)
     if args.resume:
         args.output_dir = args.resume
     for name in ("predict", "plot_attention"):
         if getattr(args, name) and len(getattr(args, name)) > 2:
             p.error(f"--{name.replace('_', '-')} takes one text or a pair of texts")
-    return args
+    return args, given
 
 
 def fail(message: str):
@@ -175,7 +180,7 @@ def plot_attention(model, tokenizer, texts, max_len, xp, path: Path) -> Path:
 RESUME_FIXED = ("data", "train", "dev", "max_seq_length", "init", "random_init",
                 "classifier_dropout", "epochs", "max_steps", "max_train_examples", "batch_size",
                 "gradient_accumulation_steps", "lr", "warmup_proportion", "weight_decay",
-                "adam_eps", "correct_bias", "max_grad_norm", "metric", "seed")
+                "adam_eps", "correct_bias", "max_grad_norm", "metric", "eval_every", "seed")
 
 
 class FinetuneTask:
@@ -219,7 +224,7 @@ class FinetuneTask:
             "best_step": self.best["step"]}
 
     def trainer_record(self) -> dict:
-        return {"job": "finetune", "args": {k: getattr(self.args, k) for k in RESUME_FIXED},
+        return {"job": "finetune", "args": vars(self.args),
                 "labels": self.labels, "tokenizer": dict(self.pre.tokenizer_options),
                 "best": self.best}
 
@@ -234,17 +239,19 @@ def use_model(args, xp, device) -> int:
         fail(f"--model {args.model}: not a fine-tuned classifier (no label set saved)")
     try:
         model, _ = build_classifier(pre, pre.labels)
-    except HFFormatError as e:
-        fail(str(e))
+        tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
+    except (HFFormatError, KeyError, ValueError) as e:
+        fail(f"--model {args.model}: {e}")
     model.to(device)
-    tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     out = Path(args.output_dir) if args.output_dir != "runs/finetune" else Path(args.model)
     finish(args, model, tokenizer, pre.labels, pre.vocab_file, pre.tokenizer_options, xp, out)
     return 0
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args, given = parse_args(argv)
+    if args.export_hf and Path(args.export_hf).exists() and not Path(args.export_hf).is_dir():
+        fail(f"--export-hf {args.export_hf}: is a file, not a directory")
     try:
         device = backend.set_device(args.device)
     except backend.BackendError as e:
@@ -255,25 +262,24 @@ def main(argv=None) -> int:
 
     # ---- starting point, run directory, data ------------------------------------------
     resume = args.resume is not None
-    paths = split_paths(args)
+    resumed = None
     try:
+        if resume:  # the run's own arguments, unless given here
+            run = prepare_run_dir(args.output_dir, "finetune", resume=True)
+            resumed = load_checkpoint(run.checkpoint)
+            resume_args(args, resumed["trainer"].get("args", {}), RESUME_FIXED, given,
+                        str(run.checkpoint))
         pre = load_start(args.init)
-    except RunError as e:
+        if not resume:
+            run = prepare_run_dir(args.output_dir, "finetune", overwrite=args.overwrite)
+        tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
+    except (RunError, CheckpointError, ValueError) as e:
         msg = str(e)
         if args.init == "runs/pretrain" and not Path(args.init).exists():
             msg += (" (the default --init is the output of `python train_mlm.py`; run that "
                     "first, or pass --init DIR)")
         fail(msg)
-    try:
-        run = prepare_run_dir(args.output_dir, "finetune", resume=resume,
-                              overwrite=args.overwrite)
-        resumed = load_checkpoint(run.checkpoint) if resume else None
-        if resumed is not None:
-            check_resumable(resumed["trainer"].get("args", {}), vars(args), RESUME_FIXED,
-                            str(run.checkpoint))
-    except (RunError, CheckpointError) as e:
-        fail(str(e))
-    tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
+    paths = split_paths(args)
     try:
         train_ex = read_tsv(paths["train"])
         if args.max_train_examples:
@@ -295,8 +301,9 @@ def main(argv=None) -> int:
                                          random_init=args.random_init,
                                          classifier_dropout=args.classifier_dropout)
         if resumed is not None:
+            check_same_config(resumed["config"], model.config, str(run.checkpoint))
             model.load_state_dict(resumed["model"])
-    except (HFFormatError, KeyError, ValueError) as e:
+    except (HFFormatError, CheckpointError, KeyError, ValueError) as e:
         fail(str(e))
     model.to(device)
     fresh = "all weights new (architecture only, random init)" if args.random_init \
@@ -390,8 +397,8 @@ def finish(args, model, tokenizer, labels, vocab_file, tok_opts, xp, out: Path) 
         try:
             d = save_hf_directory(model, args.export_hf, vocab_file,
                                   dict(enumerate(labels)), tok_opts)
-        except HFFormatError as e:
-            fail(str(e))
+        except (HFFormatError, OSError) as e:
+            fail(f"--export-hf {args.export_hf}: {e}")
         print(f"wrote Hugging Face directory {d}")
 
 

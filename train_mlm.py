@@ -27,7 +27,8 @@ import numpy as np
 from minibert import backend
 from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.checkpoint import CheckpointError, check_same_config, load_checkpoint
-from minibert.cli import (dropout_probability, fail as _fail, float_in, int_at_least,
+from minibert.cli import (dropout_probability, explicit_options, fail as _fail, float_in,
+                          int_at_least,
                           non_negative_float, non_negative_int, positive_int,
                           probability)
 from minibert.hf import HFFormatError, load_pretrained_weights
@@ -38,25 +39,29 @@ from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
                                   default_max_predictions, iter_documents, iterate_batches,
                                   make_eval_batches, resolve_corpus_files, split_documents,
                                   token_counts, unigram_cross_entropy)
-from minibert.runs import (RunError, check_resumable, load_start, prepare_run_dir,
-                           write_args)
+from minibert.runs import (RunError, load_start, prepare_run_dir, resume_args, write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece
+from minibert.tokenization.trainer import ALGORITHMS
 from minibert.training import TrainingConfig, TrainingError, TrainState, train
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
 DEFAULT_OBJECTIVE = "mlm+nsp"
 
-# Arguments that must match between a checkpoint's run and a resumed run: they decide the
-# data stream and the schedule, so changing them would not continue the same curve.
+# Arguments that decide the data stream, the schedule and the model: a resumed run takes
+# them from its checkpoint, and refuses a different value given on the command line.
 RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase", "seed",
                 "objective", "max_seq_length", "batch_size", "gradient_accumulation_steps",
                 "masking", "dupe_factor", "short_seq_prob", "masked_lm_prob",
                 "max_predictions_per_seq", "whole_word_mask", "eval_fraction", "max_steps",
                 "lr", "warmup_steps", "weight_decay", "correct_bias", "max_grad_norm",
-                "label_smoothing", "dtype", "init_checkpoint")
+                "label_smoothing", "dtype", "init_checkpoint", "preset", "num_hidden_layers",
+                "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
+                "hidden_dropout_prob", "attention_probs_dropout_prob",
+                "max_position_embeddings", "position_embedding_type", "norm_position")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
+    """The arguments, and the names of those given on the command line."""
     presets = ", ".join(f"{k} ({l} layers x {h} hidden)" for k, (l, h) in PRESETS.items())
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -69,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="WordPiece vocab.txt to use; if absent one is learned from the corpus")
     g.add_argument("--vocab-size", type=int_at_least(8), default=8192,
                    help="size of a learned vocab")
-    g.add_argument("--vocab-algorithm", default=None,
+    g.add_argument("--vocab-algorithm", choices=ALGORITHMS, default=None,
                    help="merge criterion of the vocab trainer (see python -m "
                         "minibert.tokenization train --help); default: the trainer's")
     g.add_argument("--no-lowercase", dest="lowercase", action="store_false",
@@ -174,6 +179,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
     args = p.parse_args(argv)
+    given = explicit_options(p, argv)
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.max_steps // 10)
     if args.max_predictions_per_seq is None:
@@ -181,7 +187,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                                args.masked_lm_prob)
     if args.resume:
         args.output_dir = args.resume
-    return args
+    return args, given
 
 
 def fail(message: str):
@@ -271,22 +277,26 @@ class PretrainTask:
         return {**self.summarize(totals), **self.reference}
 
     def trainer_record(self) -> dict:
-        return {"job": "pretrain", "args": {k: getattr(self.args, k) for k in RESUME_FIXED},
+        return {"job": "pretrain", "args": vars(self.args),
                 "tokenizer": {"do_lower_case": self.args.lowercase}}
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args, given = parse_args(argv)
     try:
         device = backend.set_device(args.device)
     except backend.BackendError as e:
         fail(str(e))
     xp = backend.xp_for(device)
-    objective = get_objective(args.objective)
     resume = args.resume is not None
-    start = None
+    start = resumed = None
     try:
-        if args.init_checkpoint and not resume:
+        if resume:  # the run's own arguments, unless given here
+            run = prepare_run_dir(args.output_dir, "pretrain", resume=True)
+            resumed = load_checkpoint(run.checkpoint)
+            resume_args(args, resumed["trainer"].get("args", {}), RESUME_FIXED, given,
+                        str(run.checkpoint))
+        elif args.init_checkpoint:
             start = load_start(args.init_checkpoint, "--init-checkpoint")
             if start.tokenizer_options.get("do_lower_case", True) != args.lowercase:
                 raise RunError(f"--init-checkpoint {args.init_checkpoint} was trained with "
@@ -297,14 +307,9 @@ def main(argv=None) -> int:
                 raise RunError(f"--vocab {args.vocab} differs from {start.vocab_file}, the "
                                f"vocab the weights of --init-checkpoint were trained with")
             args.vocab = str(start.vocab_file)
-        run = prepare_run_dir(args.output_dir, "pretrain", resume=resume,
-                              overwrite=args.overwrite)
-        resumed = load_checkpoint(run.checkpoint) if resume else None
-        if resumed is not None:
-            if args.vocab is None:  # e.g. the vocab an --init-checkpoint run took over
-                args.vocab = resumed["trainer"].get("args", {}).get("vocab")
-            check_resumable(resumed["trainer"].get("args", {}), vars(args), RESUME_FIXED,
-                            str(run.checkpoint))
+        if not resume:
+            run = prepare_run_dir(args.output_dir, "pretrain", overwrite=args.overwrite)
+        objective = get_objective(args.objective)
         files = resolve_corpus_files(args.corpus)
         tokenizer = get_tokenizer(args, run, files, objective, resume)
         store = build_or_load_store(files, tokenizer, cache_dir=run.path / "cache",

@@ -58,15 +58,22 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: cannot be read as .npz ({e})") from e
     if "meta" not in files:
         raise CheckpointError(f"checkpoint {path}: no 'meta' entry, not a minibert checkpoint")
-    meta = json.loads(files.pop("meta").tobytes().decode("utf-8"))
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, "
-                              f"expected {FORMAT!r}")
+    try:
+        meta = json.loads(files.pop("meta").tobytes().decode("utf-8"))
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, "
+                                  f"expected {FORMAT!r}")
+        config = BertConfig.from_dict(meta["config"])
+        trainer = dict(meta.get("trainer") or {})
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path}: damaged 'meta' entry ({e})") from None
     return {
-        "config": BertConfig.from_dict(meta["config"]),
+        "config": config,
         "model": {k[6:]: v for k, v in files.items() if k.startswith("model/")},
         "optim": {k[6:]: v for k, v in files.items() if k.startswith("optim/")},
-        "trainer": meta.get("trainer", {}),
+        "trainer": trainer,
     }
 
 

@@ -61,3 +61,18 @@ probability = float_in(0.0, 1.0)
 dropout_probability = float_in(0.0, 1.0, high_open=True)
 positive_float = float_in(0.0, low_open=True)
 non_negative_float = float_in(0.0)
+
+
+def explicit_options(parser: argparse.ArgumentParser, argv) -> set[str]:
+    """The destinations (``args`` attribute names) of the options given in ``argv``, as
+    opposed to those left at their defaults: a resumed run takes the rest from its
+    checkpoint."""
+    defaults = {a.dest: a.default for a in parser._actions}
+    for a in parser._actions:
+        a.default = argparse.SUPPRESS
+    try:
+        given, _ = parser.parse_known_args(argv)
+    finally:
+        for a in parser._actions:
+            a.default = defaults[a.dest]
+    return set(vars(given))

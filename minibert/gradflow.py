@@ -145,21 +145,24 @@ def read_grad_flow(path: str | Path) -> list[dict]:
     """The ``grad_flow`` records of a metrics.jsonl file, in file order.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: a line that is not JSON (with its
-            line number), or no grad_flow record at all (run train_mlm.py with
+        FileNotFoundError: no such file. ValueError: a line other than the last that is
+            not JSON (with its line number), or no grad_flow record at all (run train_mlm.py with
             --log-grad-norms N).
     """
     records = []
     with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-            if rec.get("kind") == "grad_flow":
-                records.append(rec)
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):  # a torn last line: the run is live or was killed
+                break
+            raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+        if rec.get("kind") == "grad_flow":
+            records.append(rec)
     if not records:
         raise ValueError(f"{path}: no grad_flow records (train with --log-grad-norms N)")
     return records

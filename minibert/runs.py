@@ -74,8 +74,12 @@ def checkpoint_job(path: str | os.PathLike) -> tuple[str, int]:
         t = load_checkpoint(path)["trainer"]
     except CheckpointError:
         return "unknown", -1
-    job = t.get("job") or ("finetune" if "labels" in t else "pretrain")  # older checkpoints
-    return str(job), int(t.get("step", -1))
+    return _job_of(t), int(t.get("step", -1))
+
+
+def _job_of(trainer: Mapping[str, Any]) -> str:
+    # checkpoints written before the "job" field: a fine-tuned one carries its labels
+    return str(trainer.get("job") or ("finetune" if "labels" in trainer else "pretrain"))
 
 
 def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = False,
@@ -86,8 +90,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
         output_dir: the directory.
         job: "pretrain" or "finetune".
         resume: the run continues from the checkpoint there.
-        overwrite: replace another run's files (its checkpoint stays until the new run
-            writes its first one).
+        overwrite: replace another run: its checkpoint, metrics, summary and other
+            outputs are deleted first (its vocab.txt is rewritten by the new run).
     Returns:
         the :class:`RunDir`, created, writable, without stale ``*.tmp`` files.
     Raises:
@@ -98,6 +102,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise RunError(f"{option} {path}: is a file, not a directory")
+    if resume and not path.is_dir():
+        raise RunError(f"--resume {path}: no such run directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -106,33 +112,56 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
         raise RunError(f"{option} {path}: not writable")
     run = RunDir(path, job)
     remove_stale_tmp(path)
+    if (path / "cache").is_dir():
+        remove_stale_tmp(path / "cache")
     if run.checkpoint.exists():
-        other, step = checkpoint_job(run.checkpoint)
         if resume:
+            try:
+                trainer = load_checkpoint(run.checkpoint)["trainer"]
+            except CheckpointError as e:
+                raise RunError(f"--resume: {e}") from None
+            other = _job_of(trainer)
             if other != job:
                 raise RunError(f"--resume {path}: its checkpoint is from a {other} run, not "
                                f"{job}")
         elif not overwrite:
+            other, step = checkpoint_job(run.checkpoint)
             raise RunError(f"{option} {path}: holds the checkpoint of a {other} run (step "
                            f"{step}); pass --resume to continue it, --overwrite to replace "
                            f"it, or another {option}")
-        else:
-            for f in (run.metrics, run.summary, run.best_model):
+        else:  # nothing of the old run may be read as the new one's (vocab.txt is rewritten)
+            for f in (run.checkpoint, run.best_model, run.metrics, run.summary, run.args,
+                      run.config, *path.glob("predictions_*.tsv"), *path.glob("*.png"),
+                      path / "labels.json"):
                 f.unlink(missing_ok=True)
     elif resume:
         raise RunError(f"--resume {path}: no {CHECKPOINT} to resume from")
     return run
 
 
-def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any],
-                    fixed: Sequence[str], source: str) -> None:
-    """Raise RunError naming every argument in ``fixed`` whose value differs between the
-    run being resumed (``saved``) and this invocation (``current``): those decide the
-    data stream and the schedule, so changing them would not continue the same curve."""
-    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {current.get(k)!r}"
-             for k in fixed if k in saved and saved[k] != current.get(k)]
+# Arguments that belong to an invocation, not to the run: never taken from a checkpoint.
+INVOCATION_ARGS = ("output_dir", "resume", "overwrite", "progress", "device")
+
+
+def resume_args(args, saved: Mapping[str, Any], fixed: Sequence[str], given: set[str],
+                source: str) -> None:
+    """Take into ``args`` (an argparse Namespace, changed in place) the run's own value of
+    every saved argument the command line did not give (``given``: the names it did;
+    :data:`INVOCATION_ARGS` excepted), so a bare ``--resume DIR`` continues the run as it
+    was started.
+
+    Raises:
+        RunError: naming every argument in ``fixed`` given with a value other than the
+            run's: those decide the data stream, the schedule and the model, so a changed
+            value would not continue the same curve.
+    """
+    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {getattr(args, k)!r}"
+             for k in fixed if k in saved and k in given and saved[k] != getattr(args, k)]
     if diffs:
         raise RunError(f"cannot resume {source}: the run's settings differ: " + "; ".join(diffs))
+    for k, v in saved.items():
+        if k not in given and k not in INVOCATION_ARGS and hasattr(args, k):
+            setattr(args, k, v)
 
 
 def write_args(run: RunDir, args: Mapping[str, Any]) -> None:

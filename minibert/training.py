@@ -66,7 +66,8 @@ class TrainingConfig:
     max_steps: optimizer steps of the run (>= 1). lr: peak learning rate.
     warmup_steps: linear warmup, then linear decay to 0 at max_steps.
     max_grad_norm: global-norm clipping threshold; 0 = no clipping.
-    gradient_accumulation_steps: micro-batches per step (>= 1), each weighted 1/k: the
+    gradient_accumulation_steps: micro-batches per step (>= 1; fewer in the last step of an
+        epoch), each weighted 1/k: the
         step equals one on the k micro-batches together when each holds the same number
         of counted targets (sequences for classification); with MLM the micro-batches'
         mean losses are averaged, as HF's Trainer does.
@@ -97,13 +98,17 @@ class TrainingConfig:
 class TrainState:
     """Where a run is: ``step`` optimizer steps done; the next micro-batch is batch
     ``batch_in_epoch`` of ``epoch``; ``elapsed_s`` seconds of training so far; ``window``:
-    host sums of the steps since the last train record (kept across a resume)."""
+    host sums of the steps since the last train record; ``nonfinite_run``: non-finite steps
+    in a row up to now, the first of them step ``nonfinite_since`` (0-based); all kept
+    across a resume."""
 
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
     elapsed_s: float = 0.0
     window: dict[str, float] = field(default_factory=dict)
+    nonfinite_run: int = 0
+    nonfinite_since: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +116,8 @@ class TrainState:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainState":
         return cls(int(d.get("step", 0)), int(d.get("epoch", 0)), int(d.get("batch_in_epoch", 0)),
-                   float(d.get("elapsed_s", 0.0)), dict(d.get("window") or {}))
+                   float(d.get("elapsed_s", 0.0)), dict(d.get("window") or {}),
+                   int(d.get("nonfinite_run", 0)), int(d.get("nonfinite_since", 0)))
 
 
 def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int, Any]]:
@@ -196,8 +202,13 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
     k = cfg.gradient_accumulation_steps
     stream = micro_batches(task, state.epoch, state.batch_in_epoch)
     sums: dict[str, Any] = dict(state.window)      # device (or host, after a resume) sums
-    bad_run = xp.zeros((), dtype=xp.int64)         # non-finite steps in a row, on the device
-    bad_since = xp.zeros((), dtype=xp.int64)
+    # on the device: non-finite steps in a row, the first of them, and the (first, last)
+    # step of the first run that reached cfg.max_nonfinite_steps (-1: none yet)
+    bad_run = xp.asarray(state.nonfinite_run, dtype=xp.int64)
+    bad_since = xp.asarray(state.nonfinite_since, dtype=xp.int64)
+    hit_since = xp.asarray(-1, dtype=xp.int64)
+    hit_at = xp.asarray(-1, dtype=xp.int64)
+    pending = None                                 # a batch looked at but not yet trained on
     t_start = time.perf_counter() - state.elapsed_s
     t_window, tokens = time.perf_counter(), 0
     last_eval = None
@@ -209,15 +220,17 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         return {key: float(v) for key, v in sums.items()}
 
     def check_nonfinite() -> None:
-        if int(bad_run) >= cfg.max_nonfinite_steps:
+        if int(hit_at) >= 0:
             raise TrainingError(
-                f"loss or gradient norm not finite in {int(bad_run)} steps in a row since "
-                f"step {int(bad_since) + 1}; stopped at step {state.step} (updates of those "
-                f"steps were skipped; the last checkpoint is {checkpoint_path})")
+                f"loss or gradient norm not finite in {cfg.max_nonfinite_steps} steps in a row "
+                f"since step {int(hit_since) + 1} (to step {int(hit_at) + 1}); stopped at "
+                f"step {state.step} (the updates of non-finite steps were skipped; the last "
+                f"checkpoint is {checkpoint_path})")
 
     def save() -> None:
         check_nonfinite()
         state.window = read_sums()
+        state.nonfinite_run, state.nonfinite_since = int(bad_run), int(bad_since)
         state.elapsed_s = time.perf_counter() - t_start
         save_checkpoint(checkpoint_path, model, optimizer,
                         {**task.trainer_record(), **state.to_dict()})
@@ -234,16 +247,26 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         while state.step < cfg.max_steps:
             step = state.step
             lr = linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
+            # up to k micro-batches; a step ends with its epoch (as HF's Trainer), so
+            # epochs hold a whole number of steps and grouping restarts at every epoch
             micro = []
-            for _ in range(k):
-                state.epoch, state.batch_in_epoch, batch = next(stream)
+            while len(micro) < k:
+                item, pending = (pending or next(stream)), None
+                state.epoch, state.batch_in_epoch, batch = item
                 micro.append(batch)
                 tokens += int(batch.attention_mask.sum())          # host array
+                if len(micro) < k:
+                    pending = next(stream)
+                    if pending[0] != state.epoch:
+                        break
             loss, grad_norm, finite, step_sums = train_step(
                 model, optimizer, task, micro, step, lr, cfg, grad_hook=grad_hook,
                 device=device)
             bad_since = xp.where(finite | (bad_run > 0), bad_since, step)
             bad_run = xp.where(finite, 0, bad_run + 1)
+            first_hit = (hit_at < 0) & (bad_run >= cfg.max_nonfinite_steps)
+            hit_since = xp.where(first_hit, bad_since, hit_since)
+            hit_at = xp.where(first_hit, step, hit_at)
             keep = finite.astype(params[0].data.dtype)
             for key, v in (("loss", loss), ("grad_norm", grad_norm), *step_sums.items()):
                 sums[key] = sums.get(key, 0.0) + xp.where(finite, v, 0)
@@ -254,21 +277,22 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             if cfg.log_grad_norms and state.step % cfg.log_grad_norms == 0:
                 metrics.write(grad_flow_record(state.step, model, optimizer, lr, grad_norm))
             end = state.step == cfg.max_steps
-            if state.step % cfg.log_every == 0 or end:
+            if (cfg.log_every and state.step % cfg.log_every == 0) or end:
                 check_nonfinite()
                 now = time.perf_counter()
                 totals = read_sums()
                 m = task.summarize(totals)
-                steps = max(totals["steps"], 1.0)
+                steps = totals["steps"]                      # 0 when every step was skipped
                 record = {"kind": "train", "step": state.step, "epoch": state.epoch,
                           "elapsed_s": round(now - t_start, 3), "lr": lr,
-                          "loss": totals["loss"] / steps, **m,
-                          "grad_norm": totals["grad_norm"] / steps,
+                          "loss": totals["loss"] / steps if steps else None, **m,
+                          "grad_norm": totals["grad_norm"] / steps if steps else None,
                           "skipped_steps": int(totals["skipped"]),
                           "tokens_per_s": round(tokens / max(now - t_window, 1e-9), 1)}
                 metrics.write(record)
                 bar.set_postfix({key: f"{v:.3g}" for key, v in record.items()
-                                 if key in ("loss", "lr", "tokens_per_s") or key.endswith("acc")})
+                                 if v is not None and (key in ("loss", "lr", "tokens_per_s")
+                                                       or key.endswith("acc"))})
                 sums, tokens, t_window = {}, 0, now
             if task.evaluate is not None and (
                     end or (cfg.eval_every and state.step % cfg.eval_every == 0)):

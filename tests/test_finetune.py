@@ -306,3 +306,40 @@ def test_gradient_accumulation_equals_the_larger_batch(dataset, pretrained_run, 
     # curves agree closely, not exactly; exact equality is checked in test_training.py
     assert len(outs[0]) == len(outs[1]) == 6
     np.testing.assert_allclose(outs[0][0], outs[1][0], rtol=0.05)
+
+
+def test_bare_resume_takes_the_runs_own_settings(dataset, pretrained_run, tmp_path, capsys):
+    out = tmp_path / "ft"
+    assert run_ft("--init", pretrained_run, "--data", dataset, "--output-dir", out,
+                  "--max-seq-length", "12", "--batch-size", "16", "--max-steps", "3") == 0
+    before = json.loads((out / "summary.json").read_text())
+    assert run_ft("--resume", out) == 0  # --init, --data ... from the run itself
+    assert json.loads((out / "summary.json").read_text())["dev"] == before["dev"]
+    with pytest.raises(SystemExit):
+        run_ft("--resume", out, "--batch-size", "8")
+    assert "--batch-size: checkpoint 16, now 8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_ft("--resume", tmp_path / "nothing_here")
+    assert "no such run directory" in capsys.readouterr().err
+    assert not (tmp_path / "nothing_here").exists()
+
+
+def test_damaged_inputs_get_error_lines(dataset, pretrained_run, tmp_path, capsys):
+    bad_vocab = tmp_path / "badvocab"
+    bad_vocab.mkdir()
+    (bad_vocab / "vocab.txt").write_text("a\nb\n")  # no [UNK]
+    (bad_vocab / "checkpoint.npz").write_bytes((pretrained_run / "checkpoint.npz").read_bytes())
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "vocab.txt").write_bytes((pretrained_run / "vocab.txt").read_bytes())
+    np.savez(damaged / "checkpoint.npz", meta=np.frombuffer(b"not json", np.uint8))
+    for init, message in ((bad_vocab, "[UNK]"), (damaged, "damaged 'meta' entry")):
+        with pytest.raises(SystemExit) as e:
+            run_ft("--init", init, "--data", dataset, "--output-dir", tmp_path / "o")
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and "Traceback" not in err
+    afile = write(tmp_path / "afile", "x")
+    with pytest.raises(SystemExit):
+        run_ft("--init", pretrained_run, "--data", dataset, "--output-dir", tmp_path / "o2",
+               "--export-hf", afile)
+    assert "--export-hf" in capsys.readouterr().err and not (tmp_path / "o2").exists()

@@ -360,10 +360,10 @@ def cli_train(tmp_path, **overrides) -> list[str]:
         ("--files", "{tmp}/nope.txt", r"'?{tmp}/nope.txt'?: no such file"),
         ("--files", "{tmp}", r"is a directory"),
         ("--vocab-size", "5", r"must be at least 6 \(the 5 special tokens and one more\), got 5"),
-        ("--vocab-size", "0", r"must be >= 1, got 0"),
-        ("--vocab-size", "-3", r"must be >= 1, got -3"),
+        ("--vocab-size", "0", r"expected an integer >= 1, got 0"),
+        ("--vocab-size", "-3", r"expected an integer >= 1, got -3"),
         ("--vocab-size", "many", r"expected an integer, got 'many'"),
-        ("--min-frequency", "-1", r"must be >= 0, got -1"),
+        ("--min-frequency", "-1", r"expected an integer >= 0, got -1"),
     ],
 )
 def test_cli_bad_train_arguments_exit_2_naming_the_option(tmp_path, capsys, option, value, message):

@@ -66,10 +66,10 @@ def toy(seed=0, rows=16, dtype=np.float64):
     return BertForSequenceClassification(config, seed=1, dtype=dtype), data
 
 
-def run(model, task, tmp_path, steps, k=1, **kw):
+def run(model, task, tmp_path, steps, k=1, log_every=1, **kw):
     opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.01, correct_bias=True)
     cfg = TrainingConfig(max_steps=steps, lr=1e-2, warmup_steps=1, gradient_accumulation_steps=k,
-                         log_every=1, progress=False, **kw)
+                         log_every=log_every, progress=False, **kw)
     state, _ = train(model, opt, task, cfg, TrainState(), metrics_path=tmp_path / "m.jsonl",
                      checkpoint_path=tmp_path / "c.npz")
     return state, MetricsLog.read(tmp_path / "m.jsonl")
@@ -129,12 +129,18 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
     for n, p in model.named_parameters():  # the second (non-finite) step changed nothing
         np.testing.assert_array_equal(p.data, before[n], err_msg=n)
     assert [r["skipped_steps"] for r in records if r["kind"] == "train"] == [0, 1]
-    assert all(np.isfinite(r["loss"]) for r in records if r["kind"] == "train")
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert np.isfinite(losses[0]) and losses[1] is None  # a window of skipped steps only
 
     model, data = toy()
     with pytest.raises(TrainingError, match=r"not finite in 3 steps in a row since step 2"):
         run(model, ToyTask(data, 8, nan_steps={2, 3, 4, 5, 6}), tmp_path / "b", steps=6,
             max_nonfinite_steps=3)
+    # a run of bad steps that ends between two log steps is still caught
+    model, data = toy()
+    with pytest.raises(TrainingError, match=r"since step 2 \(to step 4\)"):
+        run(model, ToyTask(data, 8, nan_steps={2, 3, 4}), tmp_path / "c", steps=8,
+            max_nonfinite_steps=3, log_every=8)
 
 
 def test_an_epoch_without_batches_is_an_error(tmp_path):
@@ -197,3 +203,14 @@ def test_finetune_killed_and_resumed_reproduces_the_loss_curve(tmp_path):
     assert json.loads((cut / "summary.json").read_text())["dev"] == \
         json.loads((full / "summary.json").read_text())["dev"]
     assert not list(cut.glob("*.tmp"))
+
+
+def test_accumulated_steps_end_with_their_epoch(tmp_path):
+    """5 micro-batches an epoch, 2 per step: steps of 2, 2, 1 micro-batches, so an epoch is
+    3 whole steps and no step mixes two epochs."""
+    model, data = toy(rows=10)
+    task = ToyTask(data, 2)
+    state, _ = run(model, task, tmp_path, steps=3, k=2)
+    assert (state.epoch, state.batch_in_epoch, task.calls) == (0, 5, 5)
+    state, _ = run(model, ToyTask(data, 2), tmp_path / "b", steps=6, k=2)
+    assert (state.epoch, state.batch_in_epoch) == (1, 5)

@@ -12,24 +12,10 @@ import logging
 import sys
 from pathlib import Path
 
+from ..cli import int_at_least
 from .bert import BertTokenizer
 from .trainer import ALGORITHMS, train_wordpiece
 from .vocab import SPECIAL_TOKENS, check_writable, write_vocab
-
-
-def _int_at_least(low: int):
-    """argparse ``type``: an int >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,10 +27,10 @@ def _parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="learn a vocab.txt from UTF-8 text files (one sentence per line)")
     tr.add_argument("--files", nargs="+", required=True, help="training text files")
-    tr.add_argument("--vocab-size", type=_int_at_least(1), required=True,
+    tr.add_argument("--vocab-size", type=int_at_least(1), required=True,
                     help="tokens in the vocabulary, specials included (at least the special tokens + 1)")
     tr.add_argument("--output", required=True, help="the vocab.txt file to write (written atomically)")
-    tr.add_argument("--min-frequency", type=_int_at_least(0), default=2,
+    tr.add_argument("--min-frequency", type=int_at_least(0), default=2,
                     help="minimum count for a character to enter the alphabet and for a pair to be merged (2)")
     tr.add_argument("--algorithm", choices=ALGORITHMS, default="wordpiece",
                     help="merge score: wordpiece = gain in unigram log-likelihood (Schuster & Nakajima 2012); "
