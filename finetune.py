@@ -43,7 +43,8 @@ from minibert.optim import AdamW
 from minibert.runs import (MetricsLog, RunError, load_start, prepare_run_dir, resume_args,
                            write_args)
 from minibert.tokenization import BertTokenizer
-from minibert.training import TrainingConfig, TrainingError, TrainState, train
+from minibert.training import (TrainingConfig, TrainingError, TrainState, resume_state,
+                               train)
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "classify" / "en" / "movie_reviews"
 
@@ -328,10 +329,9 @@ def main(argv=None) -> int:
     best = None
     if resumed is not None:
         try:
-            opt.load_state_dict(resumed["optim"])
-        except (KeyError, ValueError) as e:
+            state = resume_state(resumed, opt)
+        except TrainingError as e:
             fail(f"checkpoint {run.checkpoint}: {e}")
-        state = TrainState.from_dict(resumed["trainer"])
         best = resumed["trainer"].get("best")
         print(f"resuming {run.checkpoint} at step {state.step}")
         resumed = None

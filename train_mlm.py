@@ -42,7 +42,8 @@ from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
 from minibert.runs import (RunError, load_start, prepare_run_dir, resume_args, write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece
 from minibert.tokenization.trainer import ALGORITHMS
-from minibert.training import TrainingConfig, TrainingError, TrainState, train
+from minibert.training import (TrainingConfig, TrainingError, TrainState, resume_state,
+                               train)
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
 DEFAULT_OBJECTIVE = "mlm+nsp"
@@ -365,10 +366,9 @@ def main(argv=None) -> int:
                       correct_bias=args.correct_bias)
     if resumed is not None:
         try:
-            optimizer.load_state_dict(resumed["optim"])
-        except (KeyError, ValueError) as e:
+            state = resume_state(resumed, optimizer)
+        except TrainingError as e:
             fail(f"checkpoint {run.checkpoint}: {e}")
-        state = TrainState.from_dict(resumed["trainer"])
         print(f"resuming {run.checkpoint} at step {state.step} (epoch {state.epoch}, batch "
               f"{state.batch_in_epoch})")
         resumed = None

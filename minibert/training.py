@@ -120,6 +120,22 @@ class TrainState:
                    int(d.get("nonfinite_run", 0)), int(d.get("nonfinite_since", 0)))
 
 
+def resume_state(checkpoint: dict, optimizer) -> TrainState:
+    """Load a checkpoint's optimizer state into ``optimizer`` and return its TrainState.
+
+    Args:
+        checkpoint: :func:`minibert.checkpoint.load_checkpoint`'s dict.
+    Raises:
+        TrainingError: the optimizer state does not fit the model (moments missing or of
+            another shape).
+    """
+    try:
+        optimizer.load_state_dict(checkpoint["optim"])
+    except (KeyError, ValueError) as e:
+        raise TrainingError(f"optimizer state: {e}") from None
+    return TrainState.from_dict(checkpoint["trainer"])
+
+
 def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int, Any]]:
     """Endless (epoch, position after this batch, batch) over epochs from (epoch, start).
 
