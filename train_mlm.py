@@ -270,12 +270,11 @@ class PretrainTask:
 
     def _evaluate(self, step: int) -> dict:
         self.model.eval()
-        totals: dict = {}
-        for b in self.eval_batches:
-            _, sums = self.forward(self.model, b)
-            for k, v in sums.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-        return {**self.summarize(totals), **self.reference}
+        sums: dict = {}
+        for b in self.eval_batches:   # summed on the device, read once
+            for k, v in self.forward(self.model, b)[1].items():
+                sums[k] = sums.get(k, 0) + v
+        return {**self.summarize({k: float(v) for k, v in sums.items()}), **self.reference}
 
     def trainer_record(self) -> dict:
         return {"job": "pretrain", "args": vars(self.args),

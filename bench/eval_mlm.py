@@ -78,20 +78,17 @@ def main(argv=None) -> int:
                                    in start.state)
         model.load_state_dict(start.state)
         model.eval()
-        loss = correct = count = 0.0
+        mlm_only = get_objective("mlm")   # its stats read only the MLM outputs
+        sums: dict = {}
         for b in batches:
             inputs = b.model_inputs()
             inputs.pop("next_sentence_label", None)
-            out = model(**inputs)
-            w = b.masked_lm_weights.reshape(-1) > 0
-            pred = out.prediction_logits.reshape(-1, out.prediction_logits.shape[-1]).argmax(-1)
-            n = int(w.sum())
-            loss += float(out.mlm_loss) * n
-            correct += int((pred == b.masked_lm_ids.reshape(-1))[w].sum())
-            count += n
+            for k, v in mlm_only.stats(model(**inputs), inputs).items():
+                sums[k] = sums.get(k, 0) + float(v)
+        m = mlm_only.summarize(sums)
         run_args = json.loads((Path(r) / "args.json").read_text())
         print(f"| {r} | {run_args.get('objective')} | {start.trainer.get('step')} | "
-              f"{loss / count:.3f} | {correct / count:.3f} |")
+              f"{m['mlm_loss']:.3f} | {m['mlm_acc']:.3f} |")
     return 0
 
 

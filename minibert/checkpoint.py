@@ -39,12 +39,15 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
     return atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`.
 
+    Args:
+        arrays: also read the model and optimizer arrays; False reads only the small
+            "meta" entry (config and trainer record), e.g. to see whose run it is.
     Returns:
         {"config": BertConfig, "model": {name: array}, "optim": {key: array},
-         "trainer": dict}.
+         "trainer": dict} (the two array dicts empty when ``arrays`` is False).
     Raises:
         CheckpointError: missing file, not a minibert checkpoint, or a damaged archive.
     """
@@ -53,7 +56,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
         with np.load(path, allow_pickle=False) as z:
-            files = {k: z[k] for k in z.files}
+            files = {k: z[k] for k in z.files if arrays or k == "meta"}
     except Exception as e:
         raise CheckpointError(f"checkpoint {path}: cannot be read as .npz ({e})") from e
     if "meta" not in files:

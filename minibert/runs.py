@@ -71,7 +71,7 @@ def checkpoint_job(path: str | os.PathLike) -> tuple[str, int]:
     """(job, step) recorded in a checkpoint's trainer record; ("unknown", -1) when the file
     cannot be read (a damaged file still counts as another run's)."""
     try:
-        t = load_checkpoint(path)["trainer"]
+        t = load_checkpoint(path, arrays=False)["trainer"]
     except CheckpointError:
         return "unknown", -1
     return _job_of(t), int(t.get("step", -1))
@@ -117,7 +117,7 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
     if run.checkpoint.exists():
         if resume:
             try:
-                trainer = load_checkpoint(run.checkpoint)["trainer"]
+                trainer = load_checkpoint(run.checkpoint, arrays=False)["trainer"]
             except CheckpointError as e:
                 raise RunError(f"--resume: {e}") from None
             other = _job_of(trainer)

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from .gradcheck import (GradcheckReport, check_module, check_tensor, random_token_batch,
                         rel_error)
 from .modeling import BertConfig
+from .pretraining import Batch
 from .nn import extended_attention_mask
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
@@ -93,48 +94,21 @@ def bert_configs(draw, max_hidden: int = 16, max_layers: int = 2, max_vocab: int
     )
 
 
-@dataclass
-class TokenBatch:
-    """Inputs for BertForPreTraining, NumPy: input_ids, token_type_ids, attention_mask
-    (B, T) int64, masked_lm_positions / masked_lm_ids / masked_lm_weights (B, P) int64
-    and next_sentence_label (B,) int64."""
-
-    input_ids: np.ndarray
-    token_type_ids: np.ndarray
-    attention_mask: np.ndarray
-    masked_lm_positions: np.ndarray
-    masked_lm_ids: np.ndarray
-    masked_lm_weights: np.ndarray
-    next_sentence_label: np.ndarray
-
-    def as_kwargs(self) -> dict:
-        return dict(vars(self))
-
-    def hf_kwargs(self) -> dict:
-        """The same batch as Hugging Face's ``BertForPreTraining`` takes it: dense
-        ``labels`` (B, T), -100 where nothing is predicted."""
-        from .modeling import labels_from_masked_lm
-        d = {k: getattr(self, k) for k in ("input_ids", "token_type_ids", "attention_mask",
-                                           "next_sentence_label")}
-        d["labels"] = labels_from_masked_lm(self.masked_lm_positions, self.masked_lm_ids,
-                                            self.masked_lm_weights, self.input_ids.shape[1])
-        return d
-
-
 @st.composite
 def token_batches(draw, config: BertConfig, max_batch: int = 3, max_len: int | None = None,
-                  min_len: int = 1) -> TokenBatch:
+                  min_len: int = 1) -> Batch:
     """A batch for ``config``: padding at the end of rows (at least one real token per
     row; id 0, the pad token, only at padded positions), segment ids 0 then 1, at least
     one masked position over the batch, masked positions only at real tokens, NSP
-    labels 0/1. B <= max_batch, T <= min(max_len, max_position_embeddings). Built by
+    labels 0/1. B <= max_batch, T <= min(max_len, max_position_embeddings). A
+    :class:`minibert.pretraining.Batch` (masked_lm_weights int64 0/1) built by
     :func:`minibert.gradcheck.random_token_batch` from drawn (B, T, seed)."""
     max_len = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
     B = draw(st.integers(1, max_batch))
     T = draw(st.integers(max(1, min_len), max(max_len, min_len)))
     rng = np.random.default_rng(draw(seeds))
     full = draw(st.booleans())
-    return TokenBatch(**random_token_batch(config, rng, B, T, first_row_full=full))
+    return Batch(**random_token_batch(config, rng, B, T, first_row_full=full))
 
 
 @st.composite

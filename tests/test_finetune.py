@@ -16,6 +16,7 @@ from minibert.hf import save_hf_directory
 from minibert.tokenization import BertTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import finetune  # noqa: E402
 
 WORDS = ["good", "great", "fine", "bad", "awful", "dull", "film", "movie", "plot", "the",
@@ -343,3 +344,29 @@ def test_damaged_inputs_get_error_lines(dataset, pretrained_run, tmp_path, capsy
         run_ft("--init", pretrained_run, "--data", dataset, "--output-dir", tmp_path / "o2",
                "--export-hf", afile)
     assert "--export-hf" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+
+
+def test_finetune_killed_and_resumed_reproduces_the_loss_curve(pretrained_run, tmp_path):
+    import subprocess
+    from test_training import ROOT, kill_when_checkpointed, train_losses
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"   # more rows than the dataset fixture: time to kill the run
+    data.mkdir()
+    for split, n in (("train", 96), ("dev", 16), ("test", 8)):
+        write(data / f"{split}.tsv", "label\tsentence\n" + "\n".join(make_rows(n, rng)) + "\n")
+    base = [sys.executable, str(ROOT / "finetune.py"), "--init", str(pretrained_run),
+            "--data", str(data),
+            "--max-seq-length", "12", "--batch-size", "8", "--epochs", "3", "--log-every", "2",
+            "--lr", "3e-3", "--no-progress"]
+    full = tmp_path / "full"
+    subprocess.run(base + ["--output-dir", str(full)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+    cut = tmp_path / "cut"
+    killed = kill_when_checkpointed(base + ["--output-dir", str(cut)], cut / "checkpoint.npz")
+    assert killed, "the run finished before it could be killed"
+    subprocess.run(base + ["--output-dir", str(cut), "--resume"], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+    assert train_losses(cut / "metrics.jsonl") == train_losses(full / "metrics.jsonl")
+    assert json.loads((cut / "summary.json").read_text())["dev"] == \
+        json.loads((full / "summary.json").read_text())["dev"]
+    assert not list(cut.glob("*.tmp"))

@@ -40,7 +40,7 @@ def test_pretraining_model_gradients_with_fixed_dropout(data, dropout, smoothing
 
     def loss():  # the same generator seed every call: the same dropout masks
         model.set_dropout_rng(np.random.default_rng(seed))
-        return float(model(**batch.as_kwargs()).loss)
+        return float(model(**batch.model_inputs()).loss)
 
     loss()
     model.zero_grad()
@@ -245,3 +245,22 @@ def test_model_without_seq_relationship_head_has_masked_lm_names():
     assert "cls.predictions.transform.dense.weight" in names
     with pytest.raises(ValueError, match="without seq_relationship_head"):
         model(np.ones((1, 3), np.int64), next_sentence_label=np.zeros(1, np.int64))
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_masked_lm_only_model_gradients(data, seed):
+    """The MLM-only model (no pooler, no sentence head: --objective mlm) in float64."""
+    config = data.draw(bert_configs(max_hidden=8, max_positions=6))
+    batch = data.draw(token_batches(config, max_batch=2))
+    model = BertForPreTraining(config, seed=seed % 1000, dtype=np.float64,
+                               seq_relationship_head=False)
+    inputs = {k: v for k, v in batch.model_inputs().items() if k != "next_sentence_label"}
+
+    def loss():
+        return float(model(**inputs).loss)
+
+    loss()
+    model.zero_grad()
+    model.backward()
+    assert_parameter_gradients(model, loss, np.random.default_rng(seed), "BertForMaskedLM")

@@ -33,7 +33,7 @@ def compare(config, batch, seed):
     ours = BertForPreTraining(config, dtype=np.float64).eval()
     ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
 
-    out = ours(**batch.as_kwargs())
+    out = ours(**batch.model_inputs())
     ours.zero_grad()
     ours.backward()
     ref = hf(**{k: torch.from_numpy(v) for k, v in batch.hf_kwargs().items()})
@@ -80,7 +80,7 @@ def test_bert_base_shaped_layer_with_heavy_padding():
     labels = np.where((rng.random((B, T)) < 0.15) & (mask == 1), ids, -100)
     labels[:, 1] = ids[:, 1]
     from minibert.modeling import masked_lm_from_labels
-    from minibert.testing import TokenBatch
-    batch = TokenBatch(ids, ((np.arange(T)[None] >= 3) & (mask == 1)).astype(np.int64), mask,
-                       *masked_lm_from_labels(labels), np.array([0, 1, 1, 0]))
+    from minibert.pretraining import Batch
+    batch = Batch(ids, ((np.arange(T)[None] >= 3) & (mask == 1)).astype(np.int64), mask,
+                  *masked_lm_from_labels(labels), np.array([0, 1, 1, 0]))
     compare(config, batch, 0)

@@ -91,6 +91,16 @@ class Batch:
                  "masked_lm_ids", "masked_lm_weights", "next_sentence_label")
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
+    def hf_kwargs(self) -> dict[str, np.ndarray]:
+        """The same batch as Hugging Face's ``BertForPreTraining`` takes it: input_ids,
+        token_type_ids, attention_mask (B, T), dense ``labels`` (B, T) int64 with -100
+        where nothing is predicted, and next_sentence_label (B,) when present."""
+        from ..modeling import labels_from_masked_lm
+        d = {k: v for k, v in self.model_inputs().items() if not k.startswith("masked_lm_")}
+        d["labels"] = labels_from_masked_lm(self.masked_lm_positions, self.masked_lm_ids,
+                                            self.masked_lm_weights, self.input_ids.shape[1])
+        return d
+
 
 def collate(instances: Sequence[Instance], max_seq_length: int, max_predictions_per_seq: int,
             pad_id: int) -> Batch:
