@@ -8,6 +8,11 @@ through untouched; every other piece goes through :class:`BasicTokenizer` and th
 ``[CLS] A [SEP] B [SEP]``, with the truncation and padding rules of transformers'
 ``PreTrainedTokenizer.prepare_for_model`` / ``truncate_sequences`` / ``pad``.
 
+Character offsets (``offset_mapping``), ``word_ids()``, pre-split input
+(``is_split_into_words``) and overflowing windows with a ``stride`` follow transformers'
+fast tokenizer (the Rust ``tokenizers`` library), which the Python one does not have:
+see :mod:`minibert.tokenization.alignment` and :meth:`BertTokenizer.overflow_windows`.
+
 Speed: the result of basic + WordPiece tokenization is cached per whitespace-separated
 word (as tokens and as ids), so a corpus costs a few regex passes per line plus one dict
 lookup per word.
@@ -24,12 +29,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 import regex
 
+from .alignment import AlignedIds, Aligner
 from .basic import BasicTokenizer
+from .encoding import BatchEncoding
 from .vocab import load_vocab, write_vocab
 from .wordpiece import WordpieceTokenizer
 
@@ -52,6 +59,18 @@ _PADDING = {
     None: None,
     "do_not_pad": None,
 }
+
+
+class _Row(NamedTuple):
+    """One row of ``__call__``'s output, unpadded (T tokens): ids, token types, special
+    mask, offsets (or ``None``), word ids (or ``None``), sequence ids."""
+
+    ids: list[int]
+    types: list[int]
+    special: list[int]
+    offsets: list[tuple[int, int]] | None
+    words: list[int | None] | None
+    sequences: list[int | None]
 
 
 class BertTokenizer:
@@ -136,6 +155,7 @@ class BertTokenizer:
         self._special_ids = frozenset(self.vocab[s] for s in specials)
         self._word_cache: dict[str, tuple[str, ...]] = {}
         self._id_cache: dict[str, tuple[int, ...]] = {}
+        self._aligner = Aligner(self)  # offsets and word ids (alignment.py), its own per-word cache
 
     # ------------------------------------------------------------------ basic facts
     @property
@@ -274,6 +294,27 @@ class BertTokenizer:
                 p = cache.get(w)
                 out.extend(word_ids(w) if p is None else p)
         return out
+
+    def text_to_ids_with_offsets(self, text: str | Sequence[str], is_split_into_words: bool = False) -> AlignedIds:
+        """:meth:`text_to_ids` plus, per token, its character span and its word index.
+
+        Args:
+            text: a str; or with ``is_split_into_words=True`` a list/tuple of str words.
+
+        Returns:
+            :class:`~minibert.tokenization.alignment.AlignedIds` ``(ids, offsets, word_ids)``,
+            three lists of length T (no [CLS]/[SEP]): ids as :meth:`text_to_ids` (for a word
+            list: the concatenation over its words); ``offsets[t] = (start, end)`` with
+            ``text[start:end]`` the original characters of token t (for a word list:
+            relative to its word); ``word_ids[t]`` the 0-based word index (for a word list:
+            the word's position). Spans and word indices are those of transformers' fast
+            ``BertTokenizer`` (``tokenizers``' ``Encoding.offsets`` / ``word_ids``); see
+            :mod:`minibert.tokenization.alignment` for the rules.
+
+        Raises:
+            TypeError: ``text`` is not a str (not a list/tuple of str when pre-split).
+        """
+        return self._aligner.align(text, is_split_into_words=is_split_into_words)
 
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
         """Token(s) -> id(s); a token not in the vocab maps to ``unk_token_id``."""
@@ -455,8 +496,8 @@ class BertTokenizer:
 
     def __call__(
         self,
-        text: str | Sequence[str] | Sequence[tuple[str, str]],
-        text_pair: str | Sequence[str] | None = None,
+        text: str | Sequence[str] | Sequence[tuple[str, str]] | Sequence[Sequence[str]],
+        text_pair: str | Sequence[str] | Sequence[Sequence[str]] | None = None,
         add_special_tokens: bool = True,
         padding: bool | str = False,
         truncation: bool | str = False,
@@ -467,52 +508,86 @@ class BertTokenizer:
         return_special_tokens_mask: bool = False,
         return_length: bool = False,
         return_tensors: str | None = None,
-    ) -> dict:
+        stride: int = 0,
+        is_split_into_words: bool = False,
+        return_overflowing_tokens: bool = False,
+        return_offsets_mapping: bool = False,
+    ) -> BatchEncoding:
         """Encode one example or a batch into model inputs.
 
         ``text`` is a str (one example; ``text_pair`` a str or None), or a list of str
         (a batch; ``text_pair`` None or a list of the same length), or a list of
-        ``(a, b)`` tuples (a batch of pairs).
+        ``(a, b)`` tuples (a batch of pairs). With ``is_split_into_words=True`` a text is a
+        list of words instead: ``text`` is a list of str (one example) or a list of lists
+        of str (a batch), and so is ``text_pair``.
 
         Args:
             padding: ``False``; ``True`` / ``'longest'`` pads a batch to its longest
-                example; ``'max_length'`` pads to ``max_length``. Padding is on the right
-                with ``pad_token_id`` (token type 0, attention 0).
+                row; ``'max_length'`` pads to ``max_length``. Padding is on the right
+                with ``pad_token_id`` (token type 0, attention 0, offsets ``(0, 0)``).
             truncation: see :meth:`encode`.
             max_length: target length in tokens (special tokens included).
             pad_to_multiple_of: round the padded length up to a multiple of this.
             return_tensors: ``None`` (lists) or ``'np'`` (int64 arrays; shape ``(T,)`` for one
-                example, ``(B, T)`` for a batch, which must then be padded to one length).
+                example, ``(B, T)`` for a batch, which must then be padded to one length;
+                ``offset_mapping`` ``(T, 2)`` / ``(B, T, 2)``).
+            stride: with truncation and ``return_overflowing_tokens``, the number of tokens
+                each window of the truncated sequence shares with the window before it
+                (transformers' ``stride``). It must be smaller than the window length
+                (``max_length`` minus the special tokens and the other sequence's tokens)
+                whenever truncation happens, also without ``return_overflowing_tokens`` (the
+                first window is then the result), as in the fast tokenizer.
+            is_split_into_words: the input is pre-split into words (see above); each word
+                is tokenized on its own, ``word_ids()`` gives its index and its tokens'
+                offsets are relative to the word.
+            return_overflowing_tokens: return every window of the truncated sequence as a
+                row of its own (windows of ``max_length`` tokens, starting every
+                ``window length - stride`` tokens; the last one ends at the sequence's
+                end), with ``overflow_to_sample_mapping`` (row -> example index). Output
+                then always has a row axis, also for one example (as transformers).
+                Truncation ``'only_second'`` windows the second text (SQuAD-style
+                question + context), ``'only_first'`` (or ``True`` for a single text) the
+                first; ``True`` / ``'longest_first'`` on a pair is refused.
+            return_offsets_mapping: add ``offset_mapping``: per token the ``(start, end)``
+                character span in its own original text (``(0, 0)`` for [CLS], [SEP] and
+                padding), as transformers' fast tokenizer (see
+                :mod:`minibert.tokenization.alignment`).
 
         Returns:
-            dict with ``input_ids`` and, as asked, ``token_type_ids``, ``attention_mask``,
-            ``special_tokens_mask``, ``length`` (unpadded lengths).
+            :class:`~minibert.tokenization.encoding.BatchEncoding` (a dict) with
+            ``input_ids`` and, as asked, ``token_type_ids``, ``attention_mask``,
+            ``special_tokens_mask``, ``offset_mapping``, ``overflow_to_sample_mapping``,
+            ``length`` (unpadded lengths); its ``word_ids(i)`` / ``sequence_ids(i)`` give
+            each token's word and sequence.
 
         Raises:
             ValueError: bad option, mismatched batch sizes, ragged batch with
-                ``return_tensors='np'``, or an impossible truncation.
+                ``return_tensors='np'``, an impossible truncation, a ``stride`` not below
+                the window length, ``'longest_first'`` truncation of a pair with
+                ``return_overflowing_tokens``, offsets asked for input given as ids.
+            TypeError: an input that is neither text (words) nor ids.
+
+        Source of the semantics: transformers ``PreTrainedTokenizerFast.__call__`` and
+        ``tokenizers``' ``truncate_encodings`` / ``Encoding.truncate`` (windows).
         """
         trunc, pad = self._check_options(truncation, padding, max_length)
         if return_tensors not in (None, "np"):
             raise ValueError(f"return_tensors must be None or 'np', got {return_tensors!r}")
-        batched = isinstance(text, (list, tuple)) and not (
-            text and all(isinstance(i, (int, np.integer)) for i in text)
-        )
-        if batched:
-            if text_pair is not None:
-                if not isinstance(text_pair, (list, tuple)) or len(text_pair) != len(text):
-                    got = len(text_pair) if isinstance(text_pair, (list, tuple)) else type(text_pair).__name__
-                    raise ValueError(f"text is a batch of {len(text)}; text_pair must be a list of the same length, got {got}")
-                examples = list(zip(text, text_pair))
-            else:
-                examples = [tuple(t) if isinstance(t, tuple) else (t, None) for t in text]
-                for i, ex in enumerate(examples):
-                    if len(ex) != 2:
-                        raise ValueError(f"batch item {i}: expected a str or an (a, b) pair, got a tuple of {len(ex)}")
-        else:
-            examples = [(text, text_pair)]
-        rows = [self._encode_one(a, b, add_special_tokens, trunc, max_length) for a, b in examples]
-        lengths = [len(r[0]) for r in rows]
+        if not isinstance(stride, (int, np.integer)) or stride < 0:
+            raise ValueError(f"stride must be an int >= 0, got {stride!r}")
+        batched, examples = self._examples(text, text_pair, is_split_into_words)
+        rows: list[_Row] = []
+        sample_of_row: list[int] = []
+        for i, (a, b) in enumerate(examples):
+            seq_a = self._as_sequence(a, is_split_into_words, return_offsets_mapping)
+            seq_b = self._as_sequence(b, is_split_into_words, return_offsets_mapping) if b is not None else None
+            for row in self._rows(seq_a, seq_b, add_special_tokens, trunc, max_length, stride,
+                                  return_overflowing_tokens):
+                rows.append(row)
+                sample_of_row.append(i)
+        if return_overflowing_tokens:
+            batched = True
+        lengths = [len(r.ids) for r in rows]
         target = None
         if pad == "max_length":
             target = max_length
@@ -527,16 +602,28 @@ class BertTokenizer:
             out["attention_mask"] = []
         if return_special_tokens_mask:
             out["special_tokens_mask"] = []
+        if return_offsets_mapping:
+            out["offset_mapping"] = []
+        has_words = all(r.words is not None for r in rows)
+        word_ids: list[list[int | None]] = []
+        sequence_ids: list[list[int | None]] = []
         pad_id = self.pad_token_id
-        for ids, types, special in rows:
-            n_pad = max(0, target - len(ids)) if target is not None else 0
-            out["input_ids"].append(ids + [pad_id] * n_pad)
+        for r in rows:
+            n_pad = max(0, target - len(r.ids)) if target is not None else 0
+            out["input_ids"].append(r.ids + [pad_id] * n_pad)
             if return_token_type_ids:
-                out["token_type_ids"].append(types + [0] * n_pad)
+                out["token_type_ids"].append(r.types + [0] * n_pad)
             if return_attention_mask:
-                out["attention_mask"].append([1] * len(ids) + [0] * n_pad)
+                out["attention_mask"].append([1] * len(r.ids) + [0] * n_pad)
             if return_special_tokens_mask:
-                out["special_tokens_mask"].append(special + [1] * n_pad)
+                out["special_tokens_mask"].append(r.special + [1] * n_pad)
+            if return_offsets_mapping:
+                out["offset_mapping"].append(r.offsets + [(0, 0)] * n_pad)
+            if has_words:
+                word_ids.append(r.words + [None] * n_pad)
+            sequence_ids.append(r.sequences + [None] * n_pad)
+        if return_overflowing_tokens:
+            out["overflow_to_sample_mapping"] = sample_of_row
         if return_length:
             out["length"] = lengths
         if return_tensors == "np":
@@ -545,10 +632,160 @@ class BertTokenizer:
                 raise ValueError(
                     f"return_tensors='np' needs equal lengths, got lengths {sorted(widths)}; pass padding=True"
                 )
-            out = {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+            width = widths.pop() if widths else 0
+            arrays = {}
+            for k, v in out.items():
+                a = np.asarray(v, dtype=np.int64)
+                arrays[k] = a.reshape(len(v), width, 2) if k == "offset_mapping" else a
+            out = arrays
         if not batched:
             out = {k: v[0] for k, v in out.items()}
+        return BatchEncoding(out, word_ids if has_words else None, sequence_ids, batched=batched)
+
+    def _examples(self, text, text_pair, is_split_into_words: bool) -> tuple[bool, list[tuple]]:
+        """-> (batched, [(a, b_or_None), ...]) from ``__call__``'s ``text`` / ``text_pair``."""
+        if is_split_into_words:
+            if not isinstance(text, (list, tuple)):
+                raise TypeError(f"is_split_into_words=True needs a list of words, got {type(text).__name__}")
+            batched = bool(text) and all(isinstance(t, (list, tuple)) for t in text)
+        else:
+            batched = isinstance(text, (list, tuple)) and not (
+                text and all(isinstance(i, (int, np.integer)) for i in text)
+            )
+        if not batched:
+            return False, [(text, text_pair)]
+        if text_pair is not None:
+            if not isinstance(text_pair, (list, tuple)) or len(text_pair) != len(text):
+                got = len(text_pair) if isinstance(text_pair, (list, tuple)) else type(text_pair).__name__
+                raise ValueError(f"text is a batch of {len(text)}; text_pair must be a list of the same length, got {got}")
+            return True, list(zip(text, text_pair))
+        if is_split_into_words:
+            return True, [(t, None) for t in text]
+        examples = [tuple(t) if isinstance(t, tuple) else (t, None) for t in text]
+        for i, ex in enumerate(examples):
+            if len(ex) != 2:
+                raise ValueError(f"batch item {i}: expected a str or an (a, b) pair, got a tuple of {len(ex)}")
+        return True, examples
+
+    def _as_sequence(self, text, is_split_into_words: bool, need_offsets: bool) -> AlignedIds:
+        """One text (or word list, or id list) -> ids with offsets and word ids (``None``
+        for id input, which has no text to point into)."""
+        if is_split_into_words or isinstance(text, str):
+            return self.text_to_ids_with_offsets(text, is_split_into_words=is_split_into_words)
+        ids = self._as_ids(text)
+        if need_offsets:
+            raise ValueError("return_offsets_mapping=True needs text; got token ids, which have no characters")
+        return AlignedIds(ids, None, None)
+
+    def _rows(
+        self,
+        a: AlignedIds,
+        b: AlignedIds | None,
+        add_special_tokens: bool,
+        truncation: str | None,
+        max_length: int | None,
+        stride: int,
+        overflow: bool,
+    ) -> list["_Row"]:
+        """The rows of one example: one, or one per window with ``overflow``."""
+        windows_a = [(0, len(a.ids))]
+        windows_b = [(0, len(b.ids))] if b is not None else None
+        n_special = self.num_special_tokens_to_add(b is not None) if add_special_tokens else 0
+        total = len(a.ids) + (len(b.ids) if b is not None else 0) + n_special
+        if truncation is not None and max_length is not None and total > max_length:
+            to_remove = total - max_length
+            if (overflow or stride) and not (truncation == "longest_first" and b is not None):
+                if truncation == "only_second" and b is None:
+                    raise ValueError("truncation='only_second' needs a text pair, got a single sequence")
+                second = truncation == "only_second"
+                n = len(b.ids) if second else len(a.ids)
+                if n <= to_remove:
+                    which = "second" if second else "first"
+                    raise ValueError(
+                        f"cannot truncate: {to_remove} tokens must go but the {which} sequence has only {n} "
+                        f"(truncation={truncation!r}, max_length={max_length}); at least one of its tokens "
+                        "must stay in each window"
+                    )
+                windows = self.overflow_windows(n, n - to_remove, stride)
+                if second:
+                    windows_b = windows
+                else:
+                    windows_a = windows
+            elif overflow:
+                raise ValueError(
+                    "return_overflowing_tokens=True cannot window a pair with truncation='longest_first' "
+                    "(transformers refuses it too); use truncation='only_second' or 'only_first'"
+                )
+            else:
+                ids_a, ids_b = self.truncate_sequences(a.ids, b.ids if b is not None else None, to_remove, truncation)
+                windows_a = [(0, len(ids_a))]
+                windows_b = [(0, len(ids_b))] if b is not None else None
+        if not overflow:
+            windows_a = windows_a[:1]
+            windows_b = windows_b[:1] if windows_b is not None else None
+        rows = []
+        for wa in windows_a:
+            for wb in windows_b if windows_b is not None else (None,):
+                rows.append(self._row(a, wa, b, wb, add_special_tokens))
+        return rows
+
+    @staticmethod
+    def overflow_windows(length: int, max_len: int, stride: int) -> list[tuple[int, int]]:
+        """Windows ``(start, stop)`` over a sequence of ``length`` tokens, at most ``max_len``
+        long, each starting ``max_len - stride`` after the one before; the last ends at
+        ``length``. One window ``(0, length)`` when it fits.
+
+        Same windows as ``tokenizers``' ``Encoding.truncate(max_len, stride)`` (direction
+        right), which transformers' fast tokenizers use for ``return_overflowing_tokens``.
+
+        Raises:
+            ValueError: ``max_len < 1`` while ``length > max_len``, or ``stride >= max_len``.
+        """
+        if max_len >= length:
+            return [(0, length)]
+        if max_len < 1:
+            raise ValueError(f"window length must be >= 1, got {max_len}")
+        if stride >= max_len:
+            raise ValueError(
+                f"stride={stride} must be smaller than the window length {max_len} (max_length minus the "
+                "special tokens and the other sequence's tokens)"
+            )
+        step = max_len - stride
+        out = []
+        for start in range(0, length, step):
+            stop = min(start + max_len, length)
+            out.append((start, stop))
+            if stop == length:
+                break
         return out
+
+    def _row(self, a: AlignedIds, wa: tuple[int, int], b: AlignedIds | None, wb, add_special_tokens: bool) -> "_Row":
+        """Assemble one row from the window ``wa`` of ``a`` and ``wb`` of ``b`` (``None`` if no pair)."""
+        seqs = [(a, wa, 0)] + ([(b, wb, 1)] if b is not None else [])
+        parts = [(s.ids[lo:hi], s.offsets[lo:hi] if s.offsets is not None else None,
+                  s.word_ids[lo:hi] if s.word_ids is not None else None, k) for s, (lo, hi), k in seqs]
+        ids_a, ids_b = parts[0][0], parts[1][0] if b is not None else None
+        has_offsets = all(p[1] is not None for p in parts)
+        has_words = all(p[2] is not None for p in parts)
+        if add_special_tokens:
+            ids = self.build_inputs_with_special_tokens(ids_a, ids_b)
+            types = self.create_token_type_ids_from_sequences(ids_a, ids_b)
+            special = self.get_special_tokens_mask(ids_a, ids_b)
+            sequences, offsets, words = [None], [(0, 0)], [None]  # [CLS], then A [SEP] (B [SEP])
+            for p_ids, p_offsets, p_words, k in parts:
+                sequences += [k] * len(p_ids) + [None]
+                if has_offsets:
+                    offsets += p_offsets + [(0, 0)]
+                if has_words:
+                    words += p_words + [None]
+        else:
+            ids = [i for p in parts for i in p[0]]
+            types = [k for p in parts for k in [p[3]] * len(p[0])]
+            special = [0] * len(ids)
+            sequences = list(types)
+            offsets = [o for p in parts for o in p[1]] if has_offsets else None
+            words = [w for p in parts for w in p[2]] if has_words else None
+        return _Row(ids, types, special, offsets if has_offsets else None, words if has_words else None, sequences)
 
     # ------------------------------------------------------------------ decoding
     @staticmethod
