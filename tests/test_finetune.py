@@ -6,11 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining
 from minibert.checkpoint import save_checkpoint
-from minibert.finetuning import (DatasetError, classification_metrics, encode_split,
-                                 iterate_batches, label_ids, label_list, read_tsv)
+from minibert.finetuning import (DatasetError, EncodedSplit, classification_metrics,
+                                 encode_split, iterate_batches, label_ids, label_list, read_tsv)
 from minibert.runs import load_start
 from minibert.hf import save_hf_directory
 from minibert.tokenization import BertTokenizer
@@ -156,6 +158,94 @@ def test_dynamic_padding(pretrained_run, dataset):
         assert (b.input_ids[b.attention_mask == 0] == tok.pad_token_id).all()
         seen.extend(b.index.tolist())
     assert sorted(seen) == list(range(len(split)))
+
+
+# ------------------------------------------------------------------ length-grouped batches
+def varied_split(n, seed=0, low=3, high=120):
+    """An EncodedSplit of ``n`` rows whose lengths spread over [low, high] tokens, long-
+    tailed as real sentences (most short, a few long); token id = row, for checks."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(3.0, 0.6, n)), low, high).astype(int)
+    ids = [[i] * int(m) for i, m in enumerate(lengths)]
+    return EncodedSplit(ids, [[0] * len(r) for r in ids], rng.integers(0, 2, n))
+
+
+def epoch_batches(split, bs, **kw):
+    return [b.index.tolist() for b in iterate_batches(split, bs, 0, **kw)]
+
+
+def padding_fraction(split, bs, **kw):
+    real = padded = 0
+    for b in iterate_batches(split, bs, 0, **kw):
+        real, padded = real + b.attention_mask.sum(), padded + b.attention_mask.size
+    return 1 - real / padded
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 400), bs=st.integers(1, 40), seed=st.integers(0, 2**31),
+       epoch=st.integers(0, 5))
+def test_group_by_length_yields_every_row_once_per_epoch(n, bs, seed, epoch):
+    split = varied_split(n, seed % 1000)
+    batches = list(iterate_batches(split, bs, 0, seed=seed, epoch=epoch, group_by_length=True))
+    seen = np.concatenate([b.index for b in batches])
+    assert sorted(seen.tolist()) == list(range(n))
+    sizes = [len(b.index) for b in batches]
+    assert len(batches) == -(-n // bs) and all(s == bs for s in sizes[:-1]) and sizes[-1] <= bs
+    for b in batches:  # padded rows are still the rows of the split
+        lengths = [len(split.input_ids[i]) for i in b.index]
+        assert b.input_ids.shape == (len(b.index), max(lengths))
+        assert (b.attention_mask.sum(1) == lengths).all()
+        assert (b.input_ids[b.attention_mask == 1] == np.repeat(b.index, lengths)).all()
+        assert (b.labels == split.labels[b.index]).all()
+
+
+def test_group_by_length_removes_most_padding():
+    split = varied_split(3200)  # 100 batches of 32: mega-batches of 25 batches (HF's rule)
+    plain = padding_fraction(split, 32, seed=0, epoch=0)
+    grouped = padding_fraction(split, 32, seed=0, epoch=0, group_by_length=True)
+    assert plain > 0.5 and grouped < 0.15 and grouped < plain / 5, (plain, grouped)
+    # mega-batches of 50 batches (the cap), as on a larger split: closer still
+    from minibert.finetuning import length_grouped_batches
+    lengths = np.array([len(r) for r in split.input_ids])
+    b50 = length_grouped_batches(lengths, 32, np.random.default_rng(0), mega_batch_mult=50)
+    assert 1 - lengths.sum() / sum(len(b) * lengths[b].max() for b in b50) < grouped
+
+
+def test_group_by_length_is_random_but_reproducible():
+    split = varied_split(1000)
+    run = lambda seed, epoch: epoch_batches(split, 16, seed=seed, epoch=epoch,  # noqa: E731
+                                            group_by_length=True)
+    assert run(3, 1) == run(3, 1)                   # (seed, epoch) decide the epoch
+    assert run(3, 1) != run(3, 2) and run(3, 1) != run(4, 1)
+    assert [set(b) for b in run(3, 1)] != [set(b) for b in run(3, 2)]  # not just reordered
+    lengths = np.array([len(r) for r in split.input_ids])
+    longest = [int(lengths[b].max()) for b in run(3, 1)]
+    assert longest[0] == lengths.max()              # the longest batch first (as HF)
+    # then a random batch order: sorted within a mega-batch (15 batches here) would rise
+    # only where a new mega-batch starts (4 times); shuffled, about every second batch
+    rises = sum(a < b for a, b in zip(longest[1:-1], longest[2:-1]))
+    assert rises > 15, longest
+    # the order without grouping is untouched: runs started before the option resume alike
+    perm = np.random.default_rng([3, 1]).permutation(1000)
+    assert epoch_batches(split, 16, seed=3, epoch=1) == [perm[s:s + 16].tolist()
+                                                         for s in range(0, 1000, 16)]
+
+
+@pytest.mark.parametrize("group_by_length", [False, True])
+def test_start_batch_resumes_the_same_epoch(group_by_length):
+    split = varied_split(203)  # 13 batches of 16, the last one of 11 rows
+    full = epoch_batches(split, 16, seed=7, epoch=2, group_by_length=group_by_length)
+    assert len(full) == 13
+    for k in (0, 1, 6, 12, 13, 20):
+        assert epoch_batches(split, 16, seed=7, epoch=2, start_batch=k,
+                             group_by_length=group_by_length) == full[k:]
+
+
+def test_group_by_length_without_seed_keeps_split_order_of_mega_batches():
+    split = varied_split(300)  # evaluation use: no shuffle, each mega-batch sorted
+    batches = epoch_batches(split, 10, group_by_length=True)
+    assert sorted(sum(batches, [])) == list(range(300))
+    assert batches == epoch_batches(split, 10, group_by_length=True)
 
 
 # ------------------------------------------------------------------ end to end
@@ -325,6 +415,102 @@ def test_bare_resume_takes_the_runs_own_settings(dataset, pretrained_run, tmp_pa
     assert not (tmp_path / "nothing_here").exists()
 
 
+def length_varied_dataset(path: Path, n_train=128, seed=0) -> Path:
+    """Train rows of 1 to 24 words (most short), so batches of random rows pad a lot."""
+    rng = np.random.default_rng(seed)
+    path.mkdir()
+    for split, n in (("train", n_train), ("dev", 16), ("test", 8)):
+        rows = []
+        for _ in range(n):
+            y = int(rng.integers(0, 2))
+            words = list(rng.choice(WORDS[6:], size=min(int(rng.exponential(5)), 23)))
+            words.insert(0, str(rng.choice(POS if y else NEG)))
+            rows.append(f"{('neg', 'pos')[y]}\t{' '.join(words)}")
+        write(path / f"{split}.tsv", "label\tsentence\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def train_records(out: Path):
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"]
+
+
+def test_group_by_length_end_to_end(pretrained_run, tmp_path, capsys, monkeypatch):
+    data = length_varied_dataset(tmp_path / "data")
+    common = ("--init", pretrained_run, "--data", data, "--max-seq-length", "32",
+              "--batch-size", "8", "--epochs", "2", "--log-every", "4", "--lr", "3e-3")
+    runs = {}
+    for name, extra in (("plain", ()), ("grouped", ("--group-by-length",))):
+        assert run_ft(*common, "--output-dir", tmp_path / name, *extra) == 0
+        runs[name] = train_records(tmp_path / name)
+        args = json.loads((tmp_path / name / "args.json").read_text())
+        assert args["group_by_length"] is bool(extra)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["group_by_length"] is bool(extra)
+    for name, records in runs.items():
+        assert [r["step"] for r in records] == [4, 8, 12, 16, 20, 24, 28, 32]
+        for r in records:  # real tokens: the attention-mask ones; padded: B x T
+            assert 0 < r["real_tokens"] <= r["padded_tokens"] and r["tokens_per_s"] > 0
+            assert r["padding_fraction"] == pytest.approx(
+                1 - r["real_tokens"] / r["padded_tokens"], abs=1e-4)
+    # every row once per epoch either way: the same real tokens, far fewer padded ones
+    real = {k: sum(r["real_tokens"] for r in v) for k, v in runs.items()}
+    padded = {k: sum(r["padded_tokens"] for r in v) for k, v in runs.items()}
+    assert real["plain"] == real["grouped"]
+    assert 1 - real["grouped"] / padded["grouped"] < 0.5 * (1 - real["plain"] / padded["plain"])
+    assert runs["grouped"][-1]["loss"] < runs["grouped"][0]["loss"]
+
+    # a bare --resume keeps the run's grouping; a changed one is refused
+    out = tmp_path / "grouped"
+    assert run_ft("--resume", out, "--epochs", "2") == 0
+    assert json.loads((out / "args.json").read_text())["group_by_length"] is True
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run_ft("--resume", tmp_path / "plain", "--group-by-length")
+    assert "--group-by-length: checkpoint False, now True" in capsys.readouterr().err
+    # a checkpoint from before the option (no group_by_length saved) ran unsorted
+    real_load = finetune.load_checkpoint
+
+    def old_checkpoint(path, *a, **kw):
+        ck = real_load(path, *a, **kw)
+        ck["trainer"]["args"].pop("group_by_length", None)
+        return ck
+    monkeypatch.setattr(finetune, "load_checkpoint", old_checkpoint)
+    with pytest.raises(SystemExit):
+        run_ft("--resume", tmp_path / "plain", "--group-by-length")
+    assert "--group-by-length: checkpoint False, now True" in capsys.readouterr().err
+    assert run_ft("--resume", tmp_path / "plain") == 0
+    assert json.loads((tmp_path / "plain" / "args.json").read_text())["group_by_length"] is False
+
+
+def test_bench_compare_runs_both_systems(pretrained_run, tmp_path, capsys):
+    """bench/bench_finetune.py compare: minibert (grouped) and transformers (not) on the same
+    rows, real tokens/s for each and their ratio."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bench_finetune", Path(__file__).resolve().parents[1] / "bench" / "bench_finetune.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    pre = load_start(pretrained_run)
+    model = BertForPreTraining(pre.config)
+    model.load_state_dict(pre.state)
+    hf_dir = save_hf_directory(model, tmp_path / "hf", pre.vocab_file)
+    data = length_varied_dataset(tmp_path / "data", n_train=128)
+    assert bench.main(["compare", "--init", str(hf_dir), "--data", str(data),
+                       "--batch-size", "8", "--max-seq-length", "32", "--threads", "1"]) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    ours, peer, ratio = lines
+    assert (ours["name"], ours["group_by_length"]) == ("minibert", True)
+    assert (peer["name"], peer["group_by_length"]) == ("transformers", False)
+    assert ours["padding_fraction"] < 0.5 * peer["padding_fraction"]
+    assert ours["real_tokens"] == peer["real_tokens"]  # the same rows
+    assert ours["padded_tokens"] < peer["padded_tokens"]
+    assert ratio["ratio_real_tokens_per_s_minibert_over_transformers"] == pytest.approx(
+        ours["real_tokens_per_s"] / peer["real_tokens_per_s"], rel=1e-2)
+
+
 def test_damaged_inputs_get_error_lines(dataset, pretrained_run, tmp_path, capsys):
     bad_vocab = tmp_path / "badvocab"
     bad_vocab.mkdir()
@@ -346,7 +532,9 @@ def test_damaged_inputs_get_error_lines(dataset, pretrained_run, tmp_path, capsy
     assert "--export-hf" in capsys.readouterr().err and not (tmp_path / "o2").exists()
 
 
-def test_finetune_killed_and_resumed_reproduces_the_loss_curve(pretrained_run, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--group-by-length"]])
+def test_finetune_killed_and_resumed_reproduces_the_loss_curve(pretrained_run, tmp_path,
+                                                               extra):
     import subprocess
     from test_training import ROOT, kill_when_checkpointed, train_losses
     rng = np.random.default_rng(0)
@@ -357,7 +545,7 @@ def test_finetune_killed_and_resumed_reproduces_the_loss_curve(pretrained_run, t
     base = [sys.executable, str(ROOT / "finetune.py"), "--init", str(pretrained_run),
             "--data", str(data),
             "--max-seq-length", "12", "--batch-size", "8", "--epochs", "3", "--log-every", "2",
-            "--lr", "3e-3", "--no-progress"]
+            "--lr", "3e-3", "--no-progress", *extra]
     full = tmp_path / "full"
     subprocess.run(base + ["--output-dir", str(full)], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL)
