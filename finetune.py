@@ -12,7 +12,9 @@ embedded movie reviews). The label set comes from the train split and is saved w
 model. Start: --init a train_mlm.py run directory or checkpoint, a finetune.py output, or
 a Hugging Face BERT directory (the classification head is new unless present).
 Training: minibert.training's loop (AdamW with warmup and linear decay, global-norm
-clipping, gradient accumulation), dynamic padding per batch; dev metrics (accuracy,
+clipping, gradient accumulation), dynamic padding per batch (--group-by-length: batches of
+rows of similar length, as HF's Trainer; train records then show little padding, see
+``padding_fraction``); dev metrics (accuracy,
 macro-F1, Matthews correlation) after every epoch; the best dev model is kept in
 OUTPUT_DIR/best_model.npz and the resumable state in OUTPUT_DIR/checkpoint.npz (--resume);
 then test metrics and predictions. Writes to --output-dir (see minibert.runs):
@@ -82,6 +84,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="sequences per micro-batch (per step: batch size x accumulation)")
     g.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
                    help="micro-batches whose gradients are summed (each weighted 1/k) per step")
+    g.add_argument("--group-by-length", action="store_true",
+                   help="batch train rows of similar length (sorted within shuffled "
+                        "mega-batches of up to 50 batches, batch order random per epoch; "
+                        "HF Trainer's group_by_length): far less padding, faster epochs")
     g.add_argument("--eval-batch-size", type=positive_int, default=64, help="sequences per eval batch")
     g.add_argument("--lr", type=non_negative_float, default=5e-5, help="peak learning rate")
     g.add_argument("--warmup-proportion", type=float_in(0.0, 1.0), default=0.1,
@@ -104,6 +110,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--seed", type=int_at_least(0), default=0, help="seed of head init, shuffling, dropout")
     g.add_argument("--device", choices=list(backend.DEVICES), default=None,
                    help="cpu or cuda (default: $MINIBERT_DEVICE or cpu)")
+    g.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="training dtype; float16 is mixed precision: float16 compute, float32 "
+                        "master weights, dynamic loss scaling (for GPUs; NumPy's float16 is slow)")
+    g.add_argument("--tf32", action="store_true",
+                   help="let float32 matmuls use TF32 tensor cores (--device cuda, Ampere+)")
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", default="runs/finetune", help="where everything is written")
     g.add_argument("--overwrite", action="store_true",
@@ -180,13 +191,24 @@ def plot_attention(model, tokenizer, texts, max_len, xp, path: Path) -> Path:
 # Arguments that must match between a checkpoint's run and a resumed run.
 RESUME_FIXED = ("data", "train", "dev", "max_seq_length", "init", "random_init",
                 "classifier_dropout", "epochs", "max_steps", "max_train_examples", "batch_size",
-                "gradient_accumulation_steps", "lr", "warmup_proportion", "weight_decay",
-                "adam_eps", "correct_bias", "max_grad_norm", "metric", "eval_every", "seed")
+                "gradient_accumulation_steps", "group_by_length", "lr", "warmup_proportion",
+                "weight_decay", "adam_eps", "correct_bias", "max_grad_norm", "metric",
+                "eval_every", "seed", "dtype")
+# The value of an argument added later for checkpoints written before it existed.
+RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted
+                   "dtype": "float32"}          # and trained in float32
 
 
 class FinetuneTask:
     """The fine-tuning job for :func:`minibert.training.train`: shuffled epochs of the
-    train split, dev evaluation that keeps the best model in ``best_model.npz``."""
+    train split (grouped by length with ``args.group_by_length``), dev evaluation that
+    keeps the best model in ``best_model.npz``.
+
+    Train records get, besides the loop's ``tokens_per_s`` (real tokens, i.e. attention-mask
+    ones, per second of the log window): ``real_tokens`` and ``padded_tokens`` (B x T summed
+    over the window's applied steps) and ``padding_fraction`` = 1 - real / padded; the
+    padded tokens/s are ``tokens_per_s / (1 - padding_fraction)``.
+    """
 
     def __init__(self, args, run, model, train_split, dev_split, labels, pre, xp,
                  best: dict | None = None):
@@ -198,18 +220,24 @@ class FinetuneTask:
 
     def batches(self, epoch: int, start_batch: int):
         return iterate_batches(self.train_split, self.args.batch_size, self.pad_id,
-                               seed=self.args.seed, epoch=epoch, start_batch=start_batch)
+                               seed=self.args.seed, epoch=epoch, start_batch=start_batch,
+                               group_by_length=self.args.group_by_length)
 
     def forward(self, model, batch):
         xp = self.xp
         labels = xp.asarray(batch.labels)
         out = model(xp.asarray(batch.input_ids), xp.asarray(batch.token_type_ids),
                     xp.asarray(batch.attention_mask), labels=labels)
+        mask = batch.attention_mask                    # host (B, T): no device read
         return out.loss, {"correct": (out.logits.argmax(-1) == labels).sum(),
-                          "count": labels.shape[0]}
+                          "count": labels.shape[0], "real_tokens": int(mask.sum()),
+                          "padded_tokens": int(mask.size)}
 
     def summarize(self, totals: dict) -> dict:
-        return {"accuracy": totals.get("correct", 0.0) / max(totals.get("count", 0.0), 1.0)}
+        real, padded = totals.get("real_tokens", 0.0), totals.get("padded_tokens", 0.0)
+        return {"accuracy": totals.get("correct", 0.0) / max(totals.get("count", 0.0), 1.0),
+                "real_tokens": int(real), "padded_tokens": int(padded),
+                "padding_fraction": round(1.0 - real / padded, 4) if padded else None}
 
     def _evaluate(self, step: int) -> dict:
         m, _ = evaluate(self.model, self.dev_split, self.args.eval_batch_size, self.pad_id,
@@ -228,6 +256,12 @@ class FinetuneTask:
         return {"job": "finetune", "args": vars(self.args),
                 "labels": self.labels, "tokenizer": dict(self.pre.tokenizer_options),
                 "best": self.best}
+
+
+def make_optimizer(model, args) -> AdamW:
+    """finetune.py's AdamW (also bench/bench_finetune.py's minibert side)."""
+    return AdamW(model.named_parameters(), lr=args.lr, eps=args.adam_eps,
+                 weight_decay=args.weight_decay, correct_bias=args.correct_bias)
 
 
 def use_model(args, xp, device) -> int:
@@ -255,6 +289,8 @@ def main(argv=None) -> int:
         fail(f"--export-hf {args.export_hf}: is a file, not a directory")
     try:
         device = backend.set_device(args.device)
+        if args.tf32:
+            backend.set_tf32(True)
     except backend.BackendError as e:
         fail(str(e))
     xp = backend.xp_for(device)
@@ -268,8 +304,8 @@ def main(argv=None) -> int:
         if resume:  # the run's own arguments, unless given here
             run = prepare_run_dir(args.output_dir, "finetune", resume=True)
             resumed = load_checkpoint(run.checkpoint)
-            resume_args(args, resumed["trainer"].get("args", {}), RESUME_FIXED, given,
-                        str(run.checkpoint))
+            resume_args(args, RESUME_DEFAULTS | resumed["trainer"].get("args", {}),
+                        RESUME_FIXED, given, str(run.checkpoint))
         pre = load_start(args.init)
         if not resume:
             run = prepare_run_dir(args.output_dir, "finetune", overwrite=args.overwrite)
@@ -306,7 +342,7 @@ def main(argv=None) -> int:
             model.load_state_dict(resumed["model"])
     except (HFFormatError, CheckpointError, KeyError, ValueError) as e:
         fail(str(e))
-    model.to(device)
+    model.to(device, dtype=np.dtype(args.dtype))
     fresh = "all weights new (architecture only, random init)" if args.random_init \
         else f"new: {report['new']}; not used: {report['unused'] or 'none'}"
     print(f"model: {pre.source}, {model.num_parameters():,} parameters; {fresh}; labels {labels}; "
@@ -323,8 +359,7 @@ def main(argv=None) -> int:
     total = steps_per_epoch * args.epochs
     if args.max_steps:
         total = min(total, args.max_steps)
-    opt = AdamW(model.named_parameters(), lr=args.lr, eps=args.adam_eps,
-                weight_decay=args.weight_decay, correct_bias=args.correct_bias)
+    opt = make_optimizer(model, args)
     state = TrainState()
     best = None
     if resumed is not None:
@@ -371,6 +406,10 @@ def main(argv=None) -> int:
               f"{t['macro_f1']:.4f} MCC {t['mcc']:.4f} ({t['n']} examples)")
     from minibert.viz import plot_training_curves
     log = MetricsLog.read(run.metrics)
+    real = sum(r.get("real_tokens", 0) for r in log if r["kind"] == "train")
+    padded = sum(r.get("padded_tokens", 0) for r in log if r["kind"] == "train")
+    summary["group_by_length"] = args.group_by_length
+    summary["padding_fraction"] = round(1.0 - real / padded, 4) if padded else None
     plot_training_curves([r for r in log if r["kind"] == "train"],
                          [{k.removeprefix("dev_"): v for k, v in r.items()}
                           for r in log if r["kind"] == "eval"],

@@ -153,8 +153,12 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="seed of weights, data and dropout")
     g.add_argument("--device", choices=list(backend.DEVICES), default=None,
                    help="cpu (NumPy) or cuda (CuPy); default: $MINIBERT_DEVICE or cpu")
-    g.add_argument("--dtype", choices=["float32", "float64"], default="float32",
-                   help="parameter and activation dtype")
+    g.add_argument("--dtype", choices=["float32", "float64", "float16"], default="float32",
+                   help="parameter and activation dtype; float16 is mixed precision: float16 "
+                        "compute, float32 master weights, dynamic loss scaling (for GPUs; "
+                        "NumPy's float16 is slow)")
+    g.add_argument("--tf32", action="store_true",
+                   help="let float32 matmuls use TF32 tensor cores (--device cuda, Ampere+)")
 
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", default="runs/pretrain", help="where everything is written")
@@ -285,6 +289,8 @@ def main(argv=None) -> int:
     args, given = parse_args(argv)
     try:
         device = backend.set_device(args.device)
+        if args.tf32:
+            backend.set_tf32(True)
     except backend.BackendError as e:
         fail(str(e))
     xp = backend.xp_for(device)

@@ -13,31 +13,156 @@ import numpy as np
 
 DEVICES = ("cpu", "cuda")
 _device = "cpu"
+_cupy_checked = None  # the cupy module once it has passed the start-up check (once per process)
+_tf32 = False         # what set_tf32 last put in force on the GPU
+
+# What `pip install 'minibert[gpu]'` brings, named in every message about a missing piece.
+_INSTALL_HINT = ("install it with pip install 'minibert[gpu]' (cupy-cuda12x[ctk], which brings "
+                 "the CUDA toolkit wheels: nvidia-cuda-nvrtc-cu12, nvidia-cublas-cu12, "
+                 "nvidia-curand-cu12, nvidia-cuda-runtime-cu12, ...)")
+
+# The pieces the start-up check exercises, and the library names that identify them in an
+# error's text (CuPy 14 says e.g. 'Failure finding "libnvrtc.so.13 or libnvrtc.so.12"').
+_NVRTC = "CUDA's runtime compiler (NVRTC)"
+_CUBLAS = "cuBLAS"
+_ERF = "erf from cupyx.scipy.special (compiled by NVRTC against the CUDA headers)"
+_CURAND = "cuRAND (cupy.random)"
+_LIBRARY_NAMES = (("nvrtc", _NVRTC), ("cublas", _CUBLAS), ("curand", _CURAND))
+# CuPy 14: 'Failure finding "libnvrtc.so.13 ..."'; CuPy 13: 'CuPy failed to load libnvrtc.so.12:
+# OSError: libnvrtc.so.12: cannot open shared object file'.
+_LOAD_FAILURE_WORDS = ("failure finding", "failed to load", "cannot open shared object")
+
+# cublasMath_t values (cublas_api.h); CuPy exports CUBLAS_DEFAULT_MATH but not the TF32 one.
+_CUBLAS_DEFAULT_MATH = 0
+_CUBLAS_TF32_TENSOR_OP_MATH = 3
 
 
 class BackendError(RuntimeError):
-    """The requested device cannot be used (CuPy missing, no GPU, unknown name)."""
+    """The requested device cannot be used (CuPy missing, no GPU, a CUDA library missing or
+    failing the start-up check, unknown name, or an option the device does not have)."""
 
 
 def _import_cupy():
+    """CuPy, after checking once per process that it can compile and run what minibert needs.
+
+    Raises:
+        BackendError: CuPy is not installed, sees no usable GPU, or a piece of the CUDA
+            toolkit fails the start-up check (see :func:`_self_check`).
+    """
+    global _cupy_checked
+    if _cupy_checked is not None:
+        return _cupy_checked
     try:
         import cupy
-    except ImportError as e:  # pragma: no cover - depends on the machine
+    except ImportError as e:
         raise BackendError(
             "device 'cuda' needs CuPy, which is not installed: "
-            "pip install 'minibert[gpu]' (cupy-cuda12x)") from e
+            "pip install 'minibert[gpu]' (cupy-cuda12x[ctk])") from e
     try:
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # pragma: no cover - depends on the machine
+    except Exception as e:
         raise BackendError(
             f"device 'cuda': CuPy is installed but no CUDA GPU is usable ({e})") from e
-    if n < 1:  # pragma: no cover
+    if n < 1:
         raise BackendError("device 'cuda': CuPy is installed but it sees no CUDA GPU")
+    _self_check(cupy)
+    _cupy_checked = cupy
     return cupy
+
+
+def _piece_error(piece: str, what: str, e: BaseException) -> BackendError:
+    """A BackendError naming the missing or failing piece; the library named in the error's
+    text wins over the probe that met it (a matmul can fail for want of NVRTC)."""
+    text = f"{type(e).__name__}: {e}"
+    low = text.lower()
+    for lib, name in _LIBRARY_NAMES:
+        if lib in low:
+            piece = name
+            break
+    if isinstance(e, ImportError) or any(w in low for w in _LOAD_FAILURE_WORDS):
+        return BackendError(f"device 'cuda': {piece} could not be loaded: {text}; {_INSTALL_HINT}")
+    return BackendError(f"device 'cuda': {piece} failed the start-up check ({what}): {text}; "
+                        f"if a CUDA library is missing, {_INSTALL_HINT}")
+
+
+def _self_check(cupy) -> None:
+    """Run one tiny instance of each kind of GPU work minibert does, synchronising after each,
+    and raise at once, naming the piece, if one cannot run or gives a wrong answer.
+
+    Probes, in order: an ElementwiseKernel (compiled by NVRTC), a 2-D and a batched float32
+    matmul (cuBLAS gemm and gemmBatched, as the layers' ``x @ W`` uses), erf from
+    cupyx.scipy.special (a ufunc compiled by NVRTC), ``cupy.random.default_rng(0).random``
+    (cuRAND's device API built into CuPy: :func:`make_rng`) and a Philox4x32-10
+    ``cupy.random.RandomState`` (the cuRAND host library: :class:`DropoutRNG`). Without the
+    CUDA toolkit wheels each of these fails only at its first use, deep in a training step.
+
+    Raises:
+        BackendError: the first probe that raises or returns a wrong value.
+    """
+    def run(piece, what, probe):
+        """The probe's result on the host, synchronised; a BackendError naming ``piece``."""
+        try:
+            out = probe()
+            cupy.cuda.runtime.deviceSynchronize()
+            return np.asarray(cupy.asnumpy(out))
+        except Exception as e:
+            raise _piece_error(piece, what, e) from e
+
+    def expect(piece, what, got, expected):
+        if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+            raise BackendError(
+                f"device 'cuda': {piece} gave a wrong result in the start-up check ({what}): "
+                f"got {np.array2string(got, precision=6)}, expected "
+                f"{np.array2string(expected, precision=6)}")
+
+    x = np.arange(4, dtype=np.float32)
+
+    def kernel_probe():
+        kernel = cupy.ElementwiseKernel("float32 x", "float32 y", "y = 2 * x + 1",
+                                        "minibert_self_check")
+        return kernel(cupy.asarray(x))     # compiled by NVRTC at this first call
+    what = "a tiny elementwise kernel, y = 2x + 1"
+    expect(_NVRTC, what, run(_NVRTC, what, kernel_probe), 2 * x + 1)
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3) / 4    # (2, 3)
+    b = np.arange(6, dtype=np.float32).reshape(3, 2) - 2    # (3, 2)
+    ab = np.stack([a, 2 * a])                                # (2, 2, 3)
+    what = "a float32 matmul (2, 3) @ (3, 2)"
+    expect(_CUBLAS, what, run(_CUBLAS, what, lambda: cupy.asarray(a) @ cupy.asarray(b)), a @ b)
+    what = "a batched float32 matmul (2, 2, 3) @ (3, 2)"
+    expect(_CUBLAS, what, run(_CUBLAS, what, lambda: cupy.asarray(ab) @ cupy.asarray(b)), ab @ b)
+
+    def erf_probe():
+        from cupyx.scipy.special import erf as _erf
+        return _erf(cupy.asarray(np.array([0.0, 0.5, -1.0, 2.0], dtype=np.float32)))
+    what = "erf of [0, 0.5, -1, 2]"
+    # erf(0), erf(0.5), erf(-1), erf(2): Abramowitz & Stegun, table 7.1
+    expect(_ERF, what, run(_ERF, what, erf_probe),
+           np.array([0.0, 0.5204999, -0.8427008, 0.9953223], dtype=np.float32))
+
+    # make_rng: cupy.random.default_rng (cuRAND's device API, built into CuPy); DropoutRNG:
+    # RandomState with Philox4x32-10 (the cuRAND host library, libcurand)
+    def philox_probe():
+        method = cupy.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10
+        return cupy.random.RandomState(0, method=method).random_sample(64, dtype=np.float32)
+    for what, probe in (
+            ("cupy.random.default_rng(0).random(64)",
+             lambda: cupy.random.default_rng(0).random(64, dtype=np.float32)),
+            ("cupy.random.RandomState(0, Philox4x32-10).random_sample(64)", philox_probe)):
+        r = run(_CURAND, what, probe)
+        if r.shape != (64,) or not (r.min() >= 0 and r.max() < 1 and r.max() > r.min()):
+            raise BackendError(
+                f"device 'cuda': {_CURAND} gave a wrong result in the start-up check ({what}): "
+                f"expected 64 distinct draws in [0, 1), got shape {r.shape}"
+                + (f", min {r.min()}, max {r.max()}" if r.size else ""))
 
 
 def set_device(device: str | None = None) -> str:
     """Choose the array module for the process.
+
+    Selecting "cuda" imports CuPy and, the first time in the process, runs the start-up check
+    of :func:`_self_check` (an NVRTC-compiled kernel, cuBLAS matmuls, erf, the RNG), so that a
+    missing CUDA library is reported here, by name, rather than in the middle of a step.
 
     Args:
         device: "cpu" or "cuda"; None reads the environment variable MINIBERT_DEVICE,
@@ -45,7 +170,9 @@ def set_device(device: str | None = None) -> str:
     Returns:
         The device name in force.
     Raises:
-        BackendError: unknown device name, or "cuda" without CuPy or without a GPU.
+        BackendError: unknown device name; "cuda" without CuPy or without a GPU; a piece of
+            the CUDA toolkit missing or failing the start-up check (the message names it and
+            how to install it). The device in force is unchanged when it raises.
     """
     global _device
     device = device or os.environ.get("MINIBERT_DEVICE", "cpu")
@@ -55,6 +182,113 @@ def set_device(device: str | None = None) -> str:
         _import_cupy()
     _device = device
     return device
+
+
+def set_tf32(enabled: bool) -> bool:
+    """Let float32 matrix products on the GPU use TF32 tensor cores (or stop them).
+
+    TF32 rounds the inputs of a float32 product to a 10-bit mantissa (float32 keeps 23) and
+    accumulates in float32: on Ampere and newer GPUs (compute capability >= 8.0) cuBLAS runs
+    such GEMMs several times faster, at about 1e-3 relative error per product. Enabling sets
+    both of CuPy's switches, because its matmul paths honour different ones:
+
+    - ``cupy._core.set_compute_type(float32, COMPUTE_TYPE_TF32)``: process-wide; used by
+      2-D products (``cupy.dot``, ``matmul`` of 2-D arrays), which CuPy runs as cublasGemmEx
+      with CUBLAS_COMPUTE_32F_FAST_TF32. (This is the switch CuPy's ``CUPY_TF32=1`` sets; CuPy
+      reads that variable at the first float32 product, not at import, and this call
+      overrides it.)
+    - ``cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH)`` on CuPy's cuBLAS handle for the
+      current device and the calling thread: used by batched products (``(B, T, C) @ (C, N)``
+      runs as sgemmBatched, ``(B, NH, T, HS) @ (B, NH, HS, T)`` as gemmStridedBatchedEx with a
+      legacy compute type), which ignore the compute type above. PyTorch's
+      ``allow_tf32`` uses the same math mode.
+
+    Limits: only float32 matrix products change (element-wise kernels, reductions, erf and
+    float64 work do not); a matmul issued from another thread or on another device keeps the
+    default mode; ``NVIDIA_TF32_OVERRIDE=0`` in the environment disables TF32 in cuBLAS
+    whatever this says. Call it after ``set_device("cuda")``.
+
+    Args:
+        enabled: True to allow TF32, False for full float32 products (CuPy's default).
+    Returns:
+        The TF32 setting now in force.
+    Raises:
+        BackendError: ``enabled`` on the CPU ("--tf32 needs --device cuda"; disabling there is a
+            no-op, the CPU always computes in float32), or on a GPU older than compute
+            capability 8.0, or the device fails the start-up check.
+    """
+    global _tf32
+    enabled = bool(enabled)
+    if _device != "cuda":
+        if enabled:
+            raise BackendError("--tf32 needs --device cuda: TF32 is a tensor-core mode of "
+                               "NVIDIA GPUs (compute capability >= 8.0); the CPU path always "
+                               "computes in float32")
+        return False
+    cupy = _import_cupy()
+    if enabled:
+        cc = str(cupy.cuda.Device().compute_capability)
+        if int(cc) < 80:
+            raise BackendError(f"--tf32 needs a GPU of compute capability >= 8.0 (Ampere or "
+                               f"newer); this one is {_format_cc(cc)}")
+    from cupy._core import _routines_linalg as linalg
+    cupy._core.set_compute_type(
+        np.float32, linalg.COMPUTE_TYPE_TF32 if enabled else linalg.COMPUTE_TYPE_DEFAULT)
+    cupy.cuda.cublas.setMathMode(cupy.cuda.get_cublas_handle(),
+                                 _CUBLAS_TF32_TENSOR_OP_MATH if enabled else _CUBLAS_DEFAULT_MATH)
+    _tf32 = enabled
+    return enabled
+
+
+def get_tf32() -> bool:
+    """Whether :func:`set_tf32` has allowed TF32 float32 products (False on the CPU)."""
+    return _tf32 and _device == "cuda"
+
+
+def _format_cc(cc: str) -> str:
+    """CuPy's compute capability string ("80", "120") as "8.0", "12.0"."""
+    return f"{cc[:-1]}.{cc[-1]}"
+
+
+def _format_cuda_version(v: int) -> str:
+    """A CUDA version integer (12090) as "12.9"."""
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def device_summary(device: str | None = None) -> dict:
+    """What the run computes on, as a JSON-ready dict for logs and run summaries.
+
+    For "cpu": ``{"device": "cpu", "numpy": version}``. For "cuda" (the current CUDA device):
+    ``device``, ``index``, ``name``, ``compute_capability`` ("8.0"), ``total_memory_gib``,
+    ``cuda_runtime`` (CuPy's CUDA runtime, "12.9"), ``cuda_driver`` (the newest CUDA the
+    driver supports), ``nvrtc`` (the runtime compiler's version), ``cupy`` and ``tf32``.
+
+    Args:
+        device: "cpu" or "cuda"; default the device chosen by :func:`set_device`.
+    Raises:
+        BackendError: "cuda" when it cannot be used (see :func:`set_device`).
+    """
+    device = device or _device
+    if device != "cuda":
+        return {"device": "cpu", "numpy": np.__version__}
+    cupy = _import_cupy()
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    nvrtc_major, nvrtc_minor = cupy.cuda.nvrtc.getVersion()
+    return {
+        "device": "cuda",
+        "index": int(dev.id),
+        "name": name,
+        "compute_capability": _format_cc(str(dev.compute_capability)),
+        "total_memory_gib": round(props["totalGlobalMem"] / 2**30, 2),
+        "cuda_runtime": _format_cuda_version(cupy.cuda.runtime.runtimeGetVersion()),
+        "cuda_driver": _format_cuda_version(cupy.cuda.runtime.driverGetVersion()),
+        "nvrtc": f"{nvrtc_major}.{nvrtc_minor}",
+        "cupy": cupy.__version__,
+        "tf32": get_tf32(),
+    }
 
 
 def get_device() -> str:
@@ -84,13 +318,55 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def erf(x):
-    """Elementwise error function on either backend (scipy.special / cupyx.scipy.special)."""
-    if get_array_module(x) is np:
-        from scipy.special import erf as _erf
-    else:  # pragma: no cover - GPU only
+def cpu_threads() -> int:
+    """Threads for CPU element-wise work outside BLAS: ``OMP_NUM_THREADS`` if set (the
+    variable OpenBLAS reads too, so one setting governs both), else the CPUs this process
+    may run on."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_pool = None
+_PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
+
+
+def _erf_chunks(x, out, threads: int):
+    """SciPy's erf over ``threads`` slices of the flat array at once (its loop releases
+    the GIL); about 1.7x on 2 cores for a (4096, 1024) float32 array."""
+    global _pool
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scipy.special import erf as _erf
+    if _pool is None or _pool._max_workers != threads:
+        _pool = ThreadPoolExecutor(threads, thread_name_prefix="minibert-erf")
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    bounds = [flat_x.size * i // threads for i in range(threads + 1)]
+    list(_pool.map(lambda ab: _erf(flat_x[ab[0]:ab[1]], out=flat_out[ab[0]:ab[1]]),
+                   zip(bounds[:-1], bounds[1:])))
+    return out
+
+
+def erf(x, out=None):
+    """Elementwise error function on either backend (scipy.special / cupyx.scipy.special).
+
+    Args:
+        x: float array, any shape. out: optional array of x's shape and dtype (may be x).
+    Returns:
+        erf(x), in ``out`` when given. On the CPU a large contiguous array is split over
+        :func:`cpu_threads` threads (SciPy's erf is scalar code, ~9x slower than exp).
+    """
+    if get_array_module(x) is not np:  # pragma: no cover - GPU only
         from cupyx.scipy.special import erf as _erf
-    return _erf(x)
+        return _erf(x) if out is None else _erf(x, out=out)
+    from scipy.special import erf as _erf
+    threads = cpu_threads()
+    if threads > 1 and x.size >= _PARALLEL_MIN and x.flags.c_contiguous:
+        out = np.empty_like(x) if out is None else out
+        if out.flags.c_contiguous:
+            return _erf_chunks(x, out, threads)
+    return _erf(x) if out is None else _erf(x, out=out)
 
 
 def derive_seed(*keys: int) -> int:
@@ -100,6 +376,51 @@ def derive_seed(*keys: int) -> int:
     step, which makes a resumed run draw the same dropout masks as an uninterrupted one.
     """
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> 1)
+
+
+def compute_dtype(dtype):
+    """The dtype in which reductions over a row run for activations of ``dtype``: float32
+    for float16 (LayerNorm statistics, softmax and cross-entropy sums overflow or lose
+    their precision in half precision; the float32 list of PyTorch's autocast), else
+    ``dtype`` itself."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+
+
+class DropoutRNG:
+    """The one dropout generator of a run, re-keyed for every micro-batch.
+
+    ``reseed(derive_seed(seed, step, micro))`` makes the masks of a step depend only on
+    the run seed and the step, so a resumed run draws what an uninterrupted one would.
+    On the CPU a re-key is a fresh PCG64 ``numpy.random.default_rng`` (microseconds); on
+    the GPU it re-seeds one counter-based cuRAND Philox4x32-10 generator kept for the whole
+    run (``cupy.random.RandomState(method=PHILOX4_32_10)``: a host-side call, no new device
+    state, no kernel, no sync).
+
+    Args:
+        device: "cpu" or "cuda" (default: the current device).
+    """
+
+    def __init__(self, device: str | None = None):
+        self.device = device or _device
+        self._gen = None
+        if self.device == "cuda":  # pragma: no cover - GPU only
+            cupy = _import_cupy()
+            self._gen = cupy.random.RandomState(
+                0, method=cupy.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+
+    def reseed(self, seed: int) -> "DropoutRNG":
+        """Re-key the generator with ``seed`` (an int, e.g. from :func:`derive_seed`)."""
+        if self.device == "cuda":  # pragma: no cover - GPU only
+            self._gen.seed(int(seed))
+        else:
+            self._gen = np.random.default_rng(seed)
+        return self
+
+    def random(self, shape, dtype=np.float64):
+        """Uniform [0, 1) samples of ``shape`` and float ``dtype`` on the device."""
+        if self.device == "cuda":  # pragma: no cover - GPU only
+            return self._gen.random_sample(shape, dtype=dtype)
+        return self._gen.random(shape, dtype=dtype)
 
 
 def make_rng(seed: int, device: str | None = None):

@@ -70,7 +70,8 @@ def adamw_updates(optimizer: AdamW, lr: float) -> dict:
     out = {}
     for name, p in optimizer.params:
         xp = get_array_module(p.data)
-        s = step_size * optimizer.m[name] / (xp.sqrt(optimizer.v[name]) * v_scale + optimizer.eps)
+        m, v = optimizer.moments(name)
+        s = step_size * m / (xp.sqrt(v) * v_scale + optimizer.eps)
         d = -s
         if optimizer.weight_decay and decays(p):
             decay = lr * optimizer.weight_decay

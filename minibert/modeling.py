@@ -25,7 +25,7 @@ from .backend import get_array_module
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
                  cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
-                 scatter_add_rows)
+                 linear_backward, linear_forward, scatter_add_rows)
 from .nn.activations import tanh_backward, tanh_forward
 
 # (num_hidden_layers, hidden_size) of the compact models of Turc et al. 2019
@@ -176,7 +176,13 @@ class BertEmbeddings(Module):
 # ---------------------------------------------------------------------------------------
 
 class BertSelfAttention(Module):
-    """query / key / value projections and multi-head scaled dot-product attention."""
+    """query / key / value projections and multi-head scaled dot-product attention.
+
+    The three projections keep HF's separate ``query`` / ``key`` / ``value`` parameters but
+    run as one fused matmul: their weights are stacked into (3C, C) for the step (a copy
+    of 3C^2 values, small against the B*T*3C^2 multiply-adds it saves launching three
+    times), and the stacked gradient is split back into the three.
+    """
 
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
         C, std = config.hidden_size, config.initializer_range
@@ -190,20 +196,31 @@ class BertSelfAttention(Module):
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
-        q, k, v = self.query(x), self.key(x), self.value(x)              # (B, T, C) each
+        xp = get_array_module(x)
+        projections = (self.query, self.key, self.value)
+        w = xp.concatenate([m.weight.data for m in projections])         # (3C, C)
+        b = xp.concatenate([m.bias.data for m in projections])           # (3C,)
+        qkv, linear_cache = linear_forward(x, w, b)                      # (B, T, 3C)
         p = self.dropout.p if self.dropout.training else 0.0
-        ctx, self._cache = attention_forward(q, k, v, mask_add, self.num_attention_heads, p,
-                                             self.dropout.rng)           # (B, T, C)
-        self.attention_probs = self._cache.probs if output_attentions else None
+        ctx, attention_cache = attention_forward(qkv, mask_add, self.num_attention_heads, p,
+                                                 self.dropout.rng)       # (B, T, C)
+        self._cache = (linear_cache, attention_cache)
+        self.attention_probs = attention_cache.probs if output_attentions else None
         return ctx
 
     def backward(self, dctx):
-        """dctx: (B, T, C) -> dx (B, T, C), summed over the three projections."""
-        # forward: ctx = attention(q, k, v, mask_add)
-        dq, dk, dv = attention_backward(dctx, self._cache)               # (B, T, C) each
+        """dctx: (B, T, C) -> dx (B, T, C); adds into query/key/value weight and bias grads."""
+        linear_cache, attention_cache = self._cache
         self._cache = None
-        # forward: q, k, v = query(x), key(x), value(x)  ->  x fans out: sum
-        return self.query.backward(dq) + self.key.backward(dk) + self.value.backward(dv)
+        # forward: ctx = attention(qkv, mask_add)
+        dqkv = attention_backward(dctx, attention_cache)                 # (B, T, 3C)
+        # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
+        dx, dw, db = linear_backward(dqkv, linear_cache)                 # (B,T,C), (3C,C), (3C,)
+        C = dx.shape[-1]
+        for i, m in enumerate((self.query, self.key, self.value)):
+            m.weight.grad += dw[i * C:(i + 1) * C]
+            m.bias.grad += db[i * C:(i + 1) * C]
+        return dx
 
 
 class BertOutput(Module):

@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from .backend import get_array_module, to_numpy
-from .nn import Parameter
+from .nn import FlatParameters, Parameter
 
 
 def decays(param: Parameter) -> bool:
@@ -36,8 +36,52 @@ def decays(param: Parameter) -> bool:
     return param.data.ndim >= 2
 
 
+class DynamicLossScaler:
+    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018, "Mixed Precision
+    Training", section 3.2), with the defaults of ``torch.cuda.amp.GradScaler``.
+
+    The loss is multiplied by ``scale`` before the backward pass so small float16
+    gradients do not flush to zero; a step whose unscaled gradients are not finite is
+    skipped and the scale halves; after ``growth_interval`` applied steps in a row it
+    doubles. Its state stays on the device: :meth:`update` reads nothing back.
+
+    Args:
+        xp: numpy or cupy. init_scale: first scale (> 0). growth_factor (> 1),
+        backoff_factor (in (0, 1)), growth_interval (>= 1 steps).
+    Raises:
+        ValueError: an argument out of its range.
+    """
+
+    def __init__(self, xp, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+        if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1
+                and growth_interval >= 1):
+            raise ValueError("DynamicLossScaler: need init_scale > 0, growth_factor > 1, "
+                             "0 < backoff_factor < 1, growth_interval >= 1")
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval = growth_interval
+        self.scale = xp.asarray(init_scale, dtype=xp.float32)        # 0-d, on the device
+        self.good_steps = xp.asarray(0, dtype=xp.int64)              # applied steps in a row
+
+    def update(self, finite) -> None:
+        """After a step: ``finite`` (0-d bool array) says whether it was applied."""
+        xp = get_array_module(self.scale)
+        grow = finite & (self.good_steps + 1 >= self.growth_interval)
+        factor = xp.where(finite, xp.where(grow, self.growth_factor, 1.0), self.backoff_factor)
+        self.scale = (self.scale * factor).astype(xp.float32)
+        self.good_steps = xp.where(finite & ~grow, self.good_steps + 1, 0)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"scale": to_numpy(self.scale), "good_steps": to_numpy(self.good_steps)}
+
+    def load_state_dict(self, state: dict) -> None:
+        xp = get_array_module(self.scale)
+        self.scale = xp.asarray(np.asarray(state["scale"]), dtype=xp.float32)
+        self.good_steps = xp.asarray(np.asarray(state["good_steps"]), dtype=xp.int64)
+
+
 class AdamW:
-    """Adam with decoupled weight decay.
+    """Adam with decoupled weight decay, over one flat buffer of all parameters.
 
     Per parameter p with gradient g, at step t (1-based):
         m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
@@ -45,11 +89,25 @@ class AdamW:
         p -= lr * m' / (sqrt(v') + eps)
     where m' = m / (1 - b1^t), v' = v / (1 - b2^t) if ``correct_bias`` else m, v (BERT).
 
+    The constructor moves the parameters into a :class:`~minibert.nn.FlatParameters`
+    buffer, decayed matrices first, so a step is a few whole-buffer passes (one fused
+    kernel on the GPU) instead of a dozen small ones per parameter. Build it *after*
+    ``model.to(device)``; ``flat.zero_grad()`` clears every gradient at once.
+
+    Mixed precision (Micikevicius et al. 2018): with float16 parameters the optimizer keeps
+    float32 master weights, moments and gradients, and a :class:`DynamicLossScaler`.
+    The training step backpropagates ``loss * loss_scale()``, takes the float32 gradient
+    from :meth:`unscaled_grad`, steps the master weights and copies them back to float16.
+
     Args:
         named_parameters: (name, Parameter) pairs, e.g. ``model.named_parameters()``.
         lr: peak learning rate; the schedule scales it through ``step(lr=...)``.
         betas: (b1, b2). eps: added to sqrt(v). weight_decay: wd.
         correct_bias: use bias-corrected moments.
+    Attributes:
+        flat: the FlatParameters; m, v: (S,) moment buffers aligned with ``flat.data``.
+        master: (S,) float32 master weights with float16 parameters, else None.
+        scaler: the DynamicLossScaler with float16 parameters, else None.
     Raises:
         ValueError: lr < 0, betas outside [0, 1), eps <= 0 or weight_decay < 0.
     """
@@ -60,15 +118,71 @@ class AdamW:
         if lr < 0 or not all(0.0 <= b < 1.0 for b in betas) or eps <= 0 or weight_decay < 0:
             raise ValueError(f"AdamW: invalid hyper-parameters lr={lr} betas={betas} eps={eps} "
                              f"weight_decay={weight_decay}")
-        self.params = list(named_parameters)
+        named = list(named_parameters)
+        self.params = ([(n, p) for n, p in named if decays(p)]
+                       + [(n, p) for n, p in named if not decays(p)])
+        self.flat = FlatParameters([p for _, p in self.params])
+        self._index = {n: i for i, (n, _) in enumerate(self.params)}
+        self.n_decay = sum(p.data.size for _, p in self.params if decays(p))
         self.lr, self.betas, self.eps = lr, betas, eps
         self.weight_decay, self.correct_bias = weight_decay, correct_bias
         self.t = 0
-        self.m = {n: get_array_module(p.data).zeros_like(p.data) for n, p in self.params}
-        self.v = {n: get_array_module(p.data).zeros_like(p.data) for n, p in self.params}
+        xp = get_array_module(self.flat.data)
+        self.master = self.master_grad = self.scaler = None
+        if self.flat.data.dtype == np.float16:
+            self.master = self.flat.data.astype(np.float32)          # (S,) float32
+            self.master_grad = xp.empty_like(self.master)             # (S,) float32
+            self.scaler = DynamicLossScaler(xp)
+        weights = self.flat.data if self.master is None else self.master
+        self.m = xp.zeros_like(weights)                               # (S,)
+        self.v = xp.zeros_like(weights)                               # (S,)
+        self._tmp = xp.empty_like(weights)                            # (S,) workspace
 
-    def step(self, lr: float | None = None) -> None:
-        """Update every parameter in place from its ``grad``; ``lr`` overrides self.lr."""
+    def loss_scale(self):
+        """What to multiply the loss by before backward: the dynamic scale (a 0-d device
+        array) with float16 parameters, else 1.0."""
+        return 1.0 if self.scaler is None else self.scaler.scale
+
+    def unscaled_grad(self):
+        """The (S,) gradient to clip, check and step on: ``flat.grad`` itself, or with
+        float16 parameters its float32 copy divided by the loss scale."""
+        if self.scaler is None:
+            return self.flat.grad
+        xp = get_array_module(self.master_grad)
+        xp.multiply(self.flat.grad, 1.0 / self.scaler.scale, out=self.master_grad)
+        return self.master_grad
+
+    def update_scale(self, finite) -> None:
+        """Tell the loss scaler (if any) whether the step was applied (0-d bool array)."""
+        if self.scaler is not None:
+            self.scaler.update(finite)
+
+    def zero_grad(self) -> None:
+        """Every parameter's gradient to zero (one pass over the flat gradient buffer)."""
+        self.flat.zero_grad()
+
+    def moments(self, name: str):
+        """(m, v) of the parameter called ``name``: views of its shape into the buffers.
+
+        Raises:
+            KeyError: no parameter of that name.
+        """
+        i = self._index.get(name)
+        if i is None:
+            raise KeyError(f"AdamW has no parameter {name!r}")
+        a, b = self.flat.offsets[i], self.flat.offsets[i + 1]
+        shape = self.params[i][1].data.shape
+        return self.m[a:b].reshape(shape), self.v[a:b].reshape(shape)
+
+    def step(self, lr=None) -> None:
+        """Update every parameter in place from its ``grad``; ``lr`` (a float or a 0-d
+        array on the parameters' device, so a skipped step costs no host read) overrides
+        self.lr.
+
+        Raises:
+            RuntimeError: the parameters no longer alias the flat buffer (the model was
+                moved or its arrays rebound after the optimizer was built).
+        """
         lr = self.lr if lr is None else lr
         b1, b2 = self.betas
         self.t += 1
@@ -76,27 +190,57 @@ class AdamW:
         if self.correct_bias:
             step_size = lr / (1.0 - b1 ** self.t)
             v_scale = 1.0 / math.sqrt(1.0 - b2 ** self.t)
-        for name, p in self.params:
-            xp = get_array_module(p.data)
-            m, v, g = self.m[name], self.v[name], p.grad
-            m *= b1
-            m += (1.0 - b1) * g
-            v *= b2
-            v += (1.0 - b2) * (g * g)
-            if self.weight_decay and decays(p):
-                p.data *= 1.0 - lr * self.weight_decay
-            denom = xp.sqrt(v)
-            if v_scale != 1.0:
-                denom *= v_scale
-            denom += self.eps
-            p.data -= step_size * (m / denom)
+        p, g = self.flat.data, self.flat.grad
+        if self.master is not None:
+            p, g = self.master, self.master_grad
+        m, v, tmp = self.m, self.v, self._tmp
+        xp = get_array_module(p)
+        if xp is not np:  # pragma: no cover - GPU only
+            from .gpu_kernels import adamw_update
+            adamw_update(p, g, m, v, self.n_decay, lr, step_size, v_scale, b1, b2, self.eps,
+                         self.weight_decay)
+        else:
+            self._update(p, g, m, v, tmp, lr, step_size, v_scale)
+        if self.master is not None:
+            self.flat.data[...] = self.master                        # float32 -> float16
+
+    def _update(self, p, g, m, v, tmp, lr, step_size, v_scale) -> None:
+        """The AdamW update in whole-buffer NumPy passes (the GPU runs one fused kernel)."""
+        xp = get_array_module(p)
+        b1, b2 = self.betas
+        # m = b1 m + (1 - b1) g
+        m *= b1
+        xp.multiply(g, 1.0 - b1, out=tmp)
+        m += tmp
+        # v = b2 v + (1 - b2) g^2
+        v *= b2
+        xp.multiply(g, g, out=tmp)
+        tmp *= 1.0 - b2
+        v += tmp
+        # p -= lr wd p on the matrices, which come first in the buffer
+        if self.weight_decay and self.n_decay:
+            p[:self.n_decay] *= 1.0 - lr * self.weight_decay
+        # p -= step_size m / (sqrt(v) v_scale + eps)
+        xp.sqrt(v, out=tmp)
+        if v_scale != 1.0:
+            tmp *= v_scale
+        tmp += self.eps
+        xp.divide(m, tmp, out=tmp)
+        tmp *= step_size
+        p -= tmp
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Host copies of the moments ("m.<name>", "v.<name>") and the step count ("t")."""
+        """Host copies of the moments ("m.<name>", "v.<name>", each of its parameter's
+        shape) and the step count ("t"); with float16 parameters also the float32 master
+        weights ("master.<name>") and the loss scaler ("scaler.scale", "scaler.good_steps")."""
         state = {"t": np.asarray(self.t)}
-        for n, _ in self.params:
-            state["m." + n] = to_numpy(self.m[n]).copy()
-            state["v." + n] = to_numpy(self.v[n]).copy()
+        buffers = {"m.": to_numpy(self.m), "v.": to_numpy(self.v)}
+        if self.master is not None:
+            buffers["master."] = to_numpy(self.master)
+            state.update({"scaler." + k: v for k, v in self.scaler.state_dict().items()})
+        for (n, p), a, b in zip(self.params, self.flat.offsets[:-1], self.flat.offsets[1:]):
+            for prefix, buf in buffers.items():
+                state[prefix + n] = buf[a:b].reshape(p.data.shape).copy()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -108,14 +252,20 @@ class AdamW:
         missing = [n for n, _ in self.params if "m." + n not in state or "v." + n not in state]
         if missing:
             raise KeyError(f"optimizer state has no moments for {missing}")
-        for n, p in self.params:
-            xp = get_array_module(p.data)
-            for key, store in (("m." + n, self.m), ("v." + n, self.v)):
+        xp = get_array_module(self.m)
+        stores = [("m.", self.m), ("v.", self.v)]
+        if self.master is not None and all("master." + n in state for n, _ in self.params):
+            stores.append(("master.", self.master))
+            self.scaler.load_state_dict({k: state["scaler." + k] for k in ("scale", "good_steps")})
+        for (n, p), a, b in zip(self.params, self.flat.offsets[:-1], self.flat.offsets[1:]):
+            for key, store in ((prefix + n, buf) for prefix, buf in stores):
                 arr = np.asarray(state[key])
                 if arr.shape != p.data.shape:
                     raise ValueError(f"optimizer state {key!r}: expected shape "
                                      f"{tuple(p.data.shape)}, got {arr.shape}")
-                store[n] = xp.array(arr, dtype=p.data.dtype)  # a copy, never an alias
+                store[a:b] = xp.asarray(arr.reshape(-1), dtype=store.dtype)
+        if self.master is not None:
+            self.flat.data[...] = self.master
         self.t = int(state["t"])
 
 
@@ -129,16 +279,19 @@ def linear_schedule_with_warmup(step: int, peak_lr: float, warmup_steps: int,
     return peak_lr * max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
-def clip_grad_norm(parameters: Iterable[Parameter], max_norm: float):
+def clip_grad_norm(parameters: Iterable, max_norm: float):
     """Scale all gradients so their joint L2 norm is at most ``max_norm``
     (``torch.nn.utils.clip_grad_norm_``: coefficient max_norm / (norm + 1e-6), capped at 1).
 
+    Args:
+        parameters: Parameters (their ``grad`` is scaled) or gradient arrays themselves,
+            e.g. ``[optimizer.unscaled_grad()]``: one flat buffer is one pass.
     Returns the norm before clipping as a 0-d array on the parameters' device (no sync).
     """
-    params = list(parameters)
-    xp = get_array_module(params[0].grad)
-    total = xp.sqrt(sum(xp.vdot(p.grad.ravel(), p.grad.ravel()) for p in params))
-    coef = xp.minimum(max_norm / (total + 1e-6), 1.0).astype(params[0].grad.dtype)
-    for p in params:
-        p.grad *= coef
+    grads = [getattr(p, "grad", p) for p in parameters]
+    xp = get_array_module(grads[0])
+    total = xp.sqrt(sum(xp.vdot(g.ravel(), g.ravel()) for g in grads))
+    coef = xp.minimum(max_norm / (total + 1e-6), 1.0).astype(grads[0].dtype)
+    for g in grads:
+        g *= coef
     return total

@@ -66,17 +66,22 @@ def layer_shapes(min_dims: int = 1, max_dims: int = 3, min_side: int = 1, max_si
 
 @st.composite
 def bert_configs(draw, max_hidden: int = 16, max_layers: int = 2, max_vocab: int = 40,
-                 max_positions: int = 12, dropout: float = 0.0) -> BertConfig:
+                 max_positions: int = 12, dropout: float = 0.0,
+                 min_hidden: int = 3) -> BertConfig:
     """Small valid :class:`BertConfig` objects: heads dividing hidden size, every
     activation, both norm positions and both position-embedding types.
 
     The hidden size is at least 3: a LayerNorm over 2 features outputs +-1 whatever its
     input, so every gradient below it is ~0 and a gradient check compares only rounding
-    noise. Raises ValueError when ``max_hidden`` < 3."""
-    if max_hidden < 3:
-        raise ValueError(f"bert_configs: max_hidden must be at least 3, got {max_hidden}")
-    heads = draw(st.sampled_from([h for h in (1, 2, 4) if h * -(-3 // h) <= max_hidden]))
-    head_size = draw(st.integers(-(-3 // heads), max_hidden // heads))  # C = NH * HS >= 3
+    noise. Gradient checks with dropout ask for ``min_hidden=8``: at hidden size 4 dropout
+    0.3 zeroes a whole row about once in 120, a LayerNorm then sees a constant row, and at
+    variance 0 its eps of 1e-12 bends the function on the scale of a central-difference
+    step. Raises ValueError when ``max_hidden`` < max(3, min_hidden)."""
+    low = max(3, min_hidden)
+    if max_hidden < low:
+        raise ValueError(f"bert_configs: max_hidden must be at least {low}, got {max_hidden}")
+    heads = draw(st.sampled_from([h for h in (1, 2, 4) if h * -(-low // h) <= max_hidden]))
+    head_size = draw(st.integers(-(-low // heads), max_hidden // heads))  # C = NH * HS >= low
     return BertConfig(
         vocab_size=draw(st.integers(8, max_vocab)),
         hidden_size=heads * head_size,
@@ -135,9 +140,10 @@ def hidden_states(draw, config: BertConfig, max_batch: int = 3, max_len: int | N
 
 @dataclass
 class AttentionInputs:
-    """Inputs of :func:`minibert.nn.attention_forward`: q, k, v (B, T, C) float64, the
-    additive mask ``mask_add`` (B, 1, 1, T) built from ``attention_mask`` (B, T) int64 (at
-    least one real token per row), and ``num_heads`` (divides C)."""
+    """Inputs of :func:`minibert.nn.attention_forward`: q, k, v (B, T, C) float64 (packed
+    as ``qkv`` (B, T, 3C), the forward's argument), the additive mask ``mask_add``
+    (B, 1, 1, T) built from ``attention_mask`` (B, T) int64 (at least one real token per
+    row), and ``num_heads`` (divides C)."""
 
     q: np.ndarray
     k: np.ndarray
@@ -145,6 +151,11 @@ class AttentionInputs:
     attention_mask: np.ndarray
     mask_add: np.ndarray
     num_heads: int
+
+    @property
+    def qkv(self) -> np.ndarray:
+        """(B, T, 3C): [q | k | v] along the last axis."""
+        return np.concatenate([self.q, self.k, self.v], axis=-1)
 
 
 @st.composite

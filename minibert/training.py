@@ -155,43 +155,54 @@ def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int
 
 
 def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
-               cfg: TrainingConfig, *, grad_hook=None, device: str | None = None):
+               cfg: TrainingConfig, *, grad_hook=None, device: str | None = None,
+               dropout_rng: backend.DropoutRNG | None = None):
     """One optimizer step over the micro-batches ``micro`` (k = len(micro)); no host read.
 
     zero_grad -> (forward -> backward(1/k)) per micro-batch -> ``grad_hook`` -> clip ->
     non-finite check -> optimizer step at ``lr``. A step whose loss or gradient norm is
     not finite has its gradients zeroed and its learning rate set to 0: the parameters
-    stay as they were (Adam's moments decay by one step).
+    stay as they were (Adam's moments decay by one step). Zeroing, clipping and the
+    update are whole-buffer passes over the optimizer's flat gradient buffer.
 
+    Args:
+        optimizer: :class:`minibert.optim.AdamW` (its ``flat`` buffer holds the grads).
+        grad_hook: called with ``optimizer.flat`` after the backward passes, before
+            clipping; it may change ``flat.grad`` in place (a data-parallel all-reduce).
+        dropout_rng: the run's :class:`~minibert.backend.DropoutRNG` (one is made if None).
     Returns:
         (loss, grad_norm, finite, sums): 0-d device arrays (mean loss over the micro-
         batches, gradient norm before clipping, whether the step was applied) and the sum
         of the task's per-micro-batch sums.
     """
-    params = model.parameters()
-    xp = get_array_module(params[0].data)
+    flat = optimizer.flat
+    xp = get_array_module(flat.grad)
+    rng = dropout_rng or backend.DropoutRNG(device)
+    model.set_dropout_rng(rng)
     k = len(micro)
-    model.zero_grad()
+    optimizer.zero_grad()
+    scale = optimizer.loss_scale()          # 1.0, or the dynamic scale of float16 training
     loss_sum, sums = 0.0, {}
     for i, batch in enumerate(micro):
-        model.set_dropout_rng(backend.make_rng(backend.derive_seed(cfg.seed, step, i), device))
+        rng.reseed(backend.derive_seed(cfg.seed, step, i))
         loss, batch_sums = task.forward(model, batch)
-        model.backward(dloss=1.0 / k)
+        model.backward(dloss=scale / k)
         loss_sum = loss_sum + loss / k
         for key, v in batch_sums.items():
             sums[key] = sums.get(key, 0) + v
     if grad_hook is not None:
-        grad_hook(params)
-    grad_norm = clip_grad_norm(params, cfg.max_grad_norm or float("inf"))
+        grad_hook(flat)
+    grad = optimizer.unscaled_grad()                                # (S,), float32 or wider
+    grad_norm = clip_grad_norm([grad], cfg.max_grad_norm or float("inf"))
     finite = xp.isfinite(grad_norm) & xp.isfinite(loss_sum)
-    for p in params:
-        xp.copyto(p.grad, 0, where=~finite)                         # NaN * 0 is NaN: zero them
-    optimizer.step(finite.astype(params[0].data.dtype) * lr)        # lr 0 on a bad step
+    xp.copyto(grad, 0, where=~finite)                               # NaN * 0 is NaN: zero them
+    optimizer.step(finite.astype(grad.dtype) * lr)                  # lr 0 on a bad step
+    optimizer.update_scale(finite)
     return loss_sum, grad_norm, finite, sums
 
 
 def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, *,
-          metrics_path, checkpoint_path, grad_hook: Callable[[list], None] | None = None,
+          metrics_path, checkpoint_path, grad_hook: Callable[[Any], None] | None = None,
           device: str | None = None) -> tuple[TrainState, dict | None]:
     """Train ``model`` from ``state`` to ``cfg.max_steps``; returns the final state and the
     last evaluation record (None without evaluation).
@@ -204,8 +215,8 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             {"kind": "train" | "eval" | "grad_flow", "step", "elapsed_s", ...}; the records
             after ``state.step`` (of an interrupted run) are dropped first.
         checkpoint_path: where the resumable state is saved (atomically).
-        grad_hook: called with the parameter list after backward, before clipping
-            (a data-parallel all-reduce).
+        grad_hook: called with the optimizer's flat parameter buffer after backward,
+            before clipping (a data-parallel all-reduce of ``flat.grad``).
     Raises:
         TrainingError: see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite
             steps in a row (the last checkpoint holds the last good parameters).
@@ -215,6 +226,10 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
 
     params = model.parameters()
     xp = get_array_module(params[0].data)
+    if not optimizer.flat.is_bound():
+        raise TrainingError("the model's parameters no longer alias the optimizer's buffer "
+                            "(was the model moved after the optimizer was built?)")
+    dropout_rng = backend.DropoutRNG(device)
     k = cfg.gradient_accumulation_steps
     stream = micro_batches(task, state.epoch, state.batch_in_epoch)
     sums: dict[str, Any] = dict(state.window)      # device (or host, after a resume) sums
@@ -277,9 +292,12 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
                         break
             loss, grad_norm, finite, step_sums = train_step(
                 model, optimizer, task, micro, step, lr, cfg, grad_hook=grad_hook,
-                device=device)
-            bad_since = xp.where(finite | (bad_run > 0), bad_since, step)
-            bad_run = xp.where(finite, 0, bad_run + 1)
+                device=device, dropout_rng=dropout_rng)
+            # with float16 a gradient overflow at a finite loss is the loss scaler's
+            # business (it skips the step and halves the scale), not a bad step
+            ok = finite | (xp.isfinite(loss) if optimizer.scaler is not None else False)
+            bad_since = xp.where(ok | (bad_run > 0), bad_since, step)
+            bad_run = xp.where(ok, 0, bad_run + 1)
             first_hit = (hit_at < 0) & (bad_run >= cfg.max_nonfinite_steps)
             hit_since = xp.where(first_hit, bad_since, hit_since)
             hit_at = xp.where(first_hit, step, hit_at)
@@ -304,6 +322,8 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
                           "loss": totals["loss"] / steps if steps else None, **m,
                           "grad_norm": totals["grad_norm"] / steps if steps else None,
                           "skipped_steps": int(totals["skipped"]),
+                          **({"loss_scale": float(optimizer.loss_scale())}
+                             if optimizer.scaler is not None else {}),
                           "tokens_per_s": round(tokens / max(now - t_window, 1e-9), 1)}
                 metrics.write(record)
                 bar.set_postfix({key: f"{v:.3g}" for key, v in record.items()

@@ -17,7 +17,7 @@ from minibert.testing import assert_parameter_gradients, bert_configs, seeds, to
        seed=seeds)
 def test_gradients_random_upstream_fixed_dropout(data, num_labels, dropout, seed):
     config = data.draw(bert_configs(max_hidden=8, max_layers=1, max_positions=6,
-                                    dropout=dropout))
+                                    dropout=dropout, min_hidden=8))
     config = dataclasses.replace(config, num_labels=num_labels)
     batch = data.draw(token_batches(config, max_batch=3))
     rng = np.random.default_rng(seed)
@@ -38,7 +38,8 @@ def test_gradients_random_upstream_fixed_dropout(data, num_labels, dropout, seed
 @settings(max_examples=6, deadline=None)
 @given(data=st.data(), num_labels=st.integers(1, 3), seed=seeds)
 def test_gradients_of_the_loss(data, num_labels, seed):
-    config = data.draw(bert_configs(max_hidden=8, max_layers=1, max_positions=6, dropout=0.2))
+    config = data.draw(bert_configs(max_hidden=8, max_layers=1, max_positions=6, dropout=0.2,
+                                    min_hidden=8))
     config = dataclasses.replace(config, num_labels=num_labels, classifier_dropout=0.5)
     batch = data.draw(token_batches(config, max_batch=3))
     B = batch.input_ids.shape[0]

@@ -100,23 +100,26 @@ def test_softmax_gradient(x, axis, seed):
 @given(inp=attention_inputs(), dropout=st.sampled_from([0.0, 0.3]), seed=seeds)
 def test_attention_gradients_with_padding_and_fixed_dropout(inp, dropout, seed):
     rng = np.random.default_rng(seed)
-    q, k, v, mask_add, heads = inp.q, inp.k, inp.v, inp.mask_add, inp.num_heads
-    G = rand(rng, *q.shape)
+    qkv, mask_add, heads = inp.qkv, inp.mask_add, inp.num_heads
+    G = rand(rng, *inp.q.shape)
     drop_seed = int(rng.integers(1 << 30))
 
     def run():  # a fresh generator with the same seed replays the same dropout mask
-        return attention_forward(q, k, v, mask_add, heads, dropout,
+        return attention_forward(qkv, mask_add, heads, dropout,
                                  np.random.default_rng(drop_seed))
 
     _, cache = run()
     probs = cache.probs                                         # (B, NH, T, T), before dropout
     np.testing.assert_allclose(probs.sum(-1), 1, rtol=1e-12)
     assert np.all(probs[np.broadcast_to(mask_add < 0, probs.shape)] == 0)
-    dq, dk, dv = attention_backward(G, cache)
+    dqkv = attention_backward(G, cache)                         # (B, T, 3C)
+    assert dqkv.shape == qkv.shape
     f = lambda: float((run()[0] * G).sum())
-    assert_gradients_match(dq, numerical_gradient(f, q), "dq")
-    assert_gradients_match(dk, numerical_gradient(f, k), "dk")
-    assert_gradients_match(dv, numerical_gradient(f, v), "dv")
+    numerical = numerical_gradient(f, qkv)
+    C = inp.q.shape[-1]
+    for i, name in enumerate(("dq", "dk", "dv")):
+        part = np.s_[..., i * C:(i + 1) * C]
+        assert_gradients_match(dqkv[part], numerical[part], name)
 
 
 @SETTINGS

@@ -33,7 +33,8 @@ def test_bert_model_gradients_random_upstream(data, seed):
 @given(data=st.data(), dropout=st.sampled_from([0.0, 0.2]), smoothing=st.sampled_from([0.0, 0.1]),
        seed=seeds)
 def test_pretraining_model_gradients_with_fixed_dropout(data, dropout, smoothing, seed):
-    config = data.draw(bert_configs(max_hidden=8, max_positions=6, dropout=dropout))
+    config = data.draw(bert_configs(max_hidden=8, max_positions=6, dropout=dropout,
+                                    min_hidden=8))
     batch = data.draw(token_batches(config, max_batch=2))
     model = BertForPreTraining(config, seed=seed % 1000, dtype=np.float64,
                                label_smoothing=smoothing)

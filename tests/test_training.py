@@ -96,13 +96,17 @@ class Guarded(np.ndarray):
 
 def test_a_training_step_reads_no_device_value(tmp_path, monkeypatch):
     model, data = toy(dtype=np.float32)
-    for p in model.parameters():
-        p.data = p.data.view(Guarded)
-        p.grad = p.grad.view(Guarded)
     task = ToyTask(data, 8)
     from minibert import training
     # log steps may read: with log_every past max_steps the first read is the final log
     opt = AdamW(model.named_parameters(), lr=1e-3)
+    # guarded views of the same memory: the parameters still alias the flat buffers
+    for p in model.parameters():
+        p.data = p.data.view(Guarded)
+        p.grad = p.grad.view(Guarded)
+    for owner, name in ((opt.flat, "data"), (opt.flat, "grad"), (opt, "m"), (opt, "v"),
+                        (opt, "_tmp")):
+        setattr(owner, name, getattr(owner, name).view(Guarded))
     cfg = TrainingConfig(max_steps=3, lr=1e-3, log_every=10**6, progress=False)
     monkeypatch.setattr(training, "save_checkpoint", lambda *a, **k: None)
     with pytest.raises(AssertionError, match="host read"):

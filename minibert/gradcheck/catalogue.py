@@ -155,10 +155,14 @@ def layer_checks(s: Shapes, seed: int = 0) -> dict[str, Callable[..., list[Gradc
         mask_add = _mask_add(rng(4), B, T)
 
         def fwd(self, q, k, v):  # a fresh generator per forward: the same dropout mask
-            ctx, self.cache = Att.attention_forward(q, k, v, mask_add, NH, s.dropout,
+            qkv = np.concatenate([q, k, v], axis=-1)             # (B, T, 3C), packed
+            ctx, self.cache = Att.attention_forward(qkv, mask_add, NH, s.dropout,
                                                     np.random.default_rng(seed))
             return ctx                                           # (B, T, C)
-        m = _module(fwd, lambda self, d: Att.attention_backward(d, self.cache))
+
+        def bwd(self, d):  # the packed gradient, reported per projection
+            return tuple(np.split(Att.attention_backward(d, self.cache), 3, axis=-1))
+        m = _module(fwd, bwd)
         return [check_module(m, [x(B, T, C, k=5), x(B, T, C, k=6), x(B, T, C, k=7)],
                              input_names=["q", "k", "v"],
                              title=f"attention core {dims} NH={NH}, padding mask, dropout "

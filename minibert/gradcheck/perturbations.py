@@ -50,7 +50,7 @@ def _swap_method(cls, name: str, make: Callable) -> Iterator[None]:
 
 
 def _softmax_no_diagonal():
-    def softmax_backward(dprobs, cache):
+    def softmax_backward(dprobs, cache, out=None):
         probs, axis = cache
         # correct: p * dp - p * sum(dp * p); the diag(p) term p * dp is dropped
         return -probs * (dprobs * probs).sum(axis=axis, keepdims=True)
@@ -78,7 +78,8 @@ def _attention_no_scale():
     original = attention.attention_backward
 
     def attention_backward(dctx, cache):
-        return original(dctx, cache._replace(scale=1.0))  # dq, dk without 1/sqrt(HS)
+        # cache.q holds q * scale: undo it, so dq and dk both miss 1/sqrt(HS)
+        return original(dctx, cache._replace(q=cache.q / cache.scale, scale=1.0))
     return _swap_function(original, attention_backward)
 
 
@@ -104,9 +105,9 @@ def _cross_entropy_counts_ignored():
     original = losses.cross_entropy_backward
 
     def cross_entropy_backward(dloss, cache):
-        probs, safe, valid, denom, eps = cache
+        probs, safe, valid, denom, eps, out_dtype = cache
         n = probs.dtype.type(probs.shape[0])  # divides by N, not by the counted rows
-        return original(dloss, (probs, safe, valid, n, eps))
+        return original(dloss, (probs, safe, valid, n, eps, out_dtype))
     return _swap_function(original, cross_entropy_backward)
 
 

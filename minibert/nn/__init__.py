@@ -4,13 +4,15 @@ from .attention import (AttentionCache, attention_backward, attention_forward,
                         extended_attention_mask)
 from .dropout import Dropout
 from .embedding import Embedding, scatter_add_rows
+from .flat import FlatParameters
 from .layernorm import LayerNorm, layernorm_backward, layernorm_forward
 from .linear import Linear, linear_backward, linear_forward
 from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
 from .module import Module, ModuleList, Parameter
 
 __all__ = [
-    "ACTIVATIONS", "Activation", "AttentionCache", "Dropout", "Embedding", "IGNORE_INDEX",
+    "ACTIVATIONS", "Activation", "AttentionCache", "Dropout", "Embedding", "FlatParameters",
+    "IGNORE_INDEX",
     "LayerNorm", "Linear", "Module", "ModuleList", "Parameter", "attention_backward",
     "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
     "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import erf, get_array_module
+from ..backend import compute_dtype, erf, get_array_module
 from .module import Module
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
@@ -24,7 +24,10 @@ _GELU_TANH_C = 0.044715
 
 def gelu_forward(x):
     """Exact GELU: 0.5 * x * (1 + erf(x / sqrt(2))). x: any shape -> same shape."""
-    cdf = 0.5 * (1.0 + erf(x * _SQRT_HALF))
+    cdf = x * _SQRT_HALF
+    erf(cdf, out=cdf)
+    cdf += 1.0
+    cdf *= 0.5                                           # Phi(x)
     return x * cdf, (x, cdf)
 
 
@@ -32,8 +35,15 @@ def gelu_backward(dout, cache):
     """d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density."""
     x, cdf = cache
     xp = get_array_module(x)
-    pdf = _INV_SQRT_2PI * xp.exp(-0.5 * x * x)
-    return dout * (cdf + x * pdf)
+    # forward: out = x * Phi(x)
+    d = x * x
+    d *= -0.5
+    xp.exp(d, out=d)
+    d *= _INV_SQRT_2PI                                   # phi(x)
+    d *= x
+    d += cdf                                             # Phi(x) + x phi(x)
+    d *= dout
+    return d
 
 
 def gelu_new_forward(x):
@@ -107,24 +117,31 @@ class Activation(Module):
         return dx
 
 
-def softmax_forward(x, axis: int = -1):
+def softmax_forward(x, axis: int = -1, out=None):
     """Numerically stable softmax along ``axis`` (the max is subtracted first, which
     changes nothing: softmax ignores a constant added to a row).
 
     Args:
         x: any shape, float.
         axis: the axis normalised over.
+        out: optional array of x's shape and dtype for the result; ``out=x`` works in
+            place (attention does this with its scores, which nothing else reads).
     Returns:
         probs (same shape as x, each slice along ``axis`` sums to 1) and a cache
         ``(probs, axis)`` for :func:`softmax_backward`.
     """
     xp = get_array_module(x)
-    e = xp.exp(x - x.max(axis=axis, keepdims=True))
-    probs = e / e.sum(axis=axis, keepdims=True)
+    dtype = x.dtype
+    if compute_dtype(dtype) != dtype:                    # float16: normalise in float32
+        x, out = x.astype(compute_dtype(dtype)), None
+    probs = xp.subtract(x, x.max(axis=axis, keepdims=True), out=out)
+    xp.exp(probs, out=probs)
+    probs /= probs.sum(axis=axis, keepdims=True)
+    probs = probs.astype(dtype, copy=False)
     return probs, (probs, axis)
 
 
-def softmax_backward(dprobs, cache):
+def softmax_backward(dprobs, cache, out=None):
     """Jacobian-vector product of softmax along the forward's axis:
     dx = p * (dp - sum(dp * p)), from dp_i/dx_j = p_i (delta_ij - p_j)
     (J = diag(p) - p p^T, never materialised; docs/backprop.md section 5).
@@ -132,9 +149,15 @@ def softmax_backward(dprobs, cache):
     Args:
         dprobs: upstream gradient, the shape of probs.
         cache: from :func:`softmax_forward`.
+        out: optional array for the result; ``out=dprobs`` works in place.
     Returns:
         dx, the shape of x.
     """
     probs, axis = cache
+    xp = get_array_module(probs)
     # forward: probs = exp(x - max) / sum(exp(x - max))
-    return probs * (dprobs - (dprobs * probs).sum(axis=axis, keepdims=True))
+    row = (dprobs * probs).sum(axis=axis, keepdims=True,
+                               dtype=compute_dtype(probs.dtype)).astype(probs.dtype)
+    dx = xp.subtract(dprobs, row, out=out)
+    dx *= probs
+    return dx

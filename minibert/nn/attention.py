@@ -24,12 +24,6 @@ def extended_attention_mask(attention_mask, dtype):
     return ((1 - attention_mask[:, None, None, :]).astype(dtype)) * neg
 
 
-def split_heads(x, num_heads: int):
-    """(B, T, C) -> (B, NH, T, HS)."""
-    B, T, C = x.shape
-    return x.reshape(B, T, num_heads, C // num_heads).transpose(0, 2, 1, 3)
-
-
 def merge_heads(x):
     """(B, NH, T, HS) -> (B, T, C)."""
     B, NH, T, HS = x.shape
@@ -42,9 +36,9 @@ class AttentionCache(NamedTuple):
     ``probs`` is also the attention map a caller returns for ``output_attentions``.
     """
 
-    q: Any                # (B, NH, T, HS) queries, split into heads
-    k: Any                # (B, NH, T, HS) keys
-    v: Any                # (B, NH, T, HS) values
+    q: Any                # (B, NH, T, HS) queries split into heads, times scale, contiguous
+    k: Any                # (B, NH, T, HS) keys, contiguous
+    v: Any                # (B, NH, T, HS) values, contiguous
     softmax: tuple        # cache of softmax_forward(scores)
     dropped: Any          # (B, NH, T, T) probabilities after dropout (probs itself if none)
     dropout: Any          # cache of dropout_forward(probs), or None without dropout
@@ -56,11 +50,16 @@ class AttentionCache(NamedTuple):
         return self.softmax[0]
 
 
-def attention_forward(q, k, v, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None):
+def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None):
     """softmax(q k^T / sqrt(HS) + mask) v over each head (Vaswani et al. 2017, eq. 1).
 
+    The three projections arrive packed, as one fused matmul makes them; the heads are
+    split out once into contiguous (B, NH, T, HS) arrays (the scale folded into q on the
+    way), so every batched matmul after it reads unit-stride matrices.
+
     Args:
-        q, k, v: (B, T, C) float, projected queries, keys, values.
+        qkv: (B, T, 3C) float, the projected queries, keys and values side by side
+            ([q | k | v] along the last axis).
         mask_add: (B, 1, 1, T) additive mask (see :func:`extended_attention_mask`) or None.
         num_heads: NH; C must be divisible by it.
         dropout_p: dropout on the attention probabilities (training only; 0 disables).
@@ -69,12 +68,18 @@ def attention_forward(q, k, v, mask_add, num_heads: int, dropout_p: float = 0.0,
         ctx (B, T, C) and an :class:`AttentionCache` (``cache.probs`` (B, NH, T, T) are
         the probabilities before dropout).
     """
-    q, k, v = (split_heads(t, num_heads) for t in (q, k, v))  # (B, NH, T, HS) each
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(0, 1, 3, 2)) * scale            # (B, NH, T, T)
+    xp = get_array_module(qkv)
+    B, T, C3 = qkv.shape
+    NH, HS = num_heads, C3 // 3 // num_heads
+    heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
+    scale = 1.0 / math.sqrt(HS)
+    q = heads[0] * scale                                        # (B, NH, T, HS), contiguous
+    k = xp.ascontiguousarray(heads[1])                          # (B, NH, T, HS)
+    v = xp.ascontiguousarray(heads[2])                          # (B, NH, T, HS)
+    scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
     if mask_add is not None:
         scores += mask_add
-    probs, softmax_cache = softmax_forward(scores, axis=-1)     # (B, NH, T, T)
+    probs, softmax_cache = softmax_forward(scores, axis=-1, out=scores)  # (B, NH, T, T)
     dropped, dropout_cache = probs, None
     if dropout_p > 0.0:
         dropped, dropout_cache = dropout_forward(probs, dropout_p, rng)
@@ -90,20 +95,25 @@ def attention_backward(dctx, cache: AttentionCache):
         dctx: (B, T, C) upstream gradient of ctx.
         cache: the :class:`AttentionCache` of the forward.
     Returns:
-        dq, dk, dv: (B, T, C) each. The additive mask is constant: no gradient.
+        dqkv: (B, T, 3C), packed as the forward's input. The additive mask is constant:
+        no gradient.
     """
     q, k, v, softmax_cache, dropped, dropout_cache, scale = cache
+    xp = get_array_module(q)
+    B, NH, T, HS = q.shape
     # forward: return merge_heads(ctx)
-    dctx = split_heads(dctx, q.shape[1])                        # (B, NH, T, HS)
+    dctx = dctx.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)     # (B, NH, T, HS) view
     # forward: ctx = dropped @ v
     ddropped = dctx @ v.transpose(0, 1, 3, 2)                   # (B, NH, T, T)
-    dv = dropped.transpose(0, 1, 3, 2) @ dctx                   # (B, NH, T, HS)
+    dqkv = xp.empty((B, T, 3, NH, HS), dtype=q.dtype)
+    dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
+    dheads[2] = dropped.transpose(0, 1, 3, 2) @ dctx            # dv
     # forward: dropped = dropout(probs)
     dprobs = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
     # forward: probs = softmax(scores); masked entries have probs 0, hence dscores 0
-    dscores = softmax_backward(dprobs, softmax_cache)           # (B, NH, T, T)
-    # forward: scores = q @ k^T * scale (+ mask_add, a constant)
-    dq = (dscores @ k) * scale                                  # (B, NH, T, HS)
-    dk = (dscores.transpose(0, 1, 3, 2) @ q) * scale            # (B, NH, T, HS)
-    # forward: q, k, v = split_heads(q), split_heads(k), split_heads(v)
-    return merge_heads(dq), merge_heads(dk), merge_heads(dv)    # (B, T, C) each
+    dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
+    # forward: scores = (q * scale) @ k^T (+ mask_add, a constant); cache.q holds q * scale
+    xp.multiply(dscores @ k, scale, out=dheads[0])              # dq
+    dheads[1] = dscores.transpose(0, 1, 3, 2) @ q               # dk
+    # forward: heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)
+    return dqkv.reshape(B, T, 3 * NH * HS)                      # (B, T, 3C)

@@ -1,6 +1,7 @@
 """Inverted dropout (Srivastava et al. 2014) with randomness from an explicit generator."""
 from __future__ import annotations
 
+from ..backend import compute_dtype
 from .module import Module
 
 
@@ -12,18 +13,23 @@ def dropout_forward(x, p: float, rng):
         p: drop probability in [0, 1).
         rng: numpy / cupy ``Generator`` on the same device as ``x``.
     Returns:
-        out (same shape) and the cache of :func:`dropout_backward`, which is the mask
-        itself (the scale per element: 0 or 1 / (1 - p), shape and dtype of x).
+        out (same shape) and the cache of :func:`dropout_backward`: (keep, scale), the
+        boolean mask of kept elements (shape of x, one byte each) and 1 / (1 - p).
     """
-    mask = (rng.random(x.shape, dtype=x.dtype) >= p).astype(x.dtype) * (1.0 / (1.0 - p))
-    return x * mask, mask
+    keep = rng.random(x.shape, dtype=compute_dtype(x.dtype)) >= p   # no float16 draws
+    scale = 1.0 / (1.0 - p)
+    out = x * keep
+    out *= scale
+    return out, (keep, scale)
 
 
 def dropout_backward(dout, cache):
-    """dx (shape of dout) from dout and the mask returned by :func:`dropout_forward`."""
-    mask = cache
-    # forward: out = x * mask
-    return dout * mask
+    """dx (shape of dout) from dout and the cache of :func:`dropout_forward`."""
+    keep, scale = cache
+    # forward: out = x * keep * scale
+    dx = dout * keep
+    dx *= scale
+    return dx
 
 
 class Dropout(Module):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import compute_dtype, get_array_module
 from .module import Module, Parameter
 
 
@@ -13,16 +14,23 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
     """out = (x - mean) / sqrt(var + eps) * w + b, statistics over the last axis.
 
     Args:
-        x: (..., C) float; w, b: (C,).
+        x: (..., C) float; w, b: (C,). Float16 input is normalised in float32 (see
+            :func:`minibert.backend.compute_dtype`) and returned as float16.
     Returns:
         out (..., C) and a cache (xhat, rstd, w).
     """
+    xp = get_array_module(x)
+    dtype = x.dtype
+    x = x.astype(compute_dtype(dtype), copy=False)       # float16 -> float32 statistics
     mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
-    xc = x - mu                                          # (..., C)
-    var = (xc * xc).mean(axis=-1, keepdims=True)         # (..., 1), biased as in BERT
-    rstd = (var + eps) ** -0.5                          # (..., 1)
-    xhat = xc * rstd                                     # (..., C)
-    return xhat * w + b, (xhat, rstd, w)
+    xhat = x - mu                                        # (..., C), centred
+    out = xp.multiply(xhat, xhat)                        # (..., C), scratch for the squares
+    var = out.mean(axis=-1, keepdims=True)               # (..., 1), biased as in BERT
+    rstd = (var + eps) ** -0.5                           # (..., 1)
+    xhat *= rstd                                         # (..., C) normalised
+    xp.multiply(xhat, w, out=out)
+    out += b
+    return out.astype(dtype, copy=False), (xhat, rstd, w)
 
 
 def layernorm_backward(dout, cache):
@@ -33,15 +41,25 @@ def layernorm_backward(dout, cache):
     Returns dx (..., C), dw (C,), db (C,).
     """
     xhat, rstd, w = cache
+    xp = get_array_module(xhat)
+    dtype = dout.dtype
+    dout = dout.astype(xhat.dtype, copy=False)
     C = xhat.shape[-1]
     # forward: out = xhat * w + b
-    dw = (dout * xhat).reshape(-1, C).sum(axis=0)        # (C,)
+    tmp = xp.multiply(dout, xhat)                        # (..., C) scratch
+    dw = tmp.reshape(-1, C).sum(axis=0)                  # (C,)
     db = dout.reshape(-1, C).sum(axis=0)                 # (C,)
-    g = dout * w                                         # (..., C) = d out / d xhat
+    dx = xp.multiply(dout, w)                            # (..., C): g = d out / d xhat
     # forward: xhat = (x - mean(x)) * rstd; rstd depends on x through var
-    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
-                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
-    return dx, dw, db
+    # dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    xp.multiply(dx, xhat, out=tmp)
+    mean_gx = tmp.mean(axis=-1, keepdims=True)           # (..., 1)
+    mean_g = dx.mean(axis=-1, keepdims=True)             # (..., 1)
+    xp.multiply(xhat, mean_gx, out=tmp)
+    dx -= tmp
+    dx -= mean_g
+    dx *= rstd
+    return dx.astype(dtype, copy=False), dw, db
 
 
 class LayerNorm(Module):

@@ -8,7 +8,7 @@ Shape legend: N = rows (e.g. masked positions), K = classes.
 """
 from __future__ import annotations
 
-from ..backend import get_array_module
+from ..backend import compute_dtype, get_array_module
 
 IGNORE_INDEX = -100
 
@@ -18,7 +18,8 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
     """Mean softmax cross-entropy over the rows whose label is not ``ignore_index``.
 
     Args:
-        logits: (N, K) float.
+        logits: (N, K) float; float16 logits are reduced in float32 and the loss is
+            float32 (:func:`minibert.backend.compute_dtype`).
         labels: (N,) int in [0, K) or ``ignore_index``.
         label_smoothing: eps in [0, 1).
     Returns:
@@ -28,6 +29,8 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
             the CPU, to avoid a device sync on the GPU).
     """
     xp = get_array_module(logits)
+    out_dtype = logits.dtype
+    logits = logits.astype(compute_dtype(out_dtype), copy=False)   # float16 -> float32
     N, K = logits.shape
     valid = labels != ignore_index                              # (N,)
     if xp.__name__ == "numpy" and ((labels[valid] < 0) | (labels[valid] >= K)).any():
@@ -48,17 +51,17 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
         nll = (1.0 - label_smoothing) * nll + label_smoothing * (lse - mean_shifted)
     denom = xp.maximum(valid.sum(), 1).astype(logits.dtype)
     loss = (nll * valid).sum() / denom
-    return loss, (probs, safe, valid, denom, label_smoothing)
+    return loss, (probs, safe, valid, denom, label_smoothing, out_dtype)
 
 
 def cross_entropy_backward(dloss, cache):
     """d loss / d logits = (softmax - target) * valid / count, times the upstream ``dloss``
-    (a float or 0-d array).
+    (a float or 0-d array), in the dtype of the forward's logits.
 
     target = (1 - eps) * one_hot(label) + eps / K. Returns dlogits (N, K). The softmax in
     the cache is overwritten (a forward's cache serves one backward).
     """
-    probs, safe, valid, denom, eps = cache
+    probs, safe, valid, denom, eps, out_dtype = cache
     xp = get_array_module(probs)
     N, K = probs.shape
     dlogits = probs                                             # reuses the cache, (N, K)
@@ -66,4 +69,4 @@ def cross_entropy_backward(dloss, cache):
     if eps:
         dlogits -= eps / K
     dlogits *= (valid / denom * dloss)[:, None].astype(probs.dtype)
-    return dlogits
+    return dlogits.astype(out_dtype, copy=False)
