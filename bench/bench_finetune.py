@@ -142,6 +142,7 @@ class MinibertSystem:
     def __init__(self, args, data):
         import finetune
         from minibert.finetuning import evaluate
+        from minibert.backend import DropoutRNG
         from minibert.training import TrainingConfig, train_step
         self.data, self._evaluate, self._train_step = data, evaluate, train_step
         self.model, _ = build_classifier(data.pre, data.labels, seed=args.seed)
@@ -153,12 +154,13 @@ class MinibertSystem:
                                           data.enc["dev"], data.labels, data.pre, np)
         self.cfg = TrainingConfig(max_steps=1, lr=args.lr, max_grad_norm=args.max_grad_norm,
                                   seed=args.seed)
+        self.dropout_rng = DropoutRNG("cpu")      # one per run, as training.train makes
         self.model.train()
         self.system = f"minibert (numpy {np.__version__})"
 
     def step(self, batch, step: int, lr: float) -> float:
         loss, *_ = self._train_step(self.model, self.opt, self.task, [batch], step, lr,
-                                    self.cfg, device="cpu")
+                                    self.cfg, device="cpu", dropout_rng=self.dropout_rng)
         return float(loss)  # a host read, as the transformers side's loss.item()
 
     def evaluate(self, split) -> dict:

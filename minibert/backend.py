@@ -92,7 +92,7 @@ def _self_check(cupy) -> None:
     Probes, in order: an ElementwiseKernel (compiled by NVRTC), a 2-D and a batched float32
     matmul (cuBLAS gemm and gemmBatched, as the layers' ``x @ W`` uses), erf from
     cupyx.scipy.special (a ufunc compiled by NVRTC), ``cupy.random.default_rng(0).random``
-    (cuRAND's device API built into CuPy: :func:`make_rng`) and a Philox4x32-10
+    (cuRAND's device API built into CuPy) and a Philox4x32-10
     ``cupy.random.RandomState`` (the cuRAND host library: :class:`DropoutRNG`). Without the
     CUDA toolkit wheels each of these fails only at its first use, deep in a training step.
 
@@ -140,7 +140,7 @@ def _self_check(cupy) -> None:
     expect(_ERF, what, run(_ERF, what, erf_probe),
            np.array([0.0, 0.5204999, -0.8427008, 0.9953223], dtype=np.float32))
 
-    # make_rng: cupy.random.default_rng (cuRAND's device API, built into CuPy); DropoutRNG:
+    # cupy.random.default_rng (cuRAND's device API, built into CuPy); DropoutRNG:
     # RandomState with Philox4x32-10 (the cuRAND host library, libcurand)
     def philox_probe():
         method = cupy.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10
@@ -328,19 +328,19 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-_pool = None
+_pool, _pool_threads = None, 0
 _PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
 
 
 def _erf_chunks(x, out, threads: int):
     """SciPy's erf over ``threads`` slices of the flat array at once (its loop releases
     the GIL); about 1.7x on 2 cores for a (4096, 1024) float32 array."""
-    global _pool
+    global _pool, _pool_threads
     from concurrent.futures import ThreadPoolExecutor
 
     from scipy.special import erf as _erf
-    if _pool is None or _pool._max_workers != threads:
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix="minibert-erf")
+    if _pool_threads != threads:
+        _pool, _pool_threads = ThreadPoolExecutor(threads, thread_name_prefix="minibert-erf"), threads
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     bounds = [flat_x.size * i // threads for i in range(threads + 1)]
     list(_pool.map(lambda ab: _erf(flat_x[ab[0]:ab[1]], out=flat_out[ab[0]:ab[1]]),
@@ -423,6 +423,3 @@ class DropoutRNG:
         return self._gen.random(shape, dtype=dtype)
 
 
-def make_rng(seed: int, device: str | None = None):
-    """A seeded random Generator on ``device`` (numpy.random.Generator or cupy's)."""
-    return xp_for(device).random.default_rng(seed)

@@ -40,9 +40,8 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
         p, g, m, v: (S,) float32 CuPy arrays (parameters, gradient, moments).
         n_decay: the first n_decay scalars are weight-decayed.
         lr, step_size: floats or 0-d device arrays (a skipped step passes lr 0 with no
-            host read); v_scale, b1, b2, eps, weight_decay: floats.
+            host read); v_scale, b1, b2, eps, weight_decay: floats, passed to the kernel
+            as scalar arguments (no host-to-device copy).
     """
-    dtype = p.dtype
-    scalar = lambda x: cupy.asarray(x, dtype=dtype)                  # noqa: E731
-    _adamw_kernel()(g, scalar(lr), scalar(step_size), scalar(v_scale), scalar(b1),
-                    scalar(b2), scalar(eps), scalar(weight_decay), int(n_decay), p, m, v)
+    _adamw_kernel()(g, lr, step_size, v_scale, b1, b2, eps, weight_decay, int(n_decay),
+                    p, m, v)

@@ -72,9 +72,11 @@ class DynamicLossScaler:
         self.good_steps = xp.where(finite & ~grow, self.good_steps + 1, 0)
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        """Host 0-d arrays: "scale" (float32) and "good_steps" (int64)."""
         return {"scale": to_numpy(self.scale), "good_steps": to_numpy(self.good_steps)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict` (KeyError if a field is missing)."""
         xp = get_array_module(self.scale)
         self.scale = xp.asarray(np.asarray(state["scale"]), dtype=xp.float32)
         self.good_steps = xp.asarray(np.asarray(state["good_steps"]), dtype=xp.int64)
@@ -136,7 +138,8 @@ class AdamW:
         weights = self.flat.data if self.master is None else self.master
         self.m = xp.zeros_like(weights)                               # (S,)
         self.v = xp.zeros_like(weights)                               # (S,)
-        self._tmp = xp.empty_like(weights)                            # (S,) workspace
+        # (S,) workspace of the NumPy update; the GPU's fused kernel needs none
+        self._tmp = xp.empty_like(weights) if xp is np else None
 
     def loss_scale(self):
         """What to multiply the loss by before backward: the dynamic scale (a 0-d device

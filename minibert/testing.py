@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 from hypothesis import strategies as st
 
+from . import backend
 from .gradcheck import (GradcheckReport, check_module, check_tensor, random_token_batch,
                         rel_error)
 from .modeling import BertConfig
@@ -216,3 +217,15 @@ def assert_parameter_gradients(model, loss_fn, rng: np.random.Generator, label: 
     if not report.passed:
         names = ", ".join(r.name for r in report.failures)
         raise AssertionError(f"{label}: gradient check failed for {names}\n{report}")
+
+
+def gpu_available() -> bool:
+    """Whether ``backend.set_device("cuda")`` succeeds here (CuPy, a GPU, and the CUDA
+    start-up check); the device in force is "cpu" again afterwards. For ``skipif`` marks."""
+    try:
+        backend.set_device("cuda")
+        return True
+    except backend.BackendError:
+        return False
+    finally:
+        backend.set_device("cpu")

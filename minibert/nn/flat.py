@@ -64,11 +64,6 @@ class FlatParameters:
             p.data = self.data[a:b].reshape(p.data.shape)
             p.grad = self.grad[a:b].reshape(p.data.shape)
 
-    @property
-    def size(self) -> int:
-        """S, the number of scalars in the buffer."""
-        return int(self.offsets[-1])
-
     def is_bound(self) -> bool:
         """Whether every parameter still aliases the buffer (False after a rebinding such
         as ``Module.to``)."""
