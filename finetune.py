@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minibert import backend
+from minibert import backend, distributed
 from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.backend import to_numpy
 from minibert.checkpoint import (CheckpointError, check_same_config, load_checkpoint,
@@ -42,7 +42,7 @@ from minibert.finetuning import (DatasetError, build_classifier, encode_split, e
                                  iterate_batches, label_list, read_tsv, softmax_np)
 from minibert.hf import HFFormatError, save_hf_directory
 from minibert.optim import AdamW
-from minibert.runs import (MetricsLog, RunError, load_start, prepare_run_dir, resume_args,
+from minibert.runs import (MetricsLog, RunDir, RunError, load_start, prepare_run_dir, resume_args,
                            write_args)
 from minibert.tokenization import BertTokenizer
 from minibert.training import (TrainingConfig, TrainingError, TrainState, resume_state,
@@ -113,6 +113,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                    help="training dtype; float16 is mixed precision: float16 compute, float32 "
                         "master weights, dynamic loss scaling (for GPUs; NumPy's float16 is slow)")
+    distributed.add_arguments(g)
     g.add_argument("--tf32", action="store_true",
                    help="let float32 matmuls use TF32 tensor cores (--device cuda, Ampere+)")
     g = p.add_argument_group("output")
@@ -287,6 +288,10 @@ def main(argv=None) -> int:
     args, given = parse_args(argv)
     if args.export_hf and Path(args.export_hf).exists() and not Path(args.export_hf).is_dir():
         fail(f"--export-hf {args.export_hf}: is a file, not a directory")
+    comm = distributed.start(args, fail)
+    leader = comm.is_leader
+    if args.model and comm.world_size > 1:
+        fail("--model (predict / plot / export) runs in one process; start it without mpirun")
     try:
         device = backend.set_device(args.device)
         if args.tf32:
@@ -300,15 +305,19 @@ def main(argv=None) -> int:
     # ---- starting point, run directory, data ------------------------------------------
     resume = args.resume is not None
     resumed = None
+    if not leader:  # rank 0 checks and prepares the run directory first
+        comm.barrier()
     try:
         if resume:  # the run's own arguments, unless given here
-            run = prepare_run_dir(args.output_dir, "finetune", resume=True)
+            run = (prepare_run_dir(args.output_dir, "finetune", resume=True) if leader
+                   else RunDir(Path(args.output_dir), "finetune"))
             resumed = load_checkpoint(run.checkpoint)
             resume_args(args, RESUME_DEFAULTS | resumed["trainer"].get("args", {}),
                         RESUME_FIXED, given, str(run.checkpoint))
         pre = load_start(args.init)
         if not resume:
-            run = prepare_run_dir(args.output_dir, "finetune", overwrite=args.overwrite)
+            run = (prepare_run_dir(args.output_dir, "finetune", overwrite=args.overwrite)
+                   if leader else RunDir(Path(args.output_dir), "finetune"))
         tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     except (RunError, CheckpointError, ValueError) as e:
         msg = str(e)
@@ -316,6 +325,11 @@ def main(argv=None) -> int:
             msg += (" (the default --init is the output of `python train_mlm.py`; run that "
                     "first, or pass --init DIR)")
         fail(msg)
+    if leader:
+        comm.barrier()
+    if args.batch_size < comm.world_size:
+        fail(f"--batch-size {args.batch_size} is the global batch, split over "
+             f"{comm.world_size} ranks: it must be at least {comm.world_size}")
     paths = split_paths(args)
     try:
         train_ex = read_tsv(paths["train"])
@@ -348,10 +362,13 @@ def main(argv=None) -> int:
     print(f"model: {pre.source}, {model.num_parameters():,} parameters; {fresh}; labels {labels}; "
           f"train {len(train_split)}, dev {len(dev)}, test {len(test) if test else 0} examples; "
           f"max_seq_length {max_len}")
-    atomic_copy(pre.vocab_file, run.vocab)
-    atomic_write_json(run.path / "labels.json", labels)
-    atomic_write_bytes(run.config, model.config.to_json().encode())
-    write_args(run, vars(args))
+    if comm.world_size > 1:
+        print(distributed.describe(comm, args.batch_size))
+    if leader:
+        atomic_copy(pre.vocab_file, run.vocab)
+        atomic_write_json(run.path / "labels.json", labels)
+        atomic_write_bytes(run.config, model.config.to_json().encode())
+        write_args(run, vars(args))
 
     # ---- training -------------------------------------------------------------------
     k = args.gradient_accumulation_steps
@@ -369,6 +386,8 @@ def main(argv=None) -> int:
             fail(f"checkpoint {run.checkpoint}: {e}")
         best = resumed["trainer"].get("best")
         print(f"resuming {run.checkpoint} at step {state.step}")
+        if note := distributed.resume_notice(state.world_size, comm):
+            print(note)
         resumed = None
     task = FinetuneTask(args, run, model, train_split, dev, labels, pre, xp, best)
     cfg = TrainingConfig(max_steps=total, lr=args.lr,
@@ -381,9 +400,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         state, _ = train(model, opt, task, cfg, state, metrics_path=run.metrics,
-                         checkpoint_path=run.checkpoint, device=device)
+                         checkpoint_path=run.checkpoint, comm=comm, device=device)
     except TrainingError as e:
         fail(str(e))
+    if not leader:
+        return 0
     seconds = time.perf_counter() - t0
     if not run.best_model.exists():  # e.g. --resume of a run whose best was lost
         task.evaluate(state.step)

@@ -7,6 +7,7 @@
     python train_mlm.py --resume runs/pretrain      # continue from the last checkpoint
     python train_mlm.py --init-checkpoint runs/pretrain --corpus more.txt --output-dir runs/more
                                             # a new run (new schedule) from trained weights
+    mpirun -np 2 python train_mlm.py        # data parallel over 2 processes (docs/distributed.md)
 
 Steps: learn a WordPiece vocab from the corpus (unless --vocab is given), tokenize the
 corpus into a cached token store, hold out whole documents for evaluation, then train
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minibert import backend
+from minibert import backend, distributed
 from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.checkpoint import CheckpointError, check_same_config, load_checkpoint
 from minibert.cli import (dropout_probability, explicit_options, fail as _fail, float_in,
@@ -39,7 +40,8 @@ from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
                                   default_max_predictions, iter_documents, iterate_batches,
                                   make_eval_batches, resolve_corpus_files, split_documents,
                                   token_counts, unigram_cross_entropy)
-from minibert.runs import (RunError, load_start, prepare_run_dir, resume_args, write_args)
+from minibert.runs import (RunDir, RunError, load_start, prepare_run_dir, resume_args,
+                           write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece
 from minibert.tokenization.trainer import ALGORITHMS
 from minibert.training import (TrainingConfig, TrainingError, TrainState, resume_state,
@@ -159,6 +161,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "NumPy's float16 is slow)")
     g.add_argument("--tf32", action="store_true",
                    help="let float32 matmuls use TF32 tensor cores (--device cuda, Ampere+)")
+    distributed.add_arguments(g)
 
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", default="runs/pretrain", help="where everything is written")
@@ -287,6 +290,8 @@ class PretrainTask:
 
 def main(argv=None) -> int:
     args, given = parse_args(argv)
+    comm = distributed.start(args, fail)
+    leader = comm.is_leader
     try:
         device = backend.set_device(args.device)
         if args.tf32:
@@ -296,9 +301,12 @@ def main(argv=None) -> int:
     xp = backend.xp_for(device)
     resume = args.resume is not None
     start = resumed = None
+    if not leader:  # rank 0 prepares the run directory, vocab and token store first
+        comm.barrier()
     try:
         if resume:  # the run's own arguments, unless given here
-            run = prepare_run_dir(args.output_dir, "pretrain", resume=True)
+            run = (prepare_run_dir(args.output_dir, "pretrain", resume=True) if leader
+                   else RunDir(Path(args.output_dir), "pretrain"))
             resumed = load_checkpoint(run.checkpoint)
             resume_args(args, resumed["trainer"].get("args", {}), RESUME_FIXED, given,
                         str(run.checkpoint))
@@ -314,10 +322,11 @@ def main(argv=None) -> int:
                                f"vocab the weights of --init-checkpoint were trained with")
             args.vocab = str(start.vocab_file)
         if not resume:
-            run = prepare_run_dir(args.output_dir, "pretrain", overwrite=args.overwrite)
+            run = (prepare_run_dir(args.output_dir, "pretrain", overwrite=args.overwrite)
+                   if leader else RunDir(Path(args.output_dir), "pretrain"))
         objective = get_objective(args.objective)
         files = resolve_corpus_files(args.corpus)
-        tokenizer = get_tokenizer(args, run, files, objective, resume)
+        tokenizer = get_tokenizer(args, run, files, objective, resume or not leader)
         store = build_or_load_store(files, tokenizer, cache_dir=run.path / "cache",
                                     show_progress=args.progress,
                                     min_documents=objective.min_documents)
@@ -340,7 +349,12 @@ def main(argv=None) -> int:
         fail(str(e))
     except OSError as e:
         fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
-    if objective.sentence_task == "nsp":
+    if leader:
+        comm.barrier()
+    if args.batch_size < comm.world_size:
+        fail(f"--batch-size {args.batch_size} is the global batch, split over "
+             f"{comm.world_size} ranks: it must be at least {comm.world_size}")
+    if leader and objective.sentence_task == "nsp":
         single = float(np.mean(train_store.sentences_per_document() == 1))
         if single > 0.5:
             # google-research/bert pairs a one-sentence chunk only with a random B, so
@@ -376,11 +390,14 @@ def main(argv=None) -> int:
             fail(f"checkpoint {run.checkpoint}: {e}")
         print(f"resuming {run.checkpoint} at step {state.step} (epoch {state.epoch}, batch "
               f"{state.batch_in_epoch})")
+        if note := distributed.resume_notice(state.world_size, comm):
+            print(note)
         resumed = None
-    atomic_write_bytes(run.config, config.to_json().encode())
-    write_args(run, vars(args))
+    if leader:
+        atomic_write_bytes(run.config, config.to_json().encode())
+        write_args(run, vars(args))
 
-    eval_batches = make_eval_batches(eval_store, vocab, args.batch_size,
+    eval_batches = [] if not leader else make_eval_batches(eval_store, vocab, args.batch_size,
                                      args.max_seq_length, seed=args.seed + 1,
                                      objective=objective,
                                      max_instances=args.eval_instances,
@@ -406,6 +423,8 @@ def main(argv=None) -> int:
           f"{train_store.num_tokens:,}; held-out documents {eval_store.num_documents}, "
           f"{sum(len(b.input_ids) for b in eval_batches)} sequences"
           + "".join(f"; {k.replace('_', ' ')} {v:.3f}" for k, v in reference.items()))
+    if comm.world_size > 1:
+        print(distributed.describe(comm, args.batch_size))
 
     task = PretrainTask(args, objective, train_store, vocab, eval_batches, reference, model, xp)
     cfg = TrainingConfig(max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup_steps,
@@ -419,9 +438,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         state, last_eval = train(model, optimizer, task, cfg, state, metrics_path=run.metrics,
-                                 checkpoint_path=run.checkpoint, device=device)
+                                 checkpoint_path=run.checkpoint, comm=comm, device=device)
     except (TrainingError, CorpusError) as e:
         fail(str(e))
+    if not leader:
+        return 0
     if last_eval is None and task.evaluate is not None:  # e.g. --resume of a finished run
         last_eval = {"step": state.step, **task.evaluate(state.step)}
     summary = {"objective": objective.name, "steps": state.step, "epochs_started": state.epoch + 1,

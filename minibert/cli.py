@@ -10,9 +10,16 @@ from typing import NoReturn
 
 
 def fail(prog: str, message: str) -> NoReturn:
-    """Print ``PROG: error: MESSAGE`` to stderr and exit with status 2 (argparse's)."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    """Print ``PROG: error: MESSAGE`` to stderr and exit with status 2 (argparse's).
+
+    In a data-parallel run with several ranks the line names the rank, and every rank is
+    stopped (``MPI_Abort``), so that none is left waiting in a collective."""
+    from .distributed import current
+    comm = current()
+    where = f" [rank {comm.rank} of {comm.world_size}]" if comm.world_size > 1 else ""
+    print(f"{prog}: error: {message}{where}", file=sys.stderr)
+    comm.abort(2)
+    sys.exit(2)  # abort does not return
 
 
 def _number(kind, text: str):

@@ -4,7 +4,7 @@ One optimizer step (:func:`train`):
 
     zero_grad
     for each of k micro-batches:  forward -> backward(dloss = 1/k)    (gradient accumulation)
-    gradient hook                 (where a data-parallel all-reduce goes)
+    all-reduce of the gradients   (data parallelism: the sum over ranks, see below)
     clip the global norm          (the norm is measured even when clipping is off)
     non-finite check              (on the device: a bad step zeroes its gradients and
                                    its learning rate, so the parameters stay as they were)
@@ -19,6 +19,14 @@ curve as an uninterrupted one.
 
 A job supplies a :class:`Task`: its batches, its forward pass with metric sums, how to
 turn sums into metrics, and optionally an evaluation.
+
+Data parallelism (:mod:`minibert.distributed`): every rank draws the same global batches
+and trains on its slice of rows (:func:`~minibert.distributed.shard_rows`), its backward
+weighted by the slice's share of the batch, so that the sum of the ranks' gradients (one
+all-reduce of the flat buffer, before clipping) is the gradient of the whole batch's mean
+loss. Parameters are broadcast from rank 0 at the start; dropout streams are keyed by
+(seed, step, micro-batch x world size + rank). Only rank 0 logs, shows progress,
+evaluates and writes checkpoints; the metric sums of all ranks are added at log steps.
 """
 from __future__ import annotations
 
@@ -31,11 +39,16 @@ from tqdm.auto import tqdm
 from . import backend
 from .backend import get_array_module
 from .checkpoint import save_checkpoint
+from .distributed import Communicator, shard_rows
 from .optim import clip_grad_norm, linear_schedule_with_warmup
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (no batch in an epoch, non-finite steps in a row)."""
+
+
+# loop sums that are equal on every rank (the rest are per-rank and added up at log steps)
+REPLICATED = frozenset({"loss", "grad_norm", "steps", "skipped"})
 
 
 class Task(Protocol):
@@ -99,8 +112,9 @@ class TrainState:
     """Where a run is: ``step`` optimizer steps done; the next micro-batch is batch
     ``batch_in_epoch`` of ``epoch``; ``elapsed_s`` seconds of training so far; ``window``:
     host sums of the steps since the last train record; ``nonfinite_run``: non-finite steps
-    in a row up to now, the first of them step ``nonfinite_since`` (0-based); all kept
-    across a resume."""
+    in a row up to now, the first of them step ``nonfinite_since`` (0-based);
+    ``world_size``: the number of data-parallel ranks that trained it; all kept across a
+    resume."""
 
     step: int = 0
     epoch: int = 0
@@ -109,6 +123,7 @@ class TrainState:
     window: dict[str, float] = field(default_factory=dict)
     nonfinite_run: int = 0
     nonfinite_since: int = 0
+    world_size: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,7 +132,8 @@ class TrainState:
     def from_dict(cls, d: dict[str, Any]) -> "TrainState":
         return cls(int(d.get("step", 0)), int(d.get("epoch", 0)), int(d.get("batch_in_epoch", 0)),
                    float(d.get("elapsed_s", 0.0)), dict(d.get("window") or {}),
-                   int(d.get("nonfinite_run", 0)), int(d.get("nonfinite_since", 0)))
+                   int(d.get("nonfinite_run", 0)), int(d.get("nonfinite_since", 0)),
+                   int(d.get("world_size", 1)))
 
 
 def resume_state(checkpoint: dict, optimizer) -> TrainState:
@@ -155,26 +171,31 @@ def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int
 
 
 def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
-               cfg: TrainingConfig, *, grad_hook=None, device: str | None = None,
-               dropout_rng: backend.DropoutRNG | None = None):
+               cfg: TrainingConfig, *, comm: Communicator | None = None,
+               device: str | None = None, dropout_rng: backend.DropoutRNG | None = None):
     """One optimizer step over the micro-batches ``micro`` (k = len(micro)); no host read.
 
-    zero_grad -> (forward -> backward(1/k)) per micro-batch -> ``grad_hook`` -> clip ->
-    non-finite check -> optimizer step at ``lr``. A step whose loss or gradient norm is
-    not finite has its gradients zeroed and its learning rate set to 0: the parameters
-    stay as they were (Adam's moments decay by one step). Zeroing, clipping and the
-    update are whole-buffer passes over the optimizer's flat gradient buffer.
+    zero_grad -> (forward -> backward(w/k)) per micro-batch -> all-reduce -> clip ->
+    non-finite check -> optimizer step at ``lr``. w is this rank's share of the batch
+    (1 on one process). A step whose loss or gradient norm is not finite has its
+    gradients zeroed and its learning rate set to 0: the parameters stay as they were
+    (Adam's moments decay by one step). Zeroing, clipping and the update are whole-buffer
+    passes over the optimizer's flat gradient buffer.
 
     Args:
+        micro: the step's global batches; each rank trains on its rows of each.
         optimizer: :class:`minibert.optim.AdamW` (its ``flat`` buffer holds the grads).
-        grad_hook: called with ``optimizer.flat`` after the backward passes, before
-            clipping; it may change ``flat.grad`` in place (a data-parallel all-reduce).
+        comm: the data-parallel :class:`~minibert.distributed.Communicator` (None: one
+            process). With several ranks the flat gradients and the step's loss are
+            summed across ranks before clipping.
         dropout_rng: the run's :class:`~minibert.backend.DropoutRNG` (one is made if None).
     Returns:
         (loss, grad_norm, finite, sums): 0-d device arrays (mean loss over the micro-
-        batches, gradient norm before clipping, whether the step was applied) and the sum
-        of the task's per-micro-batch sums.
+        batches and ranks, gradient norm before clipping, whether the step was applied;
+        the same on every rank) and this rank's sum of the task's per-micro-batch sums.
     """
+    comm = comm or Communicator()
+    world, rank = comm.world_size, comm.rank
     flat = optimizer.flat
     xp = get_array_module(flat.grad)
     rng = dropout_rng or backend.DropoutRNG(device)
@@ -184,14 +205,16 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
     scale = optimizer.loss_scale()          # 1.0, or the dynamic scale of float16 training
     loss_sum, sums = 0.0, {}
     for i, batch in enumerate(micro):
-        rng.reseed(backend.derive_seed(cfg.seed, step, i))
-        loss, batch_sums = task.forward(model, batch)
-        model.backward(dloss=scale / k)
-        loss_sum = loss_sum + loss / k
-        for key, v in batch_sums.items():
-            sums[key] = sums.get(key, 0) + v
-    if grad_hook is not None:
-        grad_hook(flat)
+        shard, weight = shard_rows(batch, rank, world)
+        rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
+        loss, batch_sums = task.forward(model, shard)
+        model.backward(dloss=scale * weight / k)
+        loss_sum = loss_sum + loss * weight / k
+        for key, v in batch_sums.items():   # a stand-in row (weight 0) counts nothing
+            sums[key] = sums.get(key, 0) + (v if weight else 0 * v)
+    if world > 1:
+        comm.allreduce_(flat.grad)
+        loss_sum = comm.allreduce_(xp.array(loss_sum, ndmin=1))[0]
     grad = optimizer.unscaled_grad()                                # (S,), float32 or wider
     grad_norm = clip_grad_norm([grad], cfg.max_grad_norm or float("inf"))
     finite = xp.isfinite(grad_norm) & xp.isfinite(loss_sum)
@@ -202,7 +225,7 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
 
 
 def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, *,
-          metrics_path, checkpoint_path, grad_hook: Callable[[Any], None] | None = None,
+          metrics_path, checkpoint_path, comm: Communicator | None = None,
           device: str | None = None) -> tuple[TrainState, dict | None]:
     """Train ``model`` from ``state`` to ``cfg.max_steps``; returns the final state and the
     last evaluation record (None without evaluation).
@@ -215,8 +238,10 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             {"kind": "train" | "eval" | "grad_flow", "step", "elapsed_s", ...}; the records
             after ``state.step`` (of an interrupted run) are dropped first.
         checkpoint_path: where the resumable state is saved (atomically).
-        grad_hook: called with the optimizer's flat parameter buffer after backward,
-            before clipping (a data-parallel all-reduce of ``flat.grad``).
+        comm: the data-parallel :class:`~minibert.distributed.Communicator` (None: one
+            process). Rank 0's parameters are broadcast first; only rank 0 writes
+            ``metrics_path`` and ``checkpoint_path``, shows progress and evaluates (the
+            others return None as the evaluation record).
     Raises:
         TrainingError: see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite
             steps in a row (the last checkpoint holds the last good parameters).
@@ -229,10 +254,19 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
     if not optimizer.flat.is_bound():
         raise TrainingError("the model's parameters no longer alias the optimizer's buffer "
                             "(was the model moved after the optimizer was built?)")
+    comm = comm or Communicator()
+    leader = comm.is_leader
+    comm.broadcast_(optimizer.flat.data)
+    if optimizer.master is not None:
+        comm.broadcast_(optimizer.master)
+    state.world_size = comm.world_size
     dropout_rng = backend.DropoutRNG(device)
     k = cfg.gradient_accumulation_steps
     stream = micro_batches(task, state.epoch, state.batch_in_epoch)
-    sums: dict[str, Any] = dict(state.window)      # device (or host, after a resume) sums
+    # device (or host, after a resume) sums; a resumed window holds the sums over all
+    # ranks, so the per-rank sums restart from 0 on every rank but rank 0
+    sums: dict[str, Any] = {key: v if leader or key in REPLICATED else 0.0
+                            for key, v in state.window.items()}
     # on the device: non-finite steps in a row, the first of them, and the (first, last)
     # step of the first run that reached cfg.max_nonfinite_steps (-1: none yet)
     bad_run = xp.asarray(state.nonfinite_run, dtype=xp.int64)
@@ -243,12 +277,17 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
     t_start = time.perf_counter() - state.elapsed_s
     t_window, tokens = time.perf_counter(), 0
     last_eval = None
-    metrics = MetricsLog(metrics_path, resume_step=state.step)
-    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not cfg.progress,
+    metrics = MetricsLog(metrics_path, resume_step=state.step) if leader else None
+    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not (cfg.progress and leader),
                desc=cfg.desc, dynamic_ncols=True)
 
     def read_sums() -> dict[str, float]:
-        return {key: float(v) for key, v in sums.items()}
+        """Host totals over all ranks (a collective: every rank calls it at the same step)."""
+        host = {key: float(v) for key, v in sums.items()}
+        own = sorted(key for key in host if key not in REPLICATED)
+        if comm.world_size > 1 and own:
+            host.update(zip(own, comm.allreduce_host([host[key] for key in own]).tolist()))
+        return host
 
     def check_nonfinite() -> None:
         if int(hit_at) >= 0:
@@ -263,8 +302,9 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         state.window = read_sums()
         state.nonfinite_run, state.nonfinite_since = int(bad_run), int(bad_since)
         state.elapsed_s = time.perf_counter() - t_start
-        save_checkpoint(checkpoint_path, model, optimizer,
-                        {**task.trainer_record(), **state.to_dict()})
+        if leader:
+            save_checkpoint(checkpoint_path, model, optimizer,
+                            {**task.trainer_record(), **state.to_dict()})
 
     def evaluate() -> dict:
         record = {"kind": "eval", "step": state.step,
@@ -291,7 +331,7 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
                     if pending[0] != state.epoch:
                         break
             loss, grad_norm, finite, step_sums = train_step(
-                model, optimizer, task, micro, step, lr, cfg, grad_hook=grad_hook,
+                model, optimizer, task, micro, step, lr, cfg, comm=comm,
                 device=device, dropout_rng=dropout_rng)
             # with float16 a gradient overflow at a finite loss is the loss scaler's
             # business (it skips the step and halves the scale), not a bad step
@@ -308,7 +348,7 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             sums["skipped"] = sums.get("skipped", 0.0) + (1 - keep)
             state.step += 1
             bar.update(1)
-            if cfg.log_grad_norms and state.step % cfg.log_grad_norms == 0:
+            if leader and cfg.log_grad_norms and state.step % cfg.log_grad_norms == 0:
                 metrics.write(grad_flow_record(state.step, model, optimizer, lr, grad_norm))
             end = state.step == cfg.max_steps
             if (cfg.log_every and state.step % cfg.log_every == 0) or end:
@@ -325,12 +365,13 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
                           **({"loss_scale": float(optimizer.loss_scale())}
                              if optimizer.scaler is not None else {}),
                           "tokens_per_s": round(tokens / max(now - t_window, 1e-9), 1)}
-                metrics.write(record)
+                if leader:
+                    metrics.write(record)
                 bar.set_postfix({key: f"{v:.3g}" for key, v in record.items()
                                  if v is not None and (key in ("loss", "lr", "tokens_per_s")
                                                        or key.endswith("acc"))})
                 sums, tokens, t_window = {}, 0, now
-            if task.evaluate is not None and (
+            if leader and task.evaluate is not None and (
                     end or (cfg.eval_every and state.step % cfg.eval_every == 0)):
                 last_eval = evaluate()
                 bar.write(f"step {state.step}: " + ", ".join(
@@ -340,6 +381,7 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
                 save()
     finally:
         bar.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     state.elapsed_s = time.perf_counter() - t_start
     return state, last_eval
