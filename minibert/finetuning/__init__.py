@@ -1,12 +1,29 @@
-"""Fine-tuning: labelled data (:mod:`.data`), metrics (:mod:`.metrics`) and the classifier
-(:mod:`.classifier`)."""
+"""Fine-tuning: labelled data (:mod:`.data`), metrics (:mod:`.metrics`), the classifier
+(:mod:`.classifier`), token classification (:mod:`.tagging`) and extractive question
+answering (:mod:`.qa`)."""
 from .classifier import build_classifier, evaluate, predict_split
 from .data import (Batch, DatasetError, EncodedSplit, Example, encode_split, iterate_batches,
                    label_ids, label_list, length_grouped_batches, pad_batch, read_tsv)
 from .metrics import classification_metrics, confusion_matrix, softmax_np
+from .qa import (QAExample, QAFeatures, QAPrediction, exact_match_score, f1_score,
+                 normalize_answer, postprocess_qa_predictions, prepare_qa_features,
+                 read_squad, squad_metrics)
+from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, TaggedSentence, TaggedSplit,
+                      check_tags, decode_tags, encode_tagging, entity_metrics, get_entities,
+                      is_entity_tagset, read_conll, tag_list, tagging_metrics, token_accuracy,
+                      warn_long_sentences)
 
 __all__ = ["Batch", "DatasetError", "EncodedSplit", "Example", "build_classifier",
            "classification_metrics", "confusion_matrix", "encode_split", "evaluate",
            "iterate_batches", "label_ids", "label_list", "length_grouped_batches", "pad_batch",
            "predict_split",
-           "read_tsv", "softmax_np"]
+           "read_tsv", "softmax_np",
+           # token classification
+           "IGNORE_INDEX", "MostFrequentTagBaseline", "TaggedSentence", "TaggedSplit",
+           "check_tags", "decode_tags", "encode_tagging", "entity_metrics", "get_entities",
+           "is_entity_tagset", "read_conll", "tag_list", "tagging_metrics", "token_accuracy",
+           "warn_long_sentences",
+           # question answering
+           "QAExample", "QAFeatures", "QAPrediction", "exact_match_score", "f1_score",
+           "normalize_answer", "postprocess_qa_predictions", "prepare_qa_features",
+           "read_squad", "squad_metrics"]

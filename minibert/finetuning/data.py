@@ -123,11 +123,13 @@ def label_ids(examples: Sequence[Example], labels: Sequence[str]) -> np.ndarray:
 @dataclass
 class EncodedSplit:
     """Token ids of one split, unpadded: ``input_ids`` / ``token_type_ids`` lists of int
-    lists (lengths <= max_seq_length), ``labels`` (N,) int64 or None."""
+    lists (lengths <= max_seq_length); ``labels``: None, an int64 array with one row per
+    example ((N,) class ids; (N, 2) answer start/end token positions), or one int list per
+    example as long as its ``input_ids`` (token classification, -100 = not scored)."""
 
     input_ids: list[list[int]]
     token_type_ids: list[list[int]]
-    labels: np.ndarray | None
+    labels: np.ndarray | list[list[int]] | None
     examples: list[Example] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -155,8 +157,9 @@ def encode_split(tokenizer: BertTokenizer, examples: Sequence[Example], max_seq_
 @dataclass
 class Batch:
     """One padded batch: input_ids, token_type_ids, attention_mask (B, T) int64 with T the
-    longest row of this batch (dynamic padding), labels (B,) int64 or None, index (B,)
-    positions of the rows in their split."""
+    longest row of this batch (dynamic padding), labels int64 or None ((B,) class ids,
+    (B, 2) answer positions or (B, T) token labels with -100 on padding, as the split's
+    labels), index (B,) positions of the rows in their split."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
@@ -175,7 +178,7 @@ class Batch:
 
 def pad_batch(split: EncodedSplit, index: Sequence[int], pad_id: int = 0) -> Batch:
     """Pad the rows ``index`` of ``split`` to their longest length (right padding with
-    ``pad_id``, token type 0, attention 0)."""
+    ``pad_id``, token type 0, attention 0; per-token labels with -100)."""
     index = np.asarray(index, dtype=np.int64)
     T = max(len(split.input_ids[i]) for i in index)
     B = len(index)
@@ -187,7 +190,14 @@ def pad_batch(split: EncodedSplit, index: Sequence[int], pad_id: int = 0) -> Bat
         ids[r, :n] = split.input_ids[i]
         tt[r, :n] = split.token_type_ids[i]
         mask[r, :n] = 1
-    labels = split.labels[index] if split.labels is not None else None
+    if split.labels is None:
+        labels = None
+    elif isinstance(split.labels, np.ndarray):
+        labels = split.labels[index]
+    else:                                           # per-token labels: (B, T), -100 padded
+        labels = np.full((B, T), -100, dtype=np.int64)
+        for r, i in enumerate(index):
+            labels[r, :len(split.labels[i])] = split.labels[i]
     return Batch(ids, tt, mask, labels, index)
 
 
