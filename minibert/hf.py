@@ -42,7 +42,7 @@ HF_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_atten
                     "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
                     "initializer_range", "layer_norm_eps", "pad_token_id",
                     "position_embedding_type", "classifier_dropout")
-_HEAD_PREFIXES = ("bert.", "cls.", "classifier.")
+_HEAD_PREFIXES = ("bert.", "cls.", "classifier.", "qa_outputs.")
 
 
 class HFFormatError(ValueError):
@@ -56,7 +56,7 @@ class HFCheckpoint:
 
     config: the model's :class:`BertConfig` (num_labels from ``id2label`` if present).
     state: name -> NumPy array, minibert / HF ``BertFor*`` names (``bert.*``, ``cls.*``,
-        ``classifier.*``), dtype as stored (usually float32).
+        ``classifier.*``, ``qa_outputs.*``), dtype as stored (usually float32).
     vocab_file: path of ``vocab.txt``.
     tokenizer_options: keyword arguments for :class:`minibert.tokenization.BertTokenizer`
         (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``).
@@ -222,7 +222,8 @@ def load_pretrained_weights(model, state: dict[str, np.ndarray],
         HFFormatError: the encoder itself (``bert.*`` except the pooler) is missing or has
             other shapes, or the state holds encoder tensors the model lacks (more layers
             than the config says): the checkpoint does not match the config. Unused head
-            tensors (``cls.*``, ``classifier.*``, the pooler) are only reported.
+            tensors (``cls.*``, ``classifier.*``, ``qa_outputs.*``, the pooler) are only
+            reported.
     """
     params = dict(model._named_parameters_all())
     if not any(k.startswith("bert.") for k in params):  # a bare BertModel
@@ -270,10 +271,11 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
     transformers does), ``vocab.txt`` (a copy) and ``tokenizer_config.json``.
 
     Args:
-        model: BertModel, BertForPreTraining or BertForSequenceClassification.
+        model: BertModel, BertForPreTraining, BertForSequenceClassification,
+            BertForTokenClassification or BertForQuestionAnswering.
         directory: created if needed.
         vocab_file: the WordPiece vocabulary the model was trained with.
-        id2label: class names for classification models.
+        id2label: class names for classification models (tags for token classification).
         tokenizer_options: ``do_lower_case`` etc. (default: lower-case).
     Returns:
         the directory.

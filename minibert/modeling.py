@@ -218,8 +218,8 @@ class BertSelfAttention(Module):
         dx, dw, db = linear_backward(dqkv, linear_cache)                 # (B,T,C), (3C,C), (3C,)
         C = dx.shape[-1]
         for i, m in enumerate((self.query, self.key, self.value)):
-            m.weight.grad += dw[i * C:(i + 1) * C]
-            m.bias.grad += db[i * C:(i + 1) * C]
+            m.weight.add_grad(dw[i * C:(i + 1) * C])
+            m.bias.add_grad(db[i * C:(i + 1) * C])
         return dx
 
 
@@ -339,14 +339,16 @@ class BertEncoder(Module):
             x = layer(x, mask_add, output_attentions)                    # (B, T, C)
         return self.ln(x) if hasattr(self, "ln") else x
 
-    def backward(self, dout):
-        """dout: (B, T, C) -> dx (B, T, C)."""
+    def backward(self, dout, first_layer: int = 0):
+        """dout: (B, T, C) -> d(input of layer ``first_layer``) (B, T, C), the encoder's dx
+        for first_layer 0. Layers below ``first_layer`` get no backward (frozen ones that
+        nothing trainable lies under, see :meth:`BertModel.backward`)."""
         # forward: return ln(x) if pre-LN else x
         if hasattr(self, "ln"):
             dout = self.ln.backward(dout)                                # (B, T, C)
         # forward: for layer in self.layer: x = layer(x, mask_add)  ->  last layer first
-        for layer in reversed(list(self.layer)):
-            dout = layer.backward(dout)                                  # (B, T, C)
+        for i in reversed(range(first_layer, len(self.layer))):
+            dout = self.layer[i].backward(dout)                          # (B, T, C)
         return dout
 
 
@@ -425,6 +427,42 @@ class BertPreTrainedModel(Module):
     def dtype(self):
         return self.parameters()[0].data.dtype
 
+    def freeze(self, embeddings: bool = False, layers: int = 0) -> "BertPreTrainedModel":
+        """Freeze the embeddings and/or the lowest ``layers`` encoder layers; every other
+        parameter becomes trainable (so ``freeze()`` unfreezes all, and a second call
+        replaces the first). The usual partial fine-tuning of Howard & Ruder 2018 (ULMFiT)
+        and Sun et al. 2019 ("How to Fine-Tune BERT for Text Classification?").
+
+        A frozen parameter has ``requires_grad`` False: backward adds nothing into its
+        ``grad`` (which stays zero, also through a tied use such as the MLM decoder), and
+        :meth:`BertModel.backward` runs no backward at all below the lowest encoder layer
+        that has a trainable parameter or a trainable one under it. Build the optimizer
+        over :meth:`~minibert.nn.Module.named_trainable_parameters`. Freezing is not part
+        of ``state_dict``: apply it again after loading.
+
+        Args:
+            embeddings: freeze ``bert.embeddings.*`` (word, position, token-type tables and
+                their LayerNorm).
+            layers: freeze ``bert.encoder.layer.0`` .. ``layer.{layers-1}``, an int in
+                [0, num_hidden_layers].
+        Returns:
+            self.
+        Raises:
+            ValueError: ``layers`` not an int in [0, num_hidden_layers].
+        """
+        bert = self.bert if hasattr(self, "bert") else self
+        L = len(bert.encoder.layer)
+        if (isinstance(layers, bool) or not isinstance(layers, (int, np.integer))
+                or not 0 <= layers <= L):
+            raise ValueError(f"freeze: layers must be an int in [0, {L}] "
+                             f"(num_hidden_layers), got {layers!r}")
+        frozen = [bert.encoder.layer[i] for i in range(int(layers))]
+        frozen += [bert.embeddings] if embeddings else []
+        frozen_ids = {id(p) for m in frozen for p in m.parameters()}
+        for p in self.parameters():
+            p.requires_grad = id(p) not in frozen_ids
+        return self
+
 
 def _check_inputs(config: BertConfig, input_ids, token_type_ids, attention_mask):
     """Validate (B, T) integer inputs; fill defaults. Value range checks run on the CPU only
@@ -500,7 +538,9 @@ class BertModel(BertPreTrainedModel):
 
     def backward(self, d_last_hidden_state=None, d_pooler_output=None) -> None:
         """Back-propagate upstream gradients of the two outputs (either may be None) into
-        every parameter's ``grad``. d_last_hidden_state: (B, T, C); d_pooler_output: (B, C)."""
+        every trainable parameter's ``grad``. d_last_hidden_state: (B, T, C);
+        d_pooler_output: (B, C). Stops below the lowest encoder layer with a trainable
+        parameter at or under it (see :meth:`BertPreTrainedModel.freeze`)."""
         if d_last_hidden_state is None and d_pooler_output is None:
             raise ValueError("BertModel.backward needs at least one upstream gradient")
         if self._hidden_meta is None:
@@ -514,10 +554,16 @@ class BertModel(BertPreTrainedModel):
         # forward: pooled = pooler(h), which reads h[:, 0] only
         if d_pooler_output is not None:
             d[:, 0] += self.pooler.backward(d_pooler_output)             # (B, C)
+        # backward below a stage is needed only if it or a stage under it has a trainable
+        # parameter (see freeze): first = 0 for the embeddings, i + 1 for layer i, L + 1 none
+        stages = [self.embeddings, *self.encoder.layer]
+        first = next((i for i, m in enumerate(stages)
+                      if any(p.requires_grad for p in m.parameters())), len(stages))
         # forward: h = encoder(x, mask_add)  (mask_add is a constant)
-        dx = self.encoder.backward(d)                                    # (B, T, C)
+        dx = self.encoder.backward(d, first_layer=max(first - 1, 0))    # (B, T, C)
         # forward: x = embeddings(input_ids, token_type_ids)
-        self.embeddings.backward(dx)
+        if first == 0:
+            self.embeddings.backward(dx)
 
 
 class BertPredictionHeadTransform(Module):
@@ -863,3 +909,255 @@ class BertForSequenceClassification(BertPreTrainedModel):
         # forward: logits = dropout(pooled) @ W^T + b
         d_pooled = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
         self.bert.backward(None, d_pooled)                               # (B, C) upstream
+
+
+# ---------------------------------------------------------------------------------------
+# Token classification and extractive question answering (fine-tuning)
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class TokenClassifierOutput:
+    """Outputs of :class:`BertForTokenClassification`.
+
+    loss: 0-d array, mean nats per labelled token (label != -100), or None when no labels
+        were given; 0 when every label of the batch is -100.
+    logits: (B, T, K) scores before the softmax, K = num_labels.
+    attentions: one (B, NH, T, T) array per layer when asked for, else None.
+    """
+
+    loss: Any
+    logits: Any
+    attentions: list | None = None
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """BERT with a classifier on every token's final hidden state, for tagging tasks such
+    as named-entity recognition (Devlin et al. 2019, section 5.3; HF
+    ``BertForTokenClassification``):
+
+        logits = dropout(last_hidden_state) @ W^T + b     W: (K, C), b: (K,)   (B, T, K)
+        loss   = mean over tokens with label != -100 of cross-entropy(logits, label)
+
+    Parameter names are HF's: ``bert.*`` (no pooler, as HF's ``add_pooling_layer=False``)
+    and ``classifier.weight`` / ``classifier.bias``. The dropout probability is
+    ``config.classifier_dropout``, or ``hidden_dropout_prob`` when that is None (as HF).
+
+    The loss is torch's ``CrossEntropyLoss()`` over the flattened (B*T, K) logits, as HF's,
+    with one difference: a batch whose labels are all -100 gives loss 0 (and zero
+    gradients) where torch gives nan (0 / 0), so such a batch cannot poison a training run.
+    Padding is not masked by ``attention_mask``: give -100 at padded positions (and at
+    word-piece continuations, when only the first piece of a word is labelled).
+
+    Args:
+        config: the hyper-parameters; ``config.num_labels`` = K >= 1.
+        seed: seed of the NumPy generator that draws the initial weights (the encoder
+            first, then the classifier, N(0, initializer_range^2), bias 0).
+        dtype: parameter dtype (float32 to train, float64 to check gradients).
+    Raises:
+        ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
+    """
+
+    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
+        if int(config.num_labels) < 1:
+            raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.bert = BertModel(config, add_pooling_layer=False, rng=rng, dtype=dtype)
+        p = (config.classifier_dropout if config.classifier_dropout is not None
+             else config.hidden_dropout_prob)
+        self.dropout = Dropout(p)
+        self.classifier = Linear(config.hidden_size, config.num_labels, rng=rng,
+                                 std=config.initializer_range, dtype=dtype)
+        self._cache = None
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.config.num_labels)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                output_attentions: bool = False) -> TokenClassifierOutput:
+        """Tag every token of a batch.
+
+        Args:
+            input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
+            labels: (B, T) int class ids in [0, K), or -100 for a token without a label;
+                None for no loss.
+            output_attentions: also return per-layer attention probabilities.
+        Returns:
+            :class:`TokenClassifierOutput`.
+        Raises:
+            ValueError: bad input shapes or values (see BertModel.forward), labels not
+                (B, T), or a label outside [0, K) and not -100 (checked on the CPU only).
+        """
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        h = out.last_hidden_state                                        # (B, T, C)
+        logits = self.classifier(self.dropout(h))                        # (B, T, K)
+        loss = ce = None
+        if labels is not None:
+            if tuple(labels.shape) != tuple(input_ids.shape):
+                raise ValueError(f"labels: expected shape {tuple(input_ids.shape)}, "
+                                 f"got {tuple(labels.shape)}")
+            # forward: loss = CE(logits viewed as (B*T, K), labels (B*T,), ignore -100)
+            loss, ce = cross_entropy_forward(logits.reshape(-1, self.num_labels),
+                                             labels.reshape(-1))
+        self._cache = (logits.shape, logits.dtype, ce)
+        return TokenClassifierOutput(loss, logits, out.attentions)
+
+    def backward(self, d_logits=None, dloss=1.0) -> None:
+        """Add gradients into every trainable parameter's ``grad``.
+
+        Args:
+            d_logits: (B, T, K) upstream gradient of the logits; None means d(loss)/d(logits)
+                of the loss of the last forward (which then needs labels).
+            dloss: upstream gradient of the loss when d_logits is None (float or 0-d
+                array, e.g. 1/k under gradient accumulation).
+        Raises:
+            RuntimeError: no forward came before, or d_logits is None and that forward
+                had no labels.
+            ValueError: d_logits of the wrong shape.
+        """
+        if self._cache is None:
+            raise RuntimeError("backward() needs a preceding forward")
+        shape, dtype, ce = self._cache
+        if d_logits is None:
+            if ce is None:
+                raise RuntimeError("backward() without d_logits needs a forward with labels")
+            d_logits = cross_entropy_backward(dloss, ce).reshape(shape)  # (B, T, K)
+        elif tuple(d_logits.shape) != tuple(shape):
+            raise ValueError(f"d_logits: expected shape {tuple(shape)}, "
+                             f"got {tuple(d_logits.shape)}")
+        self._cache = None
+        # forward: logits = dropout(h) @ W^T + b
+        dh = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
+        self.bert.backward(dh)                                           # (B, T, C)
+
+
+@dataclass
+class QuestionAnsweringModelOutput:
+    """Outputs of :class:`BertForQuestionAnswering`.
+
+    loss: 0-d array, (mean start-position nats + mean end-position nats) / 2 over the
+        counted examples, or None when no positions were given.
+    start_logits, end_logits: (B, T) scores of each token being the first / last token of
+        the answer span (a softmax over T gives the distribution).
+    attentions: one (B, NH, T, T) array per layer when asked for, else None.
+    """
+
+    loss: Any
+    start_logits: Any
+    end_logits: Any
+    attentions: list | None = None
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """BERT with a span-extraction head for SQuAD-style question answering (Devlin et al.
+    2019, section 4.2; HF ``BertForQuestionAnswering``; google-research/bert
+    ``run_squad.py create_model``):
+
+        start_logits, end_logits = split(last_hidden_state @ W^T + b)   W: (2, C)  (B, T) each
+        loss = (CE(start_logits, start_positions) + CE(end_logits, end_positions)) / 2
+
+    with HF's handling of positions: each is clamped to [0, T], and T (an answer outside
+    the sequence, e.g. truncated away) is ignored; -100 is clamped to 0 ([CLS], the
+    "no answer" position), not ignored. Each CE is the mean over the examples it counts;
+    one whose positions are all ignored is 0 where torch gives nan. The softmax runs over
+    all T positions, padding included, and the head has no dropout (both as HF).
+    Parameter names are HF's: ``bert.*`` (no pooler) and ``qa_outputs.weight`` (2, C) /
+    ``qa_outputs.bias`` (2,).
+
+    Args:
+        config: the hyper-parameters; ``config.num_labels`` must be 2 (start and end, as
+            HF's head of ``num_labels`` outputs split in two needs).
+        seed: seed of the NumPy generator that draws the initial weights (the encoder
+            first, then qa_outputs, N(0, initializer_range^2), bias 0).
+        dtype: parameter dtype (float32 to train, float64 to check gradients).
+    Raises:
+        ValueError: num_labels != 2.
+    """
+
+    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
+        if int(config.num_labels) != 2:
+            raise ValueError("BertForQuestionAnswering: BertConfig.num_labels must be 2 "
+                             f"(start and end logits), got {config.num_labels}")
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.bert = BertModel(config, add_pooling_layer=False, rng=rng, dtype=dtype)
+        self.qa_outputs = Linear(config.hidden_size, 2, rng=rng,
+                                 std=config.initializer_range, dtype=dtype)
+        self._cache = None
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                start_positions=None, end_positions=None, output_attentions: bool = False
+                ) -> QuestionAnsweringModelOutput:
+        """Score every token as the start and the end of the answer span.
+
+        Args:
+            input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
+            start_positions, end_positions: (B,) int token indices of the answer's first
+                and last token, clamped to [0, T] (T = ignored); both or neither.
+            output_attentions: also return per-layer attention probabilities.
+        Returns:
+            :class:`QuestionAnsweringModelOutput`.
+        Raises:
+            ValueError: bad input shapes or values (see BertModel.forward), positions not
+                (B,), or only one of start_positions / end_positions.
+        """
+        if (start_positions is None) != (end_positions is None):
+            raise ValueError("start_positions and end_positions: give both or neither")
+        xp = get_array_module(input_ids)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        logits = self.qa_outputs(out.last_hidden_state)                  # (B, T, 2)
+        start_logits, end_logits = logits[..., 0], logits[..., 1]        # (B, T) each
+        loss = caches = None
+        if start_positions is not None:
+            B, T = input_ids.shape
+            for name, pos in (("start_positions", start_positions),
+                              ("end_positions", end_positions)):
+                if tuple(pos.shape) != (B,):
+                    raise ValueError(f"{name}: expected shape {(B,)}, got {tuple(pos.shape)}")
+            # HF: positions clamped to [0, T], CrossEntropyLoss(ignore_index=T)
+            start_loss, start_ce = cross_entropy_forward(
+                start_logits, xp.clip(start_positions, 0, T), ignore_index=T)
+            end_loss, end_ce = cross_entropy_forward(
+                end_logits, xp.clip(end_positions, 0, T), ignore_index=T)
+            loss = (start_loss + end_loss) / 2
+            caches = (start_ce, end_ce)
+        self._cache = (logits.shape, logits.dtype, caches)
+        return QuestionAnsweringModelOutput(loss, start_logits, end_logits, out.attentions)
+
+    def backward(self, d_start_logits=None, d_end_logits=None, dloss=1.0) -> None:
+        """Add gradients into every trainable parameter's ``grad``.
+
+        Args:
+            d_start_logits, d_end_logits: (B, T) upstream gradients of the two outputs,
+                both or neither; neither means d(loss)/d(logits) of the loss of the last
+                forward (which then needs positions).
+            dloss: upstream gradient of the loss when no logit gradients are given (float
+                or 0-d array, e.g. 1/k under gradient accumulation).
+        Raises:
+            RuntimeError: no forward came before, or no logit gradients and that forward
+                had no positions.
+            ValueError: only one logit gradient, or one of the wrong shape.
+        """
+        if self._cache is None:
+            raise RuntimeError("backward() needs a preceding forward")
+        shape, dtype, caches = self._cache
+        if (d_start_logits is None) != (d_end_logits is None):
+            raise ValueError("d_start_logits and d_end_logits: give both or neither")
+        if d_start_logits is None:
+            if caches is None:
+                raise RuntimeError("backward() without logit gradients needs a forward with "
+                                   "start_positions and end_positions")
+            # forward: loss = (CE(start_logits) + CE(end_logits)) / 2
+            d_start_logits, d_end_logits = (cross_entropy_backward(dloss * 0.5, c)
+                                            for c in caches)             # (B, T) each
+        for name, d in (("d_start_logits", d_start_logits), ("d_end_logits", d_end_logits)):
+            if tuple(d.shape) != tuple(shape[:2]):
+                raise ValueError(f"{name}: expected shape {tuple(shape[:2])}, "
+                                 f"got {tuple(d.shape)}")
+        self._cache = None
+        xp = get_array_module(d_start_logits)
+        # forward: start_logits, end_logits = logits[..., 0], logits[..., 1]
+        d_logits = xp.stack([d_start_logits, d_end_logits], axis=-1).astype(dtype)  # (B, T, 2)
+        # forward: logits = h @ W^T + b
+        self.bert.backward(self.qa_outputs.backward(d_logits))           # (B, T, C)

@@ -68,6 +68,8 @@ class Embedding(Module):
         return self.weight.data[ids]
 
     def backward(self, dout) -> None:
-        """dout: (..., C); adds into weight.grad. Integer inputs have no gradient."""
-        accumulate_embedding_grad(self.weight.grad, dout, self._ids, self.padding_idx)
+        """dout: (..., C); adds into weight.grad (nothing if the weight is frozen). Integer
+        inputs have no gradient."""
+        if self.weight.requires_grad:
+            accumulate_embedding_grad(self.weight.grad, dout, self._ids, self.padding_idx)
         self._ids = None

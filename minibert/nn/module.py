@@ -27,11 +27,14 @@ class Parameter:
     Attributes:
         data: the values.
         grad: same shape, dtype and device as ``data``; zero after :meth:`zero_grad`.
+        requires_grad: False for a frozen parameter: :meth:`add_grad` then adds nothing, so
+            its ``grad`` stays zero (set by ``BertPreTrainedModel.freeze``).
     """
 
     def __init__(self, data):
         self.data = data
         self.grad = get_array_module(data).zeros_like(data)
+        self.requires_grad = True
 
     @property
     def shape(self):
@@ -39,6 +42,11 @@ class Parameter:
 
     def zero_grad(self) -> None:
         self.grad[...] = 0
+
+    def add_grad(self, g) -> None:
+        """``grad += g`` (g: the shape of ``data``), or nothing if the parameter is frozen."""
+        if self.requires_grad:
+            self.grad += g
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
@@ -92,6 +100,14 @@ class Module:
 
     def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
+
+    def named_trainable_parameters(self) -> list[tuple[str, Parameter]]:
+        """The (name, Parameter) pairs of :meth:`named_parameters` whose ``requires_grad``
+        is True: what an optimizer should update when part of the model is frozen."""
+        return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+
+    def trainable_parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_trainable_parameters()]
 
     def num_parameters(self) -> int:
         """Number of distinct trainable scalars (tied weights counted once)."""
