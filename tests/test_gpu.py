@@ -189,3 +189,47 @@ def test_float64_gradcheck_on_the_gpu():
         down = float(model(**x).loss)
         p.data += h * d
         assert abs((up - down) / (2 * h) - analytic) < 1e-6 * max(1.0, abs(analytic)), name
+
+
+def test_nccl_world_size_one_and_a_training_step():
+    """The NCCL backend started by MPI as a singleton (world size 1): its all-reduce and
+    broadcast on device buffers keep the values, and a data-parallel train_step (shards of
+    half the rows, gradients through ncclAllReduce) runs to a finite step."""
+    import cupy
+    from minibert import backend, distributed
+    try:
+        comm = distributed.NCCLCommunicator()
+        assert (comm.name, comm.world_size, comm.rank) == ("nccl", 1, 0)
+        buf = cupy.arange(5, dtype=cupy.float32)
+        np.testing.assert_array_equal(comm.allreduce_(buf).get(), np.arange(5))
+        np.testing.assert_array_equal(comm.broadcast_(buf).get(), np.arange(5))
+        np.testing.assert_array_equal(comm.allreduce_host(np.array([2.0])), [2.0])
+        comm.world_size = 2      # force the data-parallel path: shards of half the rows
+        backend.set_device("cuda")
+
+        class Task:
+            def forward(self, model, batch):
+                out = model(cupy.asarray(batch.input_ids),
+                            attention_mask=cupy.asarray(batch.attention_mask),
+                            labels=cupy.asarray(batch.labels))
+                return out.loss, {}
+
+        from dataclasses import dataclass
+
+        @dataclass
+        class Rows:
+            input_ids: np.ndarray
+            attention_mask: np.ndarray
+            labels: np.ndarray
+
+        rng = np.random.default_rng(0)
+        rows = Rows(rng.integers(1, 50, (4, 8)), np.ones((4, 8), np.int64), rng.integers(0, 2, 4))
+        model = BertForSequenceClassification(CONFIG).to("cuda")
+        opt = AdamW(model.named_parameters(), lr=1e-3)
+        loss, norm, finite, _ = train_step(model, opt, Task(), [rows], 0, 1e-3,
+                                           TrainingConfig(max_steps=1, lr=1e-3), comm=comm,
+                                           device="cuda")
+        assert bool(finite) and np.isfinite(float(loss)) and float(norm) > 0
+    finally:
+        distributed._current = distributed.Communicator()
+        backend.set_device("cpu")
