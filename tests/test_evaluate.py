@@ -1,0 +1,149 @@
+"""The evaluation harness: the softmax-regression probe (its gradient, its fit), the bag of
+words, mean pooling, and evaluate.py end to end on a small task."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse
+from hypothesis import given, settings, strategies as st
+
+from minibert import BertConfig, BertForPreTraining
+from minibert.checkpoint import save_checkpoint
+from minibert.modeling import BertModel
+from minibert.probe import (bag_of_words, fit_probe, mean_pooled_features,
+                            softmax_regression_loss)
+from minibert.testing import assert_gradients_match
+from minibert.tokenization import BertTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import evaluate  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(N=st.integers(1, 6), D=st.integers(1, 5), K=st.integers(2, 4),
+       l2=st.sampled_from([0.0, 0.3]), sparse=st.booleans(), seed=st.integers(0, 10 ** 6))
+def test_softmax_regression_gradient(N, D, K, l2, sparse, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, D))
+    if sparse:
+        X = scipy.sparse.csr_matrix(np.where(rng.random((N, D)) < 0.5, X, 0.0))
+    y = rng.integers(0, K, N)
+    params = rng.standard_normal(D * K + K)
+    _, grad = softmax_regression_loss(params, X, y, K, l2)
+    num = np.zeros_like(params)
+    for i in range(len(params)):
+        e = np.zeros_like(params)
+        e[i] = 1e-6
+        num[i] = (softmax_regression_loss(params + e, X, y, K, l2)[0]
+                  - softmax_regression_loss(params - e, X, y, K, l2)[0]) / 2e-6
+    assert_gradients_match(grad, num, "softmax regression")
+
+
+def test_probe_learns_a_separable_problem_and_picks_l2_on_dev():
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((3, 8)) * 4
+    y = rng.integers(0, 3, 300)
+    X = centers[y] + rng.standard_normal((300, 8)) + 100.0   # an offset the scaling removes
+    probe, dev_acc = fit_probe(X[:200], y[:200], X[200:250], y[200:250], 3)
+    assert dev_acc > 0.95 and (probe.predict(X[250:]) == y[250:]).mean() > 0.95
+    with pytest.raises(ValueError, match="labels must be in"):
+        fit_probe(X[:10], y[:10] + 3, X[:5], y[:5], 3)
+
+
+def test_bag_of_words_counts_and_unknown_words():
+    X, vocab = bag_of_words(["The film, the FILM!", "a plot"])
+    assert set(vocab) == {"the", "film", ",", "!", "a", "plot"}
+    assert X[0, vocab["the"]] == 2 and X[0, vocab["film"]] == 2 and X[1, vocab["plot"]] == 1
+    Xn, _ = bag_of_words(["unseen the"], vocab)
+    assert Xn.sum() == 1 and Xn[0, vocab["the"]] == 1
+
+
+def test_mean_pooling_ignores_padding():
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film"]
+    config = BertConfig(vocab_size=len(vocab), hidden_size=8, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=16, max_position_embeddings=16)
+    model = BertModel(config, add_pooling_layer=False, seed=0, dtype=np.float64)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        tok = BertTokenizer(str(Path(d) / "vocab.txt"))
+        together = mean_pooled_features(model, tok, ["good", "good good film bad"], 16,
+                                        batch_size=2)
+        alone = mean_pooled_features(model, tok, ["good"], 16, batch_size=1)
+    np.testing.assert_allclose(together[0], alone[0], atol=1e-12)
+    assert together.shape == (2, 8) and model.training
+
+
+WORDS = ["the", "film", "plot", "was", "very", "not", "a"]
+
+
+@pytest.fixture
+def start_and_task(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad"] + WORDS
+    run = tmp_path / "pretrain"
+    run.mkdir()
+    (run / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
+    save_checkpoint(run / "checkpoint.npz", BertForPreTraining(config, seed=1),
+                    trainer_state={"args": {"lowercase": True}, "step": 0})
+    rng = np.random.default_rng(0)
+    task = tmp_path / "toy"
+    task.mkdir()
+    for split, n in (("train", 40), ("dev", 12), ("test", 12)):
+        rows = []
+        for _ in range(n):
+            y = int(rng.integers(0, 2))
+            rows.append(f"{'pos' if y else 'neg'}\t{' '.join(rng.choice(WORDS, 3))} "
+                        f"{'good' if y else 'bad'}")
+        (task / f"{split}.tsv").write_text("label\tsentence\n" + "\n".join(rows) + "\n")
+    return run, task
+
+
+def test_evaluate_end_to_end(start_and_task, tmp_path, capsys):
+    run, task = start_and_task
+    out = tmp_path / "eval"
+    argv = [str(run), f"random:{run}", "--task-dir", f"toy={task}", "--tasks", "toy",
+            "--budgets", "10", "all", "--seeds", "2", "--epochs", "2", "--lr", "1e-3",
+            "--batch-size", "8", "--max-seq-length", "12", "--output-dir", str(out)]
+    assert evaluate.main(argv) == 0
+    result = json.loads((out / "results.json").read_text())
+    runs = result["runs"]
+    # 2 budgets x 2 seeds x (2 starts x (finetune + probe) + bag of words)
+    assert len(runs) == 2 * 2 * 5
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in runs)
+    assert {r["kind"] for r in runs} == {"finetune", "probe", "bow"}
+    summary = {(r["budget"], r["start"], r["kind"]): r for r in result["summary"]}
+    mine = summary[(10, str(run), "finetune")]
+    rand = [r["accuracy"] for r in runs if r["budget"] == 10 and r["kind"] == "finetune"
+            and r["start"] == f"random:{run}"]
+    assert mine["margin_over_random"] == pytest.approx(mine["mean"] - np.mean(rand))
+    assert "margin_over_bow" in mine and mine["seeds"] == 2
+    # the budget-10 runs trained on 10 drawn rows, different per seed
+    subsets = [(out / "runs" / "toy" / "10" / f"seed{s}" / "train.tsv").read_text()
+               for s in range(2)]
+    assert all(len(t.splitlines()) == 11 for t in subsets) and subsets[0] != subsets[1]
+    assert (out / "accuracy_vs_labels.png").stat().st_size > 0
+    table = capsys.readouterr().out
+    assert "vs random" in table and "bag of words" in table
+    # the same settings again reuse every finished fine-tuning run
+    first = sorted(p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json"))
+    assert evaluate.main(argv) == 0
+    assert sorted(p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json")) == first
+    # other settings in the same directory: an error line, unless --overwrite
+    with pytest.raises(SystemExit):
+        evaluate.main(argv[:-2] + ["--seeds", "1", "--output-dir", str(out)])
+    assert "holds a harness run with other settings" in capsys.readouterr().err
+
+
+def test_bad_start_and_task_are_error_lines(start_and_task, tmp_path, capsys):
+    run, task = start_and_task
+    with pytest.raises(SystemExit):
+        evaluate.main([str(tmp_path / "missing"), "--task-dir", f"toy={task}", "--tasks", "toy"])
+    assert "evaluate.py: error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main([str(run), "--tasks", "nonesuch"])
+    assert "unknown task 'nonesuch'" in capsys.readouterr().err
