@@ -13,6 +13,11 @@ masked (at most 20 per sequence, as BERT's data), vocab 30522. Reported: median 
 step over --steps timed steps after --warmup untimed ones (the two models alternate, so
 both see the same machine load), tokens/s (B*T / step time) and the ratio
 minibert / transformers.
+
+MFU: the model FLOPs of a step (:func:`step_flops`: forward + backward = 3x the forward's
+matmul FLOPs, the MLM head on the masked rows only) per second, over the float32 GEMM peak
+of this machine measured in the same run (:func:`gemm_peak`: the best of square
+2048-matmuls through the same NumPy/BLAS and thread count).
 """
 from __future__ import annotations
 
@@ -40,6 +45,37 @@ def make_batch(rng, B, T, V, max_pred=20):
     return (dict(common, labels=labels),
             dict(common, masked_lm_positions=positions, masked_lm_ids=mlm_ids,
                  masked_lm_weights=weights))
+
+
+def step_flops(config, B: int, T: int, P: int) -> float:
+    """Matmul FLOPs of one training step (forward and backward, 2 FLOPs per multiply-add;
+    backward = 2x forward, as Kaplan et al. 2020 count): per layer the QKV, output and
+    feed-forward projections (2 x tokens x (4 C^2 + 2 C I)) and the two attention products
+    (2 x 2 x B x T^2 x C); the MLM transform and decoder on the B x P masked rows
+    (2 x B P (C^2 + C V)); the pooler and NSP head are left out (< 0.1%)."""
+    C, I, L, V = (config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+                  config.vocab_size)
+    forward = L * (2 * B * T * (4 * C * C + 2 * C * I) + 4 * B * T * T * C) \
+        + 2 * B * P * (C * C + C * V)
+    return 3.0 * forward
+
+
+def gemm_peak(n: int = 2048, repeats: int = 5) -> float:
+    """The best float32 GFLOP/s of an n x n x n matmul through NumPy (this BLAS, these
+    threads): the ceiling minibert's step is measured against."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), np.float32)
+    np.matmul(a, b, out=out)
+    best = min(_timed(lambda: np.matmul(a, b, out=out)) for _ in range(repeats))
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 class FixedBatchTask:
@@ -112,7 +148,8 @@ def torch_step_fn(config, batch, device, equal_work=False):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--presets", nargs="+", default=["tiny", "mini"])
+    p.add_argument("--presets", nargs="+", default=["tiny", "mini"],
+                   help="tiny, mini, small, medium or base")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--vocab-size", type=int, default=30522)
@@ -127,6 +164,9 @@ def main():
     print(f"machine: {platform.processor() or platform.machine()}, torch threads "
           f"{torch.get_num_threads()}, torch {torch.__version__}, numpy {np.__version__}, "
           f"device {args.device}")
+    peak = gemm_peak() if args.device == "cpu" else None
+    if peak:
+        print(f"float32 GEMM peak (2048^3 matmul, best of 5): {peak:.1f} GFLOP/s")
     results = []
     for preset in args.presets:
         config = BertConfig.from_preset(preset, vocab_size=args.vocab_size)
@@ -156,13 +196,24 @@ def main():
         for peer in ("torch_equal_work", "transformers"):
             row[f"ratio_minibert_over_{peer}"] = round(
                 row["minibert_tokens_per_s"] / row[f"{peer}_tokens_per_s"], 3)
+        flops = step_flops(config, args.batch_size, args.seq_len, 20)
+        row["step_gflop"] = round(flops / 1e9, 2)
+        row["minibert_gflop_per_s"] = round(flops / row["minibert_s_per_step"] / 1e9, 1)
+        if peak:
+            row["gemm_peak_gflop_per_s"] = round(peak, 1)
+            row["minibert_mfu"] = round(row["minibert_gflop_per_s"] / peak, 3)
+            row["torch_equal_work_mfu"] = round(
+                flops / row["torch_equal_work_s_per_step"] / 1e9 / peak, 3)
         results.append(row)
         print(f"{preset:>6}: minibert {row['minibert_tokens_per_s']:>7.0f} tok/s "
               f"({row['minibert_s_per_step']:.3f} s/step) | torch equal work "
               f"{row['torch_equal_work_tokens_per_s']:>7.0f} tok/s "
               f"({row['ratio_minibert_over_torch_equal_work']:.2f}x) | transformers as run "
               f"{row['transformers_tokens_per_s']:>7.0f} tok/s "
-              f"({row['ratio_minibert_over_transformers']:.2f}x)")
+              f"({row['ratio_minibert_over_transformers']:.2f}x) | minibert "
+              f"{row['minibert_gflop_per_s']:.0f} GFLOP/s"
+              + (f", MFU {row['minibert_mfu']:.2f} (torch equal work "
+                 f"{row['torch_equal_work_mfu']:.2f})" if peak else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
