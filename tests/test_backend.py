@@ -314,3 +314,36 @@ def test_tf32_refuses_a_gpu_before_ampere(fake_cuda):
         backend.set_tf32(True)
     assert tf32_calls == [] and backend.get_tf32() is False
     assert backend.set_tf32(False) is False                  # full float32 is always allowed
+
+
+def test_row_parallel_passes_give_the_same_bits_as_one_thread(monkeypatch):
+    """Softmax, its backward and the cross-entropy split over threads (backend.parallel_rows)
+    equal the single-threaded result exactly, and blocks cover every row once."""
+    from minibert.backend import parallel_rows
+    from minibert.nn.activations import softmax_backward, softmax_forward
+    from minibert.nn.losses import cross_entropy_backward, cross_entropy_forward
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((37, 3, 1000)).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    logits = rng.standard_normal((301, 517)).astype(np.float32)
+    labels = rng.integers(0, 517, 301)
+    labels[::7] = -100
+
+    def run(threads):
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+        p, cache = softmax_forward(x)
+        dx = softmax_backward(g, cache)
+        loss, c = cross_entropy_forward(logits, labels, label_smoothing=0.1)
+        return p.copy(), dx, loss, cross_entropy_backward(0.5, c)
+
+    for a, b in zip(run(1), run(3)):
+        np.testing.assert_array_equal(a, b)
+    seen = np.zeros(10, int)
+
+    def mark(block):
+        block += 1
+        return len(block)
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert parallel_rows(mark, seen, min_size=1) == [3, 3, 4]
+    np.testing.assert_array_equal(seen, 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import compute_dtype, erf, get_array_module
+from ..backend import compute_dtype, erf, get_array_module, parallel_rows
 from .module import Module
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
@@ -134,9 +134,17 @@ def softmax_forward(x, axis: int = -1, out=None):
     dtype = x.dtype
     if compute_dtype(dtype) != dtype:                    # float16: normalise in float32
         x, out = x.astype(compute_dtype(dtype)), None
-    probs = xp.subtract(x, x.max(axis=axis, keepdims=True), out=out)
-    xp.exp(probs, out=probs)
-    probs /= probs.sum(axis=axis, keepdims=True)
+    probs = xp.empty_like(x) if out is None else out
+
+    def rows(x, probs):  # row blocks of the leading axis on the CPU's threads
+        xp.subtract(x, x.max(axis=axis, keepdims=True), out=probs)
+        xp.exp(probs, out=probs)
+        probs /= probs.sum(axis=axis, keepdims=True)
+
+    if axis in (-1, x.ndim - 1) and x.ndim > 1:
+        parallel_rows(rows, x, probs)
+    else:
+        rows(x, probs)
     probs = probs.astype(dtype, copy=False)
     return probs, (probs, axis)
 
@@ -155,9 +163,17 @@ def softmax_backward(dprobs, cache, out=None):
     """
     probs, axis = cache
     xp = get_array_module(probs)
-    # forward: probs = exp(x - max) / sum(exp(x - max))
-    row = (dprobs * probs).sum(axis=axis, keepdims=True,
-                               dtype=compute_dtype(probs.dtype)).astype(probs.dtype)
-    dx = xp.subtract(dprobs, row, out=out)
-    dx *= probs
+    dx = xp.empty_like(dprobs) if out is None else out
+
+    def rows(dprobs, probs, dx):
+        # forward: probs = exp(x - max) / sum(exp(x - max))
+        row = (dprobs * probs).sum(axis=axis, keepdims=True,
+                                   dtype=compute_dtype(probs.dtype)).astype(probs.dtype)
+        xp.subtract(dprobs, row, out=dx)
+        dx *= probs
+
+    if axis in (-1, probs.ndim - 1) and probs.ndim > 1:
+        parallel_rows(rows, dprobs, probs, dx)
+    else:
+        rows(dprobs, probs, dx)
     return dx

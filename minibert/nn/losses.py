@@ -8,7 +8,7 @@ Shape legend: N = rows (e.g. masked positions), K = classes.
 """
 from __future__ import annotations
 
-from ..backend import compute_dtype, get_array_module
+from ..backend import compute_dtype, get_array_module, parallel_rows
 
 IGNORE_INDEX = -100
 
@@ -37,18 +37,23 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
         raise ValueError(f"cross_entropy: labels must be in [0, {K}) or {ignore_index}, "
                          f"got values {sorted(set(labels[valid].tolist()))[:10]}")
     safe = xp.where(valid, labels, 0)                           # (N,)
-    rows = xp.arange(N)
-    # log p = shifted - log(sum exp(shifted)), shifted = logits - max: stable for any scale
-    shifted = logits - logits.max(axis=-1, keepdims=True)       # (N, K)
-    picked = shifted[rows, safe]                                # (N,)
-    mean_shifted = shifted.mean(axis=-1) if label_smoothing else None
-    probs = xp.exp(shifted, out=shifted)                        # (N, K), in place
-    sumexp = probs.sum(axis=-1)                                 # (N,)
-    lse = xp.log(sumexp)                                        # (N,)
-    probs /= sumexp[:, None]                                    # softmax, kept for backward
-    nll = lse - picked                                          # -log p[label], (N,)
-    if label_smoothing:  # -(1-eps) log p[label] - eps * mean_k log p[k]
-        nll = (1.0 - label_smoothing) * nll + label_smoothing * (lse - mean_shifted)
+    probs = xp.empty_like(logits)                               # (N, K)
+    nll = xp.empty(N, dtype=logits.dtype)                       # (N,)
+
+    def rows(logits, safe, probs, nll):  # row blocks on the CPU's threads
+        # log p = shifted - log(sum exp(shifted)), shifted = logits - max: stable
+        shifted = xp.subtract(logits, logits.max(axis=-1, keepdims=True), out=probs)
+        picked = shifted[xp.arange(len(safe)), safe]            # (n,)
+        mean_shifted = shifted.mean(axis=-1) if label_smoothing else None
+        xp.exp(shifted, out=probs)                              # in place
+        sumexp = probs.sum(axis=-1)                             # (n,)
+        lse = xp.log(sumexp)
+        probs /= sumexp[:, None]                                # softmax, kept for backward
+        nll[:] = lse - picked                                   # -log p[label]
+        if label_smoothing:  # -(1-eps) log p[label] - eps * mean_k log p[k]
+            nll[:] = (1.0 - label_smoothing) * nll + label_smoothing * (lse - mean_shifted)
+
+    parallel_rows(rows, logits, safe, probs, nll)
     denom = xp.maximum(valid.sum(), 1).astype(logits.dtype)
     loss = (nll * valid).sum() / denom
     return loss, (probs, safe, valid, denom, label_smoothing, out_dtype)
@@ -65,8 +70,14 @@ def cross_entropy_backward(dloss, cache):
     xp = get_array_module(probs)
     N, K = probs.shape
     dlogits = probs                                             # reuses the cache, (N, K)
+    # forward: loss = sum(nll * valid) / denom, nll = -log softmax(logits)[label]
     dlogits[xp.arange(N), safe] -= 1.0 - eps
-    if eps:
-        dlogits -= eps / K
-    dlogits *= (valid / denom * dloss)[:, None].astype(probs.dtype)
+    scale = (valid / denom * dloss)[:, None].astype(probs.dtype)   # (N, 1)
+
+    def rows(d, scale):
+        if eps:
+            d -= eps / K
+        d *= scale
+
+    parallel_rows(rows, dlogits, scale)
     return dlogits.astype(out_dtype, copy=False)
