@@ -317,10 +317,12 @@ def test_tf32_refuses_a_gpu_before_ampere(fake_cuda):
 
 
 def test_row_parallel_passes_give_the_same_bits_as_one_thread(monkeypatch):
-    """Softmax, its backward and the cross-entropy split over threads (backend.parallel_rows)
+    """Softmax, LayerNorm, their backward and the cross-entropy split over threads
+    (backend.parallel_rows)
     equal the single-threaded result exactly, and blocks cover every row once."""
     from minibert.backend import parallel_rows
     from minibert.nn.activations import softmax_backward, softmax_forward
+    from minibert.nn.layernorm import layernorm_backward, layernorm_forward
     from minibert.nn.losses import cross_entropy_backward, cross_entropy_forward
     rng = np.random.default_rng(0)
     x = rng.standard_normal((37, 3, 1000)).astype(np.float32)
@@ -334,7 +336,10 @@ def test_row_parallel_passes_give_the_same_bits_as_one_thread(monkeypatch):
         p, cache = softmax_forward(x)
         dx = softmax_backward(g, cache)
         loss, c = cross_entropy_forward(logits, labels, label_smoothing=0.1)
-        return p.copy(), dx, loss, cross_entropy_backward(0.5, c)
+        w, b = g[0, 0], x[0, 0]
+        y, ln = layernorm_forward(x, w, b)
+        return (p.copy(), dx, loss, cross_entropy_backward(0.5, c), y,
+                *layernorm_backward(g, ln))
 
     for a, b in zip(run(1), run(3)):
         np.testing.assert_array_equal(a, b)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import compute_dtype, get_array_module
+from ..backend import compute_dtype, get_array_module, parallel_rows
 from .module import Module, Parameter
 
 
@@ -22,15 +22,23 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
     xp = get_array_module(x)
     dtype = x.dtype
     x = x.astype(compute_dtype(dtype), copy=False)       # float16 -> float32 statistics
-    mu = x.mean(axis=-1, keepdims=True)                  # (..., 1)
-    xhat = x - mu                                        # (..., C), centred
-    out = xp.multiply(xhat, xhat)                        # (..., C), scratch for the squares
-    var = out.mean(axis=-1, keepdims=True)               # (..., 1), biased as in BERT
-    rstd = (var + eps) ** -0.5                           # (..., 1)
-    xhat *= rstd                                         # (..., C) normalised
-    xp.multiply(xhat, w, out=out)
-    out += b
-    return out.astype(dtype, copy=False), (xhat, rstd, w)
+    C = x.shape[-1]
+    x2 = x.reshape(-1, C)                                # (N, C)
+    xhat, out = xp.empty_like(x2), xp.empty_like(x2)
+    rstd = xp.empty((len(x2), 1), dtype=x2.dtype)
+
+    def rows(x, xhat, out, rstd):  # row blocks on the CPU's threads
+        xp.subtract(x, x.mean(axis=-1, keepdims=True), out=xhat)      # centred
+        xp.multiply(xhat, xhat, out=out)                              # scratch: squares
+        rstd[:] = (out.mean(axis=-1, keepdims=True) + eps) ** -0.5    # biased var, as BERT
+        xhat *= rstd                                                  # normalised
+        xp.multiply(xhat, w, out=out)
+        out += b
+
+    parallel_rows(rows, x2, xhat, out, rstd)
+    shape = x.shape
+    return (out.reshape(shape).astype(dtype, copy=False),
+            (xhat.reshape(shape), rstd.reshape(*shape[:-1], 1), w))
 
 
 def layernorm_backward(dout, cache):
@@ -49,16 +57,21 @@ def layernorm_backward(dout, cache):
     tmp = xp.multiply(dout, xhat)                        # (..., C) scratch
     dw = tmp.reshape(-1, C).sum(axis=0)                  # (C,)
     db = dout.reshape(-1, C).sum(axis=0)                 # (C,)
-    dx = xp.multiply(dout, w)                            # (..., C): g = d out / d xhat
-    # forward: xhat = (x - mean(x)) * rstd; rstd depends on x through var
-    # dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    xp.multiply(dx, xhat, out=tmp)
-    mean_gx = tmp.mean(axis=-1, keepdims=True)           # (..., 1)
-    mean_g = dx.mean(axis=-1, keepdims=True)             # (..., 1)
-    xp.multiply(xhat, mean_gx, out=tmp)
-    dx -= tmp
-    dx -= mean_g
-    dx *= rstd
+    dx = xp.empty_like(tmp)
+
+    def rows(dout, xhat, rstd, tmp, dx):  # row blocks on the CPU's threads
+        xp.multiply(dout, w, out=dx)                     # g = d out / d xhat
+        # forward: xhat = (x - mean(x)) * rstd; rstd depends on x through var
+        # dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        xp.multiply(dx, xhat, out=tmp)
+        mean_gx = tmp.mean(axis=-1, keepdims=True)       # (n, 1)
+        mean_g = dx.mean(axis=-1, keepdims=True)         # (n, 1)
+        xp.multiply(xhat, mean_gx, out=tmp)
+        dx -= tmp
+        dx -= mean_g
+        dx *= rstd
+
+    parallel_rows(rows, *(a.reshape(-1, a.shape[-1]) for a in (dout, xhat, rstd, tmp, dx)))
     return dx.astype(dtype, copy=False), dw, db
 
 
