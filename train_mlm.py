@@ -67,7 +67,7 @@ RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase",
                 "hidden_dropout_prob", "attention_probs_dropout_prob",
                 "max_position_embeddings", "position_embedding_type", "norm_position",
                 "teacher", "student_init", "temperature", "alpha_ce", "alpha_mlm", "alpha_cos",
-                "alpha_att")
+                "alpha_att", "generator_layers", "disc_weight")
 
 # Options that only mean something with --teacher, and those --student-init
 # every-other-layer takes from the teacher instead.
@@ -100,7 +100,15 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--objective", choices=sorted(OBJECTIVES), default=DEFAULT_OBJECTIVE,
                    help="mlm+nsp: BERT's sentence pairs with next-sentence prediction; mlm: "
                         "RoBERTa's full sentences packed across documents, MLM only; "
-                        "mlm+sop: ALBERT's sentence-order prediction")
+                        "mlm+sop: ALBERT's sentence-order prediction; electra: mlm's inputs, "
+                        "ELECTRA's replaced-token detection (a small generator fills the masks, "
+                        "the model learns to spot replaced tokens at every position)")
+    g.add_argument("--generator-layers", type=positive_int, default=None,
+                   help="--objective electra: encoder layers of the generator, which shares "
+                        "the model's embeddings and width (default: half the model's)")
+    g.add_argument("--disc-weight", type=float_in(0.0, low_open=True), default=50.0,
+                   help="--objective electra: weight of the replaced-token loss against the "
+                        "generator's MLM loss (ELECTRA's lambda, 50)")
     g.add_argument("--max-seq-length", type=int_at_least(5), default=32,
                    help="tokens per sequence (short sequences make a tiny model learn to use "
                         "context sooner on a small corpus; BERT used 128, then 512)")
@@ -447,6 +455,12 @@ def main(argv=None) -> int:
         elif stray := [n for n in DISTILLATION_OPTIONS if n in given]:
             raise RunError(", ".join("--" + n.replace("_", "-") for n in stray)
                            + ": distillation options, only with --teacher")
+        if args.objective == "electra" and args.teacher:
+            raise RunError("--teacher works with the BERT objectives, not --objective electra")
+        if args.objective != "electra" and (
+                stray := [n for n in ("generator_layers", "disc_weight") if n in given]):
+            raise RunError(", ".join("--" + n.replace("_", "-") for n in stray)
+                           + ": ELECTRA options, only with --objective electra")
         if not resume:
             run = (prepare_run_dir(args.output_dir, "pretrain", overwrite=args.overwrite)
                    if leader else RunDir(Path(args.output_dir), "pretrain"))
@@ -508,7 +522,11 @@ def main(argv=None) -> int:
                 print(f"student: layers {kept} of the teacher and its other weights; new: "
                       f"{report['new'] or 'none'}")
         else:
-            model = BertForPreTraining(config, **model_kw)
+            del model_kw["seq_relationship_head"]          # the objective decides
+            if objective.name == "electra":
+                model_kw.update(generator_layers=args.generator_layers,
+                                disc_weight=args.disc_weight)
+            model = objective.build_model(config, **model_kw)
         if start is not None:
             report = load_pretrained_weights(model, start.state, start.source)
             print(f"weights from {start.source}; new: {report['new'] or 'none'}; "

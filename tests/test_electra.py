@@ -132,3 +132,37 @@ def test_objective_builds_the_model_and_sums_the_metrics():
     m = obj.summarize(s)
     assert set(m) == {"mlm_loss", "mlm_acc", "rtd_loss", "rtd_acc", "rtd_replaced"}
     assert m["rtd_acc"] == s["rtd_correct"] / s["rtd_count"]
+
+
+def test_train_mlm_electra_end_to_end_and_its_options(tmp_path, capsys):
+    import json
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    import train_mlm
+    from minibert.runs import load_start
+    text = (root / "data" / "pretrain" / "en" / "moby_dick.txt").read_text(encoding="utf-8")
+    corpus = tmp_path / "moby20.txt"
+    corpus.write_text("\n\n".join(text.split("\n\n")[:20]) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    common = ["--corpus", str(corpus), "--vocab-size", "300", "--hidden-size", "32",
+              "--num-hidden-layers", "2", "--max-seq-length", "32", "--batch-size", "4",
+              "--eval-fraction", "0.1", "--eval-instances", "8", "--no-progress"]
+    assert train_mlm.main([*common, "--output-dir", str(out), "--objective", "electra",
+                           "--max-steps", "4", "--log-every", "2", "--eval-every", "4",
+                           "--generator-layers", "1"]) == 0
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if r["kind"] == "train"]
+    assert len(train) == 2 and all(0 <= r["rtd_acc"] <= 1 and r["rtd_loss"] > 0 for r in train)
+    assert all(0 < r["rtd_replaced"] < 1 for r in train)    # the generator replaced some tokens
+    # the run is a BERT start for fine-tuning: the discriminator is bert.*
+    pre = load_start(out)
+    assert pre.config.num_hidden_layers == 2
+    assert "bert.encoder.layer.1.output.dense.weight" in pre.state
+    assert "generator.bert.encoder.layer.0.output.dense.weight" in pre.state
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train_mlm.main([*common, "--output-dir", str(tmp_path / "x"), "--disc-weight", "10"])
+    assert "--disc-weight: ELECTRA options, only with --objective electra" in \
+        capsys.readouterr().err
