@@ -1,25 +1,38 @@
 #!/usr/bin/env python
-"""Fine-tune a BERT for sentence or sentence-pair classification (Devlin et al. 2019, 4.1).
+"""Fine-tune a BERT for sentence (pair) classification, token classification or extractive
+question answering (Devlin et al. 2019, 4.1, 4.2, 5.3).
 
     python finetune.py --init runs/pretrain                 # our train_mlm.py run, movie reviews
     python finetune.py --init path/to/hf-bert-dir --data ../shared/data/classify/en/sms_spam
+    python finetune.py --task token-classification --init DIR      # Brown POS tags
+    python finetune.py --task token-classification --init DIR --data data/tag/zh/peoples_daily_ner
+    python finetune.py --task question-answering --init DIR        # SQuAD v1.1 sample
     python finetune.py --model runs/finetune --predict "a gripping, beautiful film"
+    python finetune.py --model runs/qa --predict "Who wrote it?" "It was written by Ann."
     python finetune.py --model runs/finetune --plot-attention "a gripping, beautiful film"
 
-Data: TSV with a header, ``label<TAB>sentence`` or ``label<TAB>sentence_a<TAB>sentence_b``
-(--train/--dev/--test, or --data DIR with train.tsv, dev.tsv, test.tsv; default the
-embedded movie reviews). The label set comes from the train split and is saved with the
-model. Start: --init a train_mlm.py run directory or checkpoint, a finetune.py output, or
-a Hugging Face BERT directory (the classification head is new unless present).
-Training: minibert.training's loop (AdamW with warmup and linear decay, global-norm
-clipping, gradient accumulation), dynamic padding per batch (--group-by-length: batches of
-rows of similar length, as HF's Trainer; train records then show little padding, see
-``padding_fraction``); dev metrics (accuracy,
-macro-F1, Matthews correlation) after every epoch; the best dev model is kept in
-OUTPUT_DIR/best_model.npz and the resumable state in OUTPUT_DIR/checkpoint.npz (--resume);
-then test metrics and predictions. Writes to --output-dir (see minibert.runs):
-checkpoint.npz, best_model.npz, vocab.txt, labels.json, config.json, args.json,
-metrics.jsonl, summary.json, predictions_{dev,test}.tsv, training_curves.png.
+Tasks (--task; the per-task parts live in minibert/finetuning/tasks.py):
+sequence-classification (default): TSV with a header, ``label<TAB>sentence`` or
+``label<TAB>sentence_a<TAB>sentence_b``; accuracy, macro-F1, MCC.
+token-classification: CoNLL ``word<TAB>tag`` files, a blank line between sentences; token
+accuracy, and entity precision / recall / F1 (micro and per type) for BIO-like tags; the
+most-frequent-tag baseline is printed first.
+question-answering: SQuAD v1.1 as JSON lines or nested JSON (train.jsonl, dev.jsonl,
+test.jsonl if present); exact match and F1 (percent).
+Splits: --train/--dev/--test, or --data DIR with train/dev/test files (default: the
+embedded sample of each task). The label (tag) set comes from the train split and is saved
+with the model. Start: --init a train_mlm.py run directory or checkpoint, a finetune.py
+output, or a Hugging Face BERT directory (the head is new unless it is the same task's
+head with the same labels). --freeze-embeddings / --freeze-layers N train only the layers
+above. Training: minibert.training's loop (AdamW with warmup and linear decay,
+global-norm clipping, gradient accumulation), dynamic padding per batch
+(--group-by-length: batches of rows of similar length, as HF's Trainer; train records
+then show little padding, see ``padding_fraction``); dev metrics after every epoch; the
+best dev model is kept in OUTPUT_DIR/best_model.npz and the resumable state in
+OUTPUT_DIR/checkpoint.npz (--resume); then test metrics and predictions. Writes to
+--output-dir (see minibert.runs): checkpoint.npz, best_model.npz, vocab.txt, labels.json,
+config.json, args.json, metrics.jsonl, summary.json, predictions_{dev,test}.tsv (QA also
+predictions_{dev,test}.json), training_curves.png.
 """
 from __future__ import annotations
 
@@ -27,19 +40,19 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from minibert import backend, distributed
 from minibert.atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from minibert.backend import to_numpy
-from minibert.checkpoint import (CheckpointError, check_same_config, load_checkpoint,
-                                 save_checkpoint)
+from minibert.checkpoint import CheckpointError, check_same_config, load_checkpoint
 from minibert.cli import (dropout_probability, explicit_options, fail as _fail, float_in,
                           int_at_least,
                           non_negative_float, positive_float, positive_int)
-from minibert.finetuning import (DatasetError, build_classifier, encode_split, evaluate,
-                                 iterate_batches, label_list, read_tsv, softmax_np)
+from minibert.finetuning import DatasetError
+from minibert.finetuning.tasks import TASKS, FinetuneTask, make_task, task_for_model
 from minibert.hf import HFFormatError, save_hf_directory
 from minibert.optim import AdamW
 from minibert.runs import (MetricsLog, RunDir, RunError, load_start, prepare_run_dir, resume_args,
@@ -48,7 +61,9 @@ from minibert.tokenization import BertTokenizer
 from minibert.training import (TrainingConfig, TrainingError, TrainState, resume_state,
                                train)
 
-DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "classify" / "en" / "movie_reviews"
+DATA_ROOT = Path(__file__).resolve().parent / "data"
+DEFAULT_DATA = DATA_ROOT / TASKS["sequence-classification"].data_subdir
+METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "precision", "recall", "exact_match")
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
@@ -56,13 +71,33 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=str(DEFAULT_DATA),
-                   help="directory with train.tsv, dev.tsv and test.tsv")
-    g.add_argument("--train", help="train TSV (overrides DATA/train.tsv)")
-    g.add_argument("--dev", help="dev TSV (overrides DATA/dev.tsv)")
-    g.add_argument("--test", help="test TSV (overrides DATA/test.tsv); 'none' to skip")
-    g.add_argument("--max-seq-length", type=int_at_least(3), default=128,
-                   help="tokens per sequence, [CLS]/[SEP] included (longest-first truncation)")
+    g.add_argument("--task", choices=list(TASKS), default="sequence-classification",
+                   help="what to fine-tune for: a label per sentence (pair), a tag per word "
+                        "(NER, part of speech), or an answer span in a context (SQuAD)")
+    g.add_argument("--data", default=None,
+                   help="directory with the train, dev and test files (train.tsv ... for "
+                        "the classification tasks, train.jsonl ... for QA); default: "
+                        + "; ".join(f"{n}: data/{t.data_subdir}" for n, t in TASKS.items()))
+    g.add_argument("--train", help="train file (overrides DATA/train.EXT)")
+    g.add_argument("--dev", help="dev file (overrides DATA/dev.EXT)")
+    g.add_argument("--test", help="test file (overrides DATA/test.EXT); 'none' to skip "
+                                  "(question answering: skipped when DATA/test.jsonl is absent)")
+    g.add_argument("--max-seq-length", type=int_at_least(3), default=None,
+                   help="tokens per sequence, [CLS]/[SEP] included (default: 128; 384 for "
+                        "question-answering). Classification: longest-first truncation; "
+                        "tagging: longer sentences are cut into windows at word boundaries "
+                        "(with a warning); QA: the context is cut into overlapping windows")
+    g.add_argument("--label-all-tokens", action="store_true",
+                   help="token-classification: train on every WordPiece of a word (B-X "
+                        "becomes I-X on the continuation pieces), not only the first")
+    g.add_argument("--doc-stride", type=int_at_least(0), default=128,
+                   help="question-answering: tokens two consecutive context windows share")
+    g.add_argument("--max-query-length", type=positive_int, default=64,
+                   help="question-answering: questions are cut to this many tokens")
+    g.add_argument("--n-best-size", type=positive_int, default=20,
+                   help="question-answering: start and end candidates per window")
+    g.add_argument("--max-answer-length", type=positive_int, default=30,
+                   help="question-answering: longest answer, in tokens")
     g = p.add_argument_group("model")
     g.add_argument("--init", default="runs/pretrain",
                    help="train_mlm.py run dir / checkpoint .npz, finetune.py output dir, or "
@@ -73,13 +108,19 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="dropout before the classifier (default: the model's hidden dropout)")
     g.add_argument("--model", default=None,
                    help="a finetune.py output dir to use for --predict / --plot-attention / "
-                        "--export-hf without training")
+                        "--export-hf without training (its task and labels come with it)")
+    g.add_argument("--freeze-embeddings", action="store_true",
+                   help="do not train the embeddings (word, position, token type, LayerNorm)")
+    g.add_argument("--freeze-layers", type=int_at_least(0), default=0, metavar="N",
+                   help="do not train the lowest N encoder layers (0 to num_hidden_layers); "
+                        "with --freeze-embeddings too, no backward runs below layer N")
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=positive_int, default=3, help="passes over the train split")
     g.add_argument("--max-steps", type=positive_int, default=None,
                    help="stop after this many optimizer steps (default: all epochs)")
     g.add_argument("--max-train-examples", type=positive_int, default=None,
-                   help="use only the first N train rows (quick runs)")
+                   help="use only the first N train rows, sentences (tagging) or "
+                        "questions (QA) (quick runs)")
     g.add_argument("--batch-size", type=positive_int, default=32,
                    help="sequences per micro-batch (per step: batch size x accumulation)")
     g.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
@@ -102,8 +143,14 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--max-nonfinite-steps", type=positive_int, default=5,
                    help="stop after this many steps in a row with a non-finite loss or "
                         "gradient norm (each such step is skipped)")
-    g.add_argument("--metric", choices=["accuracy", "macro_f1", "mcc"], default="accuracy",
-                   help="dev metric that picks the best checkpoint")
+    g.add_argument("--metric", choices=METRICS, default="auto",
+                   help="dev metric that picks the best checkpoint; auto: accuracy "
+                        "(sequence-classification; token-classification with tags that are "
+                        "not entity tags, e.g. part of speech), entity f1 "
+                        "(token-classification with O / B-X / I-X tags), f1 "
+                        "(question-answering). accuracy, macro_f1, mcc: "
+                        "sequence-classification; accuracy, f1, precision, recall: "
+                        "token-classification; exact_match, f1: question-answering")
     g.add_argument("--eval-every", type=positive_int, default=None,
                    help="evaluate on dev (and keep the best model) every N steps instead "
                         "of once per epoch")
@@ -127,9 +174,15 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
     g.add_argument("--predict", nargs="+", metavar="TEXT",
-                   help="print each label's probability for TEXT (or a pair TEXT_A TEXT_B)")
+                   help="sequence-classification: print each label's probability for TEXT "
+                        "(or a pair TEXT_A TEXT_B); token-classification: print word/TAG "
+                        "for each word of TEXT (each character for a character-level "
+                        "tagger such as Chinese NER); question-answering: QUESTION CONTEXT, "
+                        "print the answer span and its score")
     g.add_argument("--plot-attention", nargs="+", metavar="TEXT",
-                   help="write OUTPUT_DIR/attention.png: layers x heads maps for TEXT [TEXT_B]")
+                   help="write OUTPUT_DIR/attention.png (layers x heads maps for TEXT "
+                        "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
+                        "attends to, averaged over heads)")
     g.add_argument("--export-hf", metavar="DIR",
                    help="also write the best model as a Hugging Face directory")
     args = p.parse_args(argv)
@@ -146,23 +199,17 @@ def fail(message: str):
     _fail("finetune.py", message)
 
 
-def split_paths(args) -> dict[str, Path | None]:
+def split_paths(args, task) -> dict[str, Path | None]:
+    """The train / dev / test files: --train / --dev / --test, else DATA/SPLIT.EXT (a
+    task with an optional test split skips a missing DATA/test.EXT)."""
     data = Path(args.data)
-    paths = {s: Path(getattr(args, s)) if getattr(args, s) else data / f"{s}.tsv"
+    paths = {s: Path(getattr(args, s)) if getattr(args, s) else data / f"{s}.{task.ext}"
              for s in ("train", "dev", "test")}
     if args.test and args.test.lower() == "none":
         paths["test"] = None
+    elif not args.test and task.test_optional and not paths["test"].exists():
+        paths["test"] = None
     return paths
-
-
-def write_predictions(path: Path, split, probs: np.ndarray, labels) -> None:
-    """TSV: line, gold, predicted, then one probability column per label."""
-    rows = ["line\tgold\tpredicted\t" + "\t".join(f"p_{l}" for l in labels)]
-    for e, p in zip(split.examples, probs):
-        rows.append(f"{e.line}\t{e.label}\t{labels[int(p.argmax())]}\t"
-                    + "\t".join(f"{x:.6f}" for x in p))
-    data = ("\n".join(rows) + "\n").encode("utf-8")
-    atomic_write_bytes(path, data)
 
 
 def encode_texts(tokenizer, texts, max_len, xp):
@@ -172,115 +219,80 @@ def encode_texts(tokenizer, texts, max_len, xp):
     return xp.asarray(ids), xp.asarray(tt), xp.asarray(np.ones_like(ids)), ids[0]
 
 
-def predict_text(model, tokenizer, labels, texts, max_len, xp) -> dict[str, float]:
-    ids, tt, mask, _ = encode_texts(tokenizer, texts, max_len, xp)
-    model.eval()
-    probs = softmax_np(to_numpy(model(ids, tt, mask).logits))[0]
-    return {l: float(p) for l, p in zip(labels, probs)}
-
-
-def plot_attention(model, tokenizer, texts, max_len, xp, path: Path) -> Path:
-    from minibert.viz import plot_attention_grid
+def plot_attention(model, tokenizer, texts, max_len, xp, out: Path) -> list[Path]:
+    """OUTPUT_DIR/attention.png (layers x heads) and attention_cls.png ([CLS] per layer)."""
+    from minibert.viz import plot_attention_grid, plot_cls_attention
     ids, tt, mask, host_ids = encode_texts(tokenizer, texts, max_len, xp)
     model.eval()
-    out = model(ids, tt, mask, output_attentions=True)
+    maps = [to_numpy(a) for a in model(ids, tt, mask, output_attentions=True).attentions]
     tokens = tokenizer.convert_ids_to_tokens([int(i) for i in host_ids])
-    return plot_attention_grid([to_numpy(a) for a in out.attentions], tokens, path,
-                               title=" | ".join(texts))
+    title = " | ".join(texts)
+    return [plot_attention_grid(maps, tokens, out / "attention.png", title=title),
+            plot_cls_attention(maps, tokens, out / "attention_cls.png",
+                               title=f"what [CLS] attends to, mean over heads: {title}")]
 
 
 # Arguments that must match between a checkpoint's run and a resumed run.
-RESUME_FIXED = ("data", "train", "dev", "max_seq_length", "init", "random_init",
-                "classifier_dropout", "epochs", "max_steps", "max_train_examples", "batch_size",
+RESUME_FIXED = ("task", "data", "train", "dev", "max_seq_length", "label_all_tokens",
+                "doc_stride", "max_query_length", "n_best_size", "max_answer_length", "init",
+                "random_init", "classifier_dropout", "freeze_embeddings", "freeze_layers",
+                "epochs", "max_steps", "max_train_examples", "batch_size",
                 "gradient_accumulation_steps", "group_by_length", "lr", "warmup_proportion",
                 "weight_decay", "adam_eps", "correct_bias", "max_grad_norm", "metric",
                 "eval_every", "seed", "dtype")
 # The value of an argument added later for checkpoints written before it existed.
 RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted
-                   "dtype": "float32"}          # and trained in float32
-
-
-class FinetuneTask:
-    """The fine-tuning job for :func:`minibert.training.train`: shuffled epochs of the
-    train split (grouped by length with ``args.group_by_length``), dev evaluation that
-    keeps the best model in ``best_model.npz``.
-
-    Train records get, besides the loop's ``tokens_per_s`` (real tokens, i.e. attention-mask
-    ones, per second of the log window): ``real_tokens`` and ``padded_tokens`` (B x T summed
-    over the window's applied steps) and ``padding_fraction`` = 1 - real / padded; the
-    padded tokens/s are ``tokens_per_s / (1 - padding_fraction)``.
-    """
-
-    def __init__(self, args, run, model, train_split, dev_split, labels, pre, xp,
-                 best: dict | None = None):
-        self.args, self.run, self.model, self.xp = args, run, model, xp
-        self.train_split, self.dev_split, self.labels, self.pre = train_split, dev_split, labels, pre
-        self.pad_id = 0
-        self.best = best or {"metric": None, "step": None}
-        self.evaluate = self._evaluate
-
-    def batches(self, epoch: int, start_batch: int):
-        return iterate_batches(self.train_split, self.args.batch_size, self.pad_id,
-                               seed=self.args.seed, epoch=epoch, start_batch=start_batch,
-                               group_by_length=self.args.group_by_length)
-
-    def forward(self, model, batch):
-        xp = self.xp
-        labels = xp.asarray(batch.labels)
-        out = model(xp.asarray(batch.input_ids), xp.asarray(batch.token_type_ids),
-                    xp.asarray(batch.attention_mask), labels=labels)
-        mask = batch.attention_mask                    # host (B, T): no device read
-        return out.loss, {"correct": (out.logits.argmax(-1) == labels).sum(),
-                          "count": labels.shape[0], "real_tokens": int(mask.sum()),
-                          "padded_tokens": int(mask.size)}
-
-    def summarize(self, totals: dict) -> dict:
-        real, padded = totals.get("real_tokens", 0.0), totals.get("padded_tokens", 0.0)
-        return {"accuracy": totals.get("correct", 0.0) / max(totals.get("count", 0.0), 1.0),
-                "real_tokens": int(real), "padded_tokens": int(padded),
-                "padding_fraction": round(1.0 - real / padded, 4) if padded else None}
-
-    def _evaluate(self, step: int) -> dict:
-        m, _ = evaluate(self.model, self.dev_split, self.args.eval_batch_size, self.pad_id,
-                        self.xp)
-        value = m[self.args.metric]
-        if self.best["metric"] is None or value > self.best["metric"]:
-            self.best = {"metric": value, "step": step}
-            save_checkpoint(self.run.best_model, self.model, None,
-                            {"job": "finetune", "step": step, "dev": m, "labels": self.labels,
-                             "tokenizer": dict(self.pre.tokenizer_options),
-                             "init": self.pre.source})
-        return {"dev_" + k: v for k, v in m.items() if k != "n"} | {
-            "best_step": self.best["step"]}
-
-    def trainer_record(self) -> dict:
-        return {"job": "finetune", "args": vars(self.args),
-                "labels": self.labels, "tokenizer": dict(self.pre.tokenizer_options),
-                "best": self.best}
+                   "dtype": "float32",          # and trained in float32,
+                   "task": "sequence-classification",  # classified sentences,
+                   "label_all_tokens": False, "doc_stride": 128, "max_query_length": 64,
+                   "n_best_size": 20, "max_answer_length": 30,
+                   "freeze_embeddings": False, "freeze_layers": 0}  # froze nothing
 
 
 def make_optimizer(model, args) -> AdamW:
-    """finetune.py's AdamW (also bench/bench_finetune.py's minibert side)."""
-    return AdamW(model.named_parameters(), lr=args.lr, eps=args.adam_eps,
+    """finetune.py's AdamW over the trainable parameters (all of them unless the model
+    was frozen in part; also bench/bench_finetune.py's minibert side)."""
+    return AdamW(model.named_trainable_parameters(), lr=args.lr, eps=args.adam_eps,
                  weight_decay=args.weight_decay, correct_bias=args.correct_bias)
 
 
-def use_model(args, xp, device) -> int:
-    """--model DIR: predict, plot or export with a fine-tuned model, no training."""
+def freeze(model, args) -> str:
+    """Apply --freeze-embeddings / --freeze-layers; returns a note for the log ("" when
+    nothing is frozen). Stops with an error line when N exceeds the model's layers."""
+    L = model.config.num_hidden_layers
+    if args.freeze_layers > L:
+        fail(f"--freeze-layers {args.freeze_layers}: the model has {L} encoder layers; give "
+             f"0 to {L}")
+    model.freeze(embeddings=args.freeze_embeddings, layers=args.freeze_layers)
+    if not (args.freeze_embeddings or args.freeze_layers):
+        return ""
+    parts = (["embeddings"] if args.freeze_embeddings else []) + (
+        [f"layers 0-{args.freeze_layers - 1}"] if args.freeze_layers else [])
+    n = sum(p.data.size for p in model.trainable_parameters())
+    return f" (frozen: {' + '.join(parts)}; {n:,} trainable)"
+
+
+def use_model(args, given, xp, device) -> int:
+    """--model DIR: predict, plot or export with a fine-tuned model, no training. The
+    task, labels and settings come from the model; options given here override them."""
     try:
         pre = load_start(args.model, "--model")
     except RunError as e:
         fail(str(e))
-    if not pre.labels:
-        fail(f"--model {args.model}: not a fine-tuned classifier (no label set saved)")
+    task = task_for_model(pre, SimpleNamespace(**{k: getattr(args, k) for k in given}))
+    if task is None:
+        fail(f"--model {args.model}: not a fine-tuned model (no task and label set saved)")
+    if "task" in given and args.task != task.name:
+        fail(f"--task {args.task}: --model {args.model} is a {task.name} model")
     try:
-        model, _ = build_classifier(pre, pre.labels)
+        model, _ = task.build_model(pre, pre.labels)
         tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     except (HFFormatError, KeyError, ValueError) as e:
         fail(f"--model {args.model}: {e}")
     model.to(device)
     out = Path(args.output_dir) if args.output_dir != "runs/finetune" else Path(args.model)
-    finish(args, model, tokenizer, pre.labels, pre.vocab_file, pre.tokenizer_options, xp, out)
+    finish(args, task, model, tokenizer, pre.labels, pre.vocab_file, pre.tokenizer_options,
+           xp, out)
     return 0
 
 
@@ -300,7 +312,7 @@ def main(argv=None) -> int:
         fail(str(e))
     xp = backend.xp_for(device)
     if args.model:
-        return use_model(args, xp, device)
+        return use_model(args, given, xp, device)
 
     # ---- starting point, run directory, data ------------------------------------------
     resume = args.resume is not None
@@ -330,25 +342,25 @@ def main(argv=None) -> int:
     if args.batch_size < comm.world_size:
         fail(f"--batch-size {args.batch_size} is the global batch, split over "
              f"{comm.world_size} ranks: it must be at least {comm.world_size}")
-    paths = split_paths(args)
+    task = make_task(args.task, args)
+    if args.data is None:
+        args.data = str(DATA_ROOT / task.data_subdir)
+    if args.max_seq_length is None:
+        args.max_seq_length = task.default_max_seq_length
+    max_len = min(args.max_seq_length, pre.config.max_position_embeddings)
+    if args.task == "question-answering" and args.predict and len(args.predict) != 2:
+        fail("--predict: question-answering takes QUESTION CONTEXT")
+    paths = split_paths(args, task)
     try:
-        train_ex = read_tsv(paths["train"])
-        if args.max_train_examples:
-            train_ex = train_ex[:args.max_train_examples]
-        labels = label_list(train_ex)
-        if len(labels) < 2:
-            raise DatasetError(f"{paths['train']}: the train split has one class only "
-                               f"({labels[0]!r}); classification needs at least two")
-        dev_ex = read_tsv(paths["dev"])
-        test_ex = read_tsv(paths["test"]) if paths["test"] is not None else None
-        max_len = min(args.max_seq_length, pre.config.max_position_embeddings)
-        train_split = encode_split(tokenizer, train_ex, max_len, labels)
-        dev = encode_split(tokenizer, dev_ex, max_len, labels)
-        test = encode_split(tokenizer, test_ex, max_len, labels) if test_ex else None
+        data = task.read(paths, tokenizer, max_len, args.max_train_examples)
+        task.resolve_metric(args.metric, data.labels)
     except (DatasetError, ValueError) as e:
         fail(str(e))
+    labels, train_split, dev, test = data.labels, data.train, data.dev, data.test
+    for line in data.warnings:
+        print(f"finetune.py: warning: {line}", file=sys.stderr)
     try:
-        model, report = build_classifier(pre, labels, seed=args.seed,
+        model, report = task.build_model(pre, labels, seed=args.seed,
                                          random_init=args.random_init,
                                          classifier_dropout=args.classifier_dropout)
         if resumed is not None:
@@ -356,17 +368,23 @@ def main(argv=None) -> int:
             model.load_state_dict(resumed["model"])
     except (HFFormatError, CheckpointError, KeyError, ValueError) as e:
         fail(str(e))
+    frozen = freeze(model, args)
+    n_trainable = int(sum(p.data.size for p in model.trainable_parameters()))
     model.to(device, dtype=np.dtype(args.dtype))
     fresh = "all weights new (architecture only, random init)" if args.random_init \
         else f"new: {report['new']}; not used: {report['unused'] or 'none'}"
-    print(f"model: {pre.source}, {model.num_parameters():,} parameters; {fresh}; labels {labels}; "
-          f"train {len(train_split)}, dev {len(dev)}, test {len(test) if test else 0} examples; "
-          f"max_seq_length {max_len}")
+    print(f"{task.name}: {pre.source}, {model.num_parameters():,} parameters{frozen}; {fresh}; "
+          + (f"labels {labels}; " if labels and len(labels) <= 20 else "")
+          + f"train {len(train_split)}, dev {len(dev)}, test {len(test) if test else 0} "
+            f"rows; max_seq_length {max_len}; dev metric {task.metric}")
+    for line in data.notes:
+        print(line)
     if comm.world_size > 1:
         print(distributed.describe(comm, args.batch_size))
     if leader:
         atomic_copy(pre.vocab_file, run.vocab)
-        atomic_write_json(run.path / "labels.json", labels)
+        if labels:
+            atomic_write_json(run.path / "labels.json", labels)
         atomic_write_bytes(run.config, model.config.to_json().encode())
         write_args(run, vars(args))
 
@@ -389,7 +407,7 @@ def main(argv=None) -> int:
         if note := distributed.resume_notice(state.world_size, comm):
             print(note)
         resumed = None
-    task = FinetuneTask(args, run, model, train_split, dev, labels, pre, xp, best)
+    loop_task = FinetuneTask(args, run, model, train_split, dev, labels, pre, xp, best, task)
     cfg = TrainingConfig(max_steps=total, lr=args.lr,
                          warmup_steps=int(args.warmup_proportion * total),
                          max_grad_norm=args.max_grad_norm, gradient_accumulation_steps=k,
@@ -398,8 +416,9 @@ def main(argv=None) -> int:
                          max_nonfinite_steps=args.max_nonfinite_steps, progress=args.progress,
                          desc="fine-tune")
     t0 = time.perf_counter()
+    step0 = state.step
     try:
-        state, _ = train(model, opt, task, cfg, state, metrics_path=run.metrics,
+        state, _ = train(model, opt, loop_task, cfg, state, metrics_path=run.metrics,
                          checkpoint_path=run.checkpoint, comm=comm, device=device)
     except TrainingError as e:
         fail(str(e))
@@ -407,24 +426,32 @@ def main(argv=None) -> int:
         return 0
     seconds = time.perf_counter() - t0
     if not run.best_model.exists():  # e.g. --resume of a run whose best was lost
-        task.evaluate(state.step)
+        loop_task.evaluate(state.step)
 
     # ---- best model: test metrics, predictions, plots ---------------------------------
     best_pre = load_start(run.path)
-    model, _ = build_classifier(best_pre, labels)
+    model, _ = task.build_model(best_pre, labels)
     model.to(device)
-    summary = {"init": pre.source, "random_init": args.random_init, "labels": labels,
-               "best_step": task.best["step"], "dev": None, "test": None, "steps": state.step,
-               "epochs": args.epochs, "seconds_this_run": round(seconds, 1),
-               "seconds_total": round(state.elapsed_s, 1), "max_seq_length": max_len}
-    summary["dev"], dev_probs = evaluate(model, dev, args.eval_batch_size, 0, xp)
-    write_predictions(run.path / "predictions_dev.tsv", dev, dev_probs, labels)
+    train_s = seconds - loop_task.eval_seconds
+    summary = {"task": task.name, "init": pre.source, "random_init": args.random_init,
+               "labels": labels, "metric": task.metric, "best_step": loop_task.best["step"],
+               "dev": None, "test": None, "steps": state.step, "epochs": args.epochs,
+               "seconds_this_run": round(seconds, 1),
+               "seconds_total": round(state.elapsed_s, 1), "max_seq_length": max_len,
+               "freeze_embeddings": args.freeze_embeddings,
+               "freeze_layers": args.freeze_layers,
+               "trainable_parameters": n_trainable,
+               "train_seconds_this_run": round(train_s, 1),
+               "train_seconds_per_epoch": round(train_s / max(state.step - step0, 1)
+                                                * steps_per_epoch, 1)}
+    if data.baseline is not None:
+        summary["most_frequent_tag_baseline"] = data.baseline
+    summary["dev"], dev_pred = task.evaluate(model, dev, args.eval_batch_size, xp)
+    task.write_predictions(run.path, "dev", dev, dev_pred, labels)
     if test is not None:
-        summary["test"], test_probs = evaluate(model, test, args.eval_batch_size, 0, xp)
-        write_predictions(run.path / "predictions_test.tsv", test, test_probs, labels)
-        t = summary["test"]
-        print(f"test (best step {task.best['step']}): accuracy {t['accuracy']:.4f} macro-F1 "
-              f"{t['macro_f1']:.4f} MCC {t['mcc']:.4f} ({t['n']} examples)")
+        summary["test"], test_pred = task.evaluate(model, test, args.eval_batch_size, xp)
+        task.write_predictions(run.path, "test", test, test_pred, labels)
+        print(f"test (best step {loop_task.best['step']}): {task.describe(summary['test'])}")
     from minibert.viz import plot_training_curves
     log = MetricsLog.read(run.metrics)
     real = sum(r.get("real_tokens", 0) for r in log if r["kind"] == "train")
@@ -434,29 +461,33 @@ def main(argv=None) -> int:
     plot_training_curves([r for r in log if r["kind"] == "train"],
                          [{k.removeprefix("dev_"): v for k, v in r.items()}
                           for r in log if r["kind"] == "eval"],
-                         run.path / "training_curves.png", title=f"fine-tuning from {pre.source}")
+                         run.path / "training_curves.png", metrics=task.curve_metrics,
+                         title=f"fine-tuning ({task.name}) from {pre.source}")
     atomic_write_json(run.summary, summary)
-    print(f"wrote {run.best_model} (best dev {args.metric} {task.best['metric']:.4f} at step "
-          f"{task.best['step']}), predictions, training_curves.png, summary.json")
-    finish(args, model, tokenizer, labels, pre.vocab_file, pre.tokenizer_options, xp, run.path)
+    print(f"wrote {run.best_model} (best dev {task.metric} {loop_task.best['metric']:.4f} at "
+          f"step {loop_task.best['step']}), predictions, training_curves.png, summary.json")
+    finish(args, task, model, tokenizer, labels, pre.vocab_file, pre.tokenizer_options, xp,
+           run.path)
     return 0
 
 
-def finish(args, model, tokenizer, labels, vocab_file, tok_opts, xp, out: Path) -> None:
+def finish(args, task, model, tokenizer, labels, vocab_file, tok_opts, xp, out: Path) -> None:
     """--predict, --plot-attention and --export-hf with a ready model."""
-    max_len = min(args.max_seq_length, model.config.max_position_embeddings)
     if args.predict:
-        probs = predict_text(model, tokenizer, labels, args.predict, max_len, xp)
-        for label, p in sorted(probs.items(), key=lambda kv: -kv[1]):
-            print(f"{label}\t{p:.4f}")
+        try:
+            lines = task.predict(model, tokenizer, labels, args.predict, xp)
+        except ValueError as e:
+            fail(f"--predict: {e}")
+        for line in lines:
+            print(line)
     if args.plot_attention:
-        path = plot_attention(model, tokenizer, args.plot_attention, max_len, xp,
-                              out / "attention.png")
-        print(f"wrote {path}")
+        for path in plot_attention(model, tokenizer, args.plot_attention,
+                                   task.max_len(model.config), xp, out):
+            print(f"wrote {path}")
     if args.export_hf:
         try:
             d = save_hf_directory(model, args.export_hf, vocab_file,
-                                  dict(enumerate(labels)), tok_opts)
+                                  dict(enumerate(labels)) if labels else None, tok_opts)
         except (HFFormatError, OSError) as e:
             fail(f"--export-hf {args.export_hf}: {e}")
         print(f"wrote Hugging Face directory {d}")

@@ -61,6 +61,8 @@ class HFCheckpoint:
     tokenizer_options: keyword arguments for :class:`minibert.tokenization.BertTokenizer`
         (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``).
     id2label: {int: str} from config.json, or None.
+    architectures: config.json's ``architectures`` (e.g. ``["BertForTokenClassification"]``),
+        [] if absent.
     """
 
     config: BertConfig
@@ -68,6 +70,7 @@ class HFCheckpoint:
     vocab_file: Path
     tokenizer_options: dict[str, Any] = field(default_factory=dict)
     id2label: dict[int, str] | None = None
+    architectures: list[str] = field(default_factory=list)
 
 
 def is_hf_directory(path: str | os.PathLike) -> bool:
@@ -204,7 +207,8 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
     state = normalize_state_dict(read_hf_weights(directory))
-    return HFCheckpoint(config, state, vocab, tok_opts, id2label)
+    archs = [str(a) for a in d.get("architectures") or []]
+    return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
 
 
 def load_pretrained_weights(model, state: dict[str, np.ndarray],

@@ -131,7 +131,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
                            f"it, or another {option}")
         else:  # nothing of the old run may be read as the new one's (vocab.txt is rewritten)
             for f in (run.checkpoint, run.best_model, run.metrics, run.summary, run.args,
-                      run.config, *path.glob("predictions_*.tsv"), *path.glob("*.png"),
+                      run.config, *path.glob("predictions_*.tsv"),
+                      *path.glob("predictions_*.json"), *path.glob("*.png"),
                       path / "labels.json"):
                 f.unlink(missing_ok=True)
     elif resume:
@@ -226,7 +227,12 @@ class Pretrained:
     config: its BertConfig; state: name -> array (``bert.*`` ...); vocab_file: Path;
     tokenizer_options: BertTokenizer keyword arguments; labels: the label list when the
     source is a fine-tuned classifier, else None; trainer: the checkpoint's trainer record
-    ({} for Hugging Face); source: a description for messages.
+    ({} for Hugging Face); source: a description for messages; architecture: the class
+    whose head the weights carry (``"BertForSequenceClassification"``,
+    ``"BertForTokenClassification"``, ``"BertForQuestionAnswering"`` ...): config.json's
+    first ``architectures`` entry, a fine-tuning checkpoint's ``architecture`` record
+    (``"BertForSequenceClassification"`` for one written before that record, which has
+    labels), else None (a pretraining checkpoint).
     """
 
     config: BertConfig
@@ -236,6 +242,7 @@ class Pretrained:
     labels: list[str] | None
     trainer: dict[str, Any]
     source: str
+    architecture: str | None = None
 
 
 def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
@@ -266,7 +273,8 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
                   if ck.id2label and any(k.startswith("classifier.") for k in ck.state)
                   else None)
         return Pretrained(ck.config, ck.state, ck.vocab_file, ck.tokenizer_options, labels, {},
-                          f"Hugging Face directory {path}")
+                          f"Hugging Face directory {path}",
+                          ck.architectures[0] if ck.architectures else None)
     if path.is_dir():
         ckpt = path / BEST_MODEL if (path / BEST_MODEL).is_file() else path / CHECKPOINT
     else:
@@ -288,5 +296,7 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
     if not tok and "lowercase" in trainer.get("args", {}):
         tok = {"do_lower_case": bool(trainer["args"]["lowercase"])}
     tok.setdefault("do_lower_case", True)
-    return Pretrained(c["config"], c["model"], vocab, tok, trainer.get("labels"), trainer,
-                      f"minibert checkpoint {ckpt}")
+    labels = trainer.get("labels")
+    arch = trainer.get("architecture") or ("BertForSequenceClassification" if labels else None)
+    return Pretrained(c["config"], c["model"], vocab, tok, labels, trainer,
+                      f"minibert checkpoint {ckpt}", arch)

@@ -3,6 +3,8 @@
 * :func:`plot_attention_grid` -- one heat map per (layer, head) of the attention
   probabilities of one sequence, tokens labelled on both axes (rows = query position,
   columns = key position, as in Clark et al. 2019, "What Does BERT Look At?").
+* :func:`plot_cls_attention` -- per layer, a bar chart of what [CLS] attends to, averaged
+  over heads (``attn[:, 0, :]`` of each layer).
 * :func:`plot_training_curves` -- training loss per step and the dev metrics per evaluation.
 
 Files are written atomically (temporary file, then rename).
@@ -85,6 +87,63 @@ def plot_attention_grid(attentions: Sequence[np.ndarray], tokens: Sequence[str],
                 ax.set_xlabel("key", fontsize=9)
     if title:
         fig.suptitle(title)
+    return _save(fig, path, dpi)
+
+
+def cls_attention(attentions: Sequence[np.ndarray]) -> np.ndarray:
+    """(L, T) float64: row 0 ([CLS] as the query) of each layer's attention, averaged over
+    the heads; each row sums to 1.
+
+    Args:
+        attentions: one (NH, T, T) or (1, NH, T, T) array per layer (one sequence).
+    Raises:
+        ValueError: no layers, or layers of different shapes.
+    """
+    maps = [np.asarray(a, dtype=np.float64) for a in attentions]
+    if not maps:
+        raise ValueError("cls_attention: no attention maps")
+    maps = [a[0] if a.ndim == 4 else a for a in maps]
+    if any(a.ndim != 3 or a.shape != maps[0].shape or a.shape[1] != a.shape[2] for a in maps):
+        raise ValueError(f"cls_attention: every layer must be (NH, T, T), got "
+                         f"{[a.shape for a in maps]}")
+    return np.stack([a[:, 0, :].mean(axis=0) for a in maps])      # (L, T)
+
+
+def plot_cls_attention(attentions: Sequence[np.ndarray], tokens: Sequence[str],
+                       path: str | os.PathLike, title: str | None = None,
+                       dpi: int = 100) -> Path:
+    """Write a PNG with one bar chart per layer (layer 0 on top): the attention of the
+    [CLS] token (query position 0) over the T key tokens, averaged over the heads
+    (:func:`cls_attention`), the view of what the pooled / classification input reads.
+
+    Args:
+        attentions: one (NH, T, T) or (1, NH, T, T) array per layer, one sequence.
+        tokens: the T token strings (x-axis labels).
+        path: the PNG to write.
+    Returns:
+        the path written.
+    Raises:
+        ValueError: as :func:`cls_attention`, or T != len(tokens).
+    """
+    cls = cls_attention(attentions)
+    L, T = cls.shape
+    if T != len(tokens):
+        raise ValueError(f"plot_cls_attention: {len(tokens)} tokens for maps of length {T}")
+    plt = _pyplot()
+    width = float(np.clip(0.3 * T + 1.5, 4.0, 24.0))
+    fig, axes = plt.subplots(L, 1, figsize=(width, 1.3 * L + 1), sharex=True, squeeze=False)
+    fontsize = float(np.clip(300.0 / max(T, 1), 4, 9))
+    top = max(float(cls.max()) * 1.1, 1e-6)
+    for l in range(L):
+        ax = axes[l][0]
+        ax.bar(range(T), cls[l], color="tab:blue")
+        ax.set_ylim(0, top)
+        ax.set_ylabel(f"layer {l}", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    axes[-1][0].set_xticks(range(T))
+    axes[-1][0].set_xticklabels(tokens, rotation=90, fontsize=fontsize)
+    fig.suptitle(title or "what [CLS] attends to (mean over heads)", fontsize=10)
     return _save(fig, path, dpi)
 
 

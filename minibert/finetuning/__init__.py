@@ -1,7 +1,8 @@
 """Fine-tuning: labelled data (:mod:`.data`), metrics (:mod:`.metrics`), the classifier
-(:mod:`.classifier`), token classification (:mod:`.tagging`) and extractive question
-answering (:mod:`.qa`)."""
-from .classifier import build_classifier, evaluate, predict_split
+and the models of a fine-tuning run (:mod:`.classifier`), token classification
+(:mod:`.tagging`), extractive question answering (:mod:`.qa`), and the three tasks of
+``finetune.py`` behind one interface (:mod:`.tasks`)."""
+from .classifier import build_classifier, build_model, evaluate, predict_split
 from .data import (Batch, DatasetError, EncodedSplit, Example, encode_split, iterate_batches,
                    label_ids, label_list, length_grouped_batches, pad_batch, read_tsv)
 from .metrics import classification_metrics, confusion_matrix, softmax_np
@@ -13,7 +14,7 @@ from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, TaggedSentence, Tag
                       is_entity_tagset, read_conll, tag_list, tagging_metrics, token_accuracy,
                       warn_long_sentences)
 
-__all__ = ["Batch", "DatasetError", "EncodedSplit", "Example", "build_classifier",
+__all__ = ["Batch", "DatasetError", "EncodedSplit", "Example", "build_classifier", "build_model",
            "classification_metrics", "confusion_matrix", "encode_split", "evaluate",
            "iterate_batches", "label_ids", "label_list", "length_grouped_batches", "pad_batch",
            "predict_split",

@@ -8,36 +8,71 @@ import numpy as np
 
 from ..backend import to_numpy
 from ..hf import load_pretrained_weights
-from ..modeling import BertConfig, BertForSequenceClassification
+from ..modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from ..runs import Pretrained
 from .data import EncodedSplit, iterate_batches
 from .metrics import classification_metrics, softmax_np
 
 
+# the head tensors of the fine-tuning models (everything else is ``bert.*``)
+HEAD_PREFIXES = ("classifier.", "qa_outputs.")
+
+
+def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
+                labels: Sequence[str] | None = None, seed: int = 0, dtype=np.float32,
+                random_init: bool = False, classifier_dropout: float | None = None):
+    """A fine-tuning model (``model_class``: :class:`BertForSequenceClassification`,
+    :class:`~minibert.modeling.BertForTokenClassification` or
+    :class:`~minibert.modeling.BertForQuestionAnswering`) with ``len(labels)`` classes (2
+    start/end outputs for question answering, ``labels`` None), weights from ``pre``, or
+    all fresh when ``random_init`` (same architecture and vocab, for baselines).
+
+    The head of ``pre`` is kept only when it is a head of the same class
+    (``pre.architecture``) with the same labels (a fine-tuned model trained on); else the
+    head is new.
+
+    Returns:
+        (model, report) with report as :func:`minibert.hf.load_pretrained_weights`.
+    Raises:
+        HFFormatError: encoder weights that do not fit the config.
+        ValueError: ``labels`` missing for a classifier.
+    """
+    kw = pre.config.to_dict()
+    if model_class is BertForQuestionAnswering:
+        kw["num_labels"] = 2
+    else:
+        if not labels:
+            raise ValueError(f"{model_class.__name__} needs its label set")
+        kw["num_labels"] = len(labels)
+    if classifier_dropout is not None:
+        kw["classifier_dropout"] = classifier_dropout
+    model = model_class(BertConfig(**kw), seed=seed, dtype=dtype)
+    if random_init:
+        return model, {"loaded": [], "new": [n for n, _ in model.named_parameters()],
+                       "unused": sorted(pre.state)}
+    state = dict(pre.state)
+    same_head = (pre.architecture in (None, model_class.__name__)
+                 and (pre.labels is None or labels is None or list(pre.labels) == list(labels)))
+    if not same_head:
+        state = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
+    return model, load_pretrained_weights(model, state, pre.source)
+
+
 def build_classifier(pre: Pretrained, labels: Sequence[str], seed: int = 0, dtype=np.float32,
                      random_init: bool = False, classifier_dropout: float | None = None
                      ) -> tuple[BertForSequenceClassification, dict[str, list[str]]]:
-    """A :class:`BertForSequenceClassification` with ``len(labels)`` classes, weights from
-    ``pre`` (the classifier too when ``pre`` is a classifier with the same labels), or all
-    fresh when ``random_init`` (same architecture and vocab, for baselines).
+    """A :class:`BertForSequenceClassification` with ``len(labels)`` classes
+    (:func:`build_model` of that class): weights from ``pre``, the classifier too when
+    ``pre`` is a sequence classifier with the same labels, or all fresh when
+    ``random_init``.
 
     Returns:
         (model, report) with report as :func:`minibert.hf.load_pretrained_weights`.
     Raises:
         HFFormatError: encoder weights that do not fit the config.
     """
-    kw = pre.config.to_dict()
-    kw["num_labels"] = len(labels)
-    if classifier_dropout is not None:
-        kw["classifier_dropout"] = classifier_dropout
-    model = BertForSequenceClassification(BertConfig(**kw), seed=seed, dtype=dtype)
-    if random_init:
-        return model, {"loaded": [], "new": [n for n, _ in model.named_parameters()],
-                       "unused": sorted(pre.state)}
-    state = dict(pre.state)
-    if pre.labels is not None and list(pre.labels) != list(labels):
-        state = {k: v for k, v in state.items() if not k.startswith("classifier.")}
-    return model, load_pretrained_weights(model, state, pre.source)
+    return build_model(pre, BertForSequenceClassification, labels, seed=seed, dtype=dtype,
+                       random_init=random_init, classifier_dropout=classifier_dropout)
 
 
 def predict_split(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
@@ -76,4 +111,4 @@ def evaluate(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np
     return m, probs
 
 
-__all__ = ["build_classifier", "predict_split", "evaluate"]
+__all__ = ["HEAD_PREFIXES", "build_model", "build_classifier", "predict_split", "evaluate"]
