@@ -25,7 +25,7 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
     C = x.shape[-1]
     x2 = x.reshape(-1, C)                                # (N, C)
     xhat, out = xp.empty_like(x2), xp.empty_like(x2)
-    rstd = xp.empty((len(x2), 1), dtype=x2.dtype)
+    rstd = xp.empty_like(x2, shape=(len(x2), 1))
 
     def rows(x, xhat, out, rstd):  # row blocks on the CPU's threads
         xp.subtract(x, x.mean(axis=-1, keepdims=True), out=xhat)      # centred

@@ -38,7 +38,7 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
                          f"got values {sorted(set(labels[valid].tolist()))[:10]}")
     safe = xp.where(valid, labels, 0)                           # (N,)
     probs = xp.empty_like(logits)                               # (N, K)
-    nll = xp.empty(N, dtype=logits.dtype)                       # (N,)
+    nll = xp.empty_like(logits, shape=(N,))                     # (N,)
 
     def rows(logits, safe, probs, nll):  # row blocks on the CPU's threads
         # log p = shifted - log(sum exp(shifted)), shifted = logits - max: stable
