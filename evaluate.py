@@ -177,16 +177,16 @@ def run_finetune(args, start: str, pre_path: str, random_init: bool, train: Path
     return float(json.loads(summary.read_text())["test"]["accuracy"])
 
 
-def features(start_pre, random_init: bool, texts, max_len: int, xp, seed: int = 0):
-    model = BertModel(start_pre.config, add_pooling_layer=False, seed=seed)
+def encoder(start_pre, random_init: bool, device: str):
+    """The frozen encoder of a start (fresh weights for ``random:``) and its tokenizer."""
+    model = BertModel(start_pre.config, add_pooling_layer=False, seed=0)
     if not random_init:
         try:
             load_pretrained_weights(model, start_pre.state, start_pre.source)
         except HFFormatError as e:
             fail(str(e))
-    model.to(backend.get_device())
-    tokenizer = BertTokenizer(start_pre.vocab_file, **start_pre.tokenizer_options)
-    return mean_pooled_features(model, tokenizer, texts, max_len, xp=xp)
+    model.to(device)
+    return model, BertTokenizer(start_pre.vocab_file, **start_pre.tokenizer_options)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -303,7 +303,9 @@ def main(argv=None) -> int:
         if args.probe:
             for s, (pre, rnd) in starts.items():
                 print(f"{task}: encoding with {s} (frozen, mean-pooled)", flush=True)
-                feats[s] = {k: features(pre, rnd, texts[k], args.max_seq_length, xp)
+                model, tokenizer = encoder(pre, rnd, device)
+                feats[s] = {k: mean_pooled_features(model, tokenizer, texts[k],
+                                                    args.max_seq_length, xp=xp)
                             for k in ("train", "dev", "test")}
         for b in args.budgets:
             for seed in range(args.seeds):

@@ -855,7 +855,38 @@ class SequenceClassifierOutput:
     attentions: list | None = None
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
+class _BertWithClassifier(BertPreTrainedModel):
+    """The construction shared by the classification heads: ``bert`` (with a pooler when
+    the subclass's ``add_pooling_layer`` says so), ``dropout`` (``config.classifier_dropout``
+    or, when None, ``hidden_dropout_prob``, as HF) and ``classifier`` (K, C), drawn from
+    the NumPy generator of ``seed`` (encoder first, then the classifier).
+
+    Raises:
+        ValueError: ``config.num_labels`` < 1, or a classifier dropout outside [0, 1).
+    """
+
+    add_pooling_layer: bool
+
+    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
+        if int(config.num_labels) < 1:
+            raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
+        self.config = config
+        rng = np.random.default_rng(seed)
+        self.bert = BertModel(config, add_pooling_layer=self.add_pooling_layer, rng=rng,
+                              dtype=dtype)
+        p = (config.classifier_dropout if config.classifier_dropout is not None
+             else config.hidden_dropout_prob)
+        self.dropout = Dropout(p)
+        self.classifier = Linear(config.hidden_size, config.num_labels, rng=rng,
+                                 std=config.initializer_range, dtype=dtype)
+        self._cache = None
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.config.num_labels)
+
+
+class BertForSequenceClassification(_BertWithClassifier):
     """BERT with a classification head on the pooled [CLS] vector (Devlin et al. 2019,
     section 4.1; HF ``BertForSequenceClassification``; google-research/bert
     ``run_classifier.py create_model``):
@@ -877,22 +908,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
     """
 
-    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
-        if int(config.num_labels) < 1:
-            raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, add_pooling_layer=True, rng=rng, dtype=dtype)
-        p = (config.classifier_dropout if config.classifier_dropout is not None
-             else config.hidden_dropout_prob)
-        self.dropout = Dropout(p)
-        self.classifier = Linear(config.hidden_size, config.num_labels, rng=rng,
-                                 std=config.initializer_range, dtype=dtype)
-        self._cache = None
-
-    @property
-    def num_labels(self) -> int:
-        return int(self.config.num_labels)
+    add_pooling_layer = True   # the head reads the pooled [CLS] vector
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False) -> SequenceClassifierOutput:
@@ -981,7 +997,7 @@ class TokenClassifierOutput:
     attentions: list | None = None
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(_BertWithClassifier):
     """BERT with a classifier on every token's final hidden state, for tagging tasks such
     as named-entity recognition (Devlin et al. 2019, section 5.3; HF
     ``BertForTokenClassification``):
@@ -1008,22 +1024,7 @@ class BertForTokenClassification(BertPreTrainedModel):
         ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
     """
 
-    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
-        if int(config.num_labels) < 1:
-            raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, add_pooling_layer=False, rng=rng, dtype=dtype)
-        p = (config.classifier_dropout if config.classifier_dropout is not None
-             else config.hidden_dropout_prob)
-        self.dropout = Dropout(p)
-        self.classifier = Linear(config.hidden_size, config.num_labels, rng=rng,
-                                 std=config.initializer_range, dtype=dtype)
-        self._cache = None
-
-    @property
-    def num_labels(self) -> int:
-        return int(self.config.num_labels)
+    add_pooling_layer = False  # the head reads every token's state, as HF's
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False) -> TokenClassifierOutput:

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,33 +21,21 @@ from minibert.modeling import BertForSequenceClassification
 from minibert.optim import AdamW
 from minibert.training import TrainingConfig, TrainState, train
 
-
-@dataclass
-class Rows:
-    input_ids: np.ndarray
-    attention_mask: np.ndarray
-    labels: np.ndarray
+sys.path.insert(0, str(Path(sys.argv[0]).resolve().parent))   # tests/, also when exec'd
+from test_training import Rows, ToyTask  # noqa: E402
 
 
-class RowsTask:
-    """Rows in a fixed order, ``size`` per (global) batch, the last batch of an epoch
-    smaller; padding at the end of some rows."""
-
-    evaluate = None
+class RowsTask(ToyTask):
+    """test_training's ToyTask over 22 rows with padding at the end of some, ``size`` per
+    (global) batch, the last batch of an epoch smaller; optionally rank 1 fails on purpose."""
 
     def __init__(self, size: int, rows: int = 22, fail_on_call: int = 0, fail_how: str = ""):
         rng = np.random.default_rng(0)
         lengths = rng.integers(3, 7, rows)
         mask = (np.arange(6)[None, :] < lengths[:, None]).astype(np.int64)
-        self.data = Rows(rng.integers(1, 20, (rows, 6)) * mask, mask, rng.integers(0, 3, rows))
-        self.size, self.calls = size, 0
+        super().__init__(Rows(rng.integers(1, 20, (rows, 6)) * mask, mask,
+                              rng.integers(0, 3, rows)), size)
         self.fail_on_call, self.fail_how = fail_on_call, fail_how
-
-    def batches(self, epoch, start_batch):
-        n = len(self.data.labels)
-        for s in range(start_batch * self.size, n, self.size):
-            yield Rows(*(a[s:s + self.size] for a in
-                         (self.data.input_ids, self.data.attention_mask, self.data.labels)))
 
     def forward(self, model, batch):
         self.calls += 1
@@ -63,9 +50,6 @@ class RowsTask:
     def summarize(self, totals):
         return {"accuracy": totals.get("correct", 0.0) / max(totals.get("count", 0.0), 1.0),
                 "count": totals.get("count", 0.0)}
-
-    def trainer_record(self):
-        return {"job": "toy"}
 
 
 def make_model(dtype, dropout: float):

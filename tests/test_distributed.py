@@ -147,12 +147,9 @@ def test_a_failing_rank_stops_the_others(tmp_path, how):
         assert "rank 1: aborting all 2 ranks" in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    text = (ROOT / "data" / "pretrain" / "en" / "moby_dick.txt").read_text(encoding="utf-8")
-    path = tmp_path_factory.mktemp("corpus") / "moby30.txt"
-    path.write_text("\n\n".join(text.split("\n\n")[:30]) + "\n", encoding="utf-8")
-    return path
+@pytest.fixture(scope="session")
+def corpus(moby30):
+    return moby30
 
 
 def pretrain_args(corpus, out, *extra):

@@ -136,7 +136,7 @@ def test_objective_builds_the_model_and_sums_the_metrics():
     assert m["rtd_acc"] == s["rtd_correct"] / s["rtd_count"]
 
 
-def test_train_mlm_electra_end_to_end_and_its_options(tmp_path, capsys):
+def test_train_mlm_electra_end_to_end_and_its_options(tmp_path, capsys, moby30):
     import json
     import sys
     from pathlib import Path
@@ -144,11 +144,8 @@ def test_train_mlm_electra_end_to_end_and_its_options(tmp_path, capsys):
     sys.path.insert(0, str(root))
     import train_mlm
     from minibert.runs import load_start
-    text = (root / "data" / "pretrain" / "en" / "moby_dick.txt").read_text(encoding="utf-8")
-    corpus = tmp_path / "moby20.txt"
-    corpus.write_text("\n\n".join(text.split("\n\n")[:20]) + "\n", encoding="utf-8")
     out = tmp_path / "run"
-    common = ["--corpus", str(corpus), "--vocab-size", "300", "--hidden-size", "32",
+    common = ["--corpus", str(moby30), "--vocab-size", "300", "--hidden-size", "32",
               "--num-hidden-layers", "2", "--max-seq-length", "32", "--batch-size", "4",
               "--eval-fraction", "0.1", "--eval-instances", "8", "--no-progress"]
     assert train_mlm.main([*common, "--output-dir", str(out), "--objective", "electra",

@@ -39,6 +39,26 @@ class Example:
     path: str = ""
 
 
+def text_lines(path: Path):
+    """The lines of a UTF-8 text file as (line number from 1, text without its line end and,
+    on line 1, without a byte-order mark): the reading every line-based dataset shares.
+
+    Raises:
+        DatasetError: a missing file (``path: no such file``) or a line that is not UTF-8
+            (``path:line: not valid UTF-8``).
+    """
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{path}:{lineno}: not valid UTF-8 ({e})") from e
+            text = text.rstrip("\r\n")
+            yield lineno, (text.lstrip("\ufeff") if lineno == 1 else text)
+
+
 def read_tsv(path: str | os.PathLike) -> list[Example]:
     """Read a labelled TSV split (see the module docstring).
 
@@ -53,39 +73,31 @@ def read_tsv(path: str | os.PathLike) -> list[Example]:
             each message starts with ``path:line:``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file")
     examples: list[Example] = []
     header = None
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: not valid UTF-8 ({e})") from e
-            text = text.rstrip("\r\n")
-            if lineno == 1:
-                header = tuple(c.strip().lower() for c in text.lstrip("\ufeff").split("\t"))
-                if header not in (SINGLE_COLUMNS, PAIR_COLUMNS):
-                    raise DatasetError(
-                        f"{path}:1: header must be 'label<TAB>sentence' or "
-                        f"'label<TAB>sentence_a<TAB>sentence_b', got {text!r}")
-                continue
-            if not text.strip():
-                continue  # blank lines (e.g. a trailing one) are not rows
-            cols = text.split("\t")
-            if len(cols) != len(header):
-                missing = [c for c in header[len(cols):]]
-                what = (f"missing column(s) {', '.join(missing)}" if missing
-                        else f"{len(cols) - len(header)} extra column(s)")
-                raise DatasetError(f"{path}:{lineno}: expected {len(header)} tab-separated "
-                                   f"columns ({', '.join(header)}), got {len(cols)}: {what}")
-            for name, value in zip(header, cols):
-                if not value.strip():
-                    raise DatasetError(f"{path}:{lineno}: empty {name}")
-            label = cols[0].strip()
-            examples.append(Example(cols[1], cols[2] if len(cols) == 3 else None, label, lineno,
-                                    str(path)))
+    for lineno, text in text_lines(path):
+        if lineno == 1:
+            header = tuple(c.strip().lower() for c in text.split("\t"))
+            if header not in (SINGLE_COLUMNS, PAIR_COLUMNS):
+                raise DatasetError(
+                    f"{path}:1: header must be 'label<TAB>sentence' or "
+                    f"'label<TAB>sentence_a<TAB>sentence_b', got {text!r}")
+            continue
+        if not text.strip():
+            continue  # blank lines (e.g. a trailing one) are not rows
+        cols = text.split("\t")
+        if len(cols) != len(header):
+            missing = [c for c in header[len(cols):]]
+            what = (f"missing column(s) {', '.join(missing)}" if missing
+                    else f"{len(cols) - len(header)} extra column(s)")
+            raise DatasetError(f"{path}:{lineno}: expected {len(header)} tab-separated "
+                               f"columns ({', '.join(header)}), got {len(cols)}: {what}")
+        for name, value in zip(header, cols):
+            if not value.strip():
+                raise DatasetError(f"{path}:{lineno}: empty {name}")
+        label = cols[0].strip()
+        examples.append(Example(cols[1], cols[2] if len(cols) == 3 else None, label, lineno,
+                                str(path)))
     if header is None:
         raise DatasetError(f"{path}:1: empty split (an empty file: no header, no rows)")
     if not examples:

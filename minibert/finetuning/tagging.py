@@ -41,7 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..tokenization import BertTokenizer
-from .data import DatasetError, EncodedSplit
+from .data import DatasetError, EncodedSplit, text_lines
 
 IGNORE_INDEX = -100
 _PREFIXES = "BIES"
@@ -74,40 +74,30 @@ def read_conll(path: str | os.PathLike) -> list[TaggedSentence]:
             each message starts with ``path:line:``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file")
     sentences: list[TaggedSentence] = []
     words: list[str] = []
     tags: list[str] = []
     start = 0
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: not valid UTF-8 ({e})") from e
-            text = text.rstrip("\r\n")
-            if lineno == 1:
-                text = text.lstrip("\ufeff")
-            if not text.strip():
-                if words:
-                    sentences.append(TaggedSentence(words, tags, start, str(path)))
-                    words, tags = [], []
-                continue
-            cols = text.split("\t")
-            if len(cols) != 2:
-                what = "no tab" if len(cols) == 1 else f"{len(cols) - 1} tabs"
-                raise DatasetError(f"{path}:{lineno}: expected 'word<TAB>tag', got {what}: "
-                                   f"{text[:80]!r}")
-            word, tag = cols[0], cols[1].strip()
-            if not word.strip():
-                raise DatasetError(f"{path}:{lineno}: empty word (before the tab)")
-            if not tag:
-                raise DatasetError(f"{path}:{lineno}: empty tag (after the tab)")
-            if not words:
-                start = lineno
-            words.append(word)
-            tags.append(tag)
+    for lineno, text in text_lines(path):
+        if not text.strip():
+            if words:
+                sentences.append(TaggedSentence(words, tags, start, str(path)))
+                words, tags = [], []
+            continue
+        cols = text.split("\t")
+        if len(cols) != 2:
+            what = "no tab" if len(cols) == 1 else f"{len(cols) - 1} tabs"
+            raise DatasetError(f"{path}:{lineno}: expected 'word<TAB>tag', got {what}: "
+                               f"{text[:80]!r}")
+        word, tag = cols[0], cols[1].strip()
+        if not word.strip():
+            raise DatasetError(f"{path}:{lineno}: empty word (before the tab)")
+        if not tag:
+            raise DatasetError(f"{path}:{lineno}: empty tag (after the tab)")
+        if not words:
+            start = lineno
+        words.append(word)
+        tags.append(tag)
     if words:
         sentences.append(TaggedSentence(words, tags, start, str(path)))
     if not sentences:
