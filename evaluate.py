@@ -87,6 +87,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float_in(0.0, low_open=True), default=5e-5)
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--max-seq-length", type=int_at_least(3), default=128)
+    p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
+                   help="what the fine-tuned classifier reads: the pooled [CLS] vector or the "
+                        "mean of the last hidden states (finetune.py --pooling)")
     p.add_argument("--no-finetune", dest="finetune", action="store_false",
                    help="probes and bag of words only")
     p.add_argument("--no-probe", dest="probe", action="store_false",
@@ -162,7 +165,8 @@ def run_finetune(args, start: str, pre_path: str, random_init: bool, train: Path
                 "--test", str(task / "test.tsv"), "--output-dir", str(out), "--overwrite",
                 "--seed", str(seed), "--epochs", str(args.epochs), "--lr", str(args.lr),
                 "--batch-size", str(args.batch_size), "--max-seq-length",
-                str(args.max_seq_length), "--no-progress",
+                str(args.max_seq_length), "--pooling", args.pooling, "--group-by-length",
+                "--no-progress",
                 *(["--random-init"] if random_init else []),
                 *(["--device", args.device] if args.device else [])]
         out.mkdir(parents=True, exist_ok=True)
@@ -274,7 +278,7 @@ def main(argv=None) -> int:
         args.tasks = list(CHINESE if next(iter(chinese.values())) else ENGLISH)
     out = Path(args.output_dir)
     settings = {k: getattr(args, k) for k in ("starts", "tasks", "budgets", "seeds", "epochs",
-                                               "lr", "batch_size", "max_seq_length")}
+                                               "lr", "batch_size", "max_seq_length", "pooling")}
     settings["task_dirs"] = {t: str(args.task_dirs[t]) for t in args.tasks}
     cfg_path = out / "settings.json"
     if cfg_path.is_file() and json.loads(cfg_path.read_text()) != settings:

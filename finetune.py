@@ -52,6 +52,8 @@ from minibert.cli import (dropout_probability, explicit_options, fail as _fail, 
                           int_at_least,
                           non_negative_float, positive_float, positive_int)
 from minibert.finetuning import DatasetError
+from minibert.finetuning.distill import (SoftTargets, read_transfer, teacher_logits,
+                                         with_transfer_rows)
 from minibert.finetuning.tasks import TASKS, FinetuneTask, make_task, task_for_model
 from minibert.hf import HFFormatError, save_hf_directory
 from minibert.optim import AdamW
@@ -109,11 +111,28 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--model", default=None,
                    help="a finetune.py output dir to use for --predict / --plot-attention / "
                         "--export-hf without training (its task and labels come with it)")
+    g.add_argument("--pooling", choices=["cls", "mean"], default=None,
+                   help="sequence classification: the head reads the pooled [CLS] vector "
+                        "(cls) or the mean of the last hidden states over the real tokens "
+                        "(mean, no pooler); default: the start's (cls for a pretraining run)")
     g.add_argument("--freeze-embeddings", action="store_true",
                    help="do not train the embeddings (word, position, token type, LayerNorm)")
     g.add_argument("--freeze-layers", type=int_at_least(0), default=0, metavar="N",
                    help="do not train the lowest N encoder layers (0 to num_hidden_layers); "
                         "with --freeze-embeddings too, no backward runs below layer N")
+    g = p.add_argument_group("task distillation (sequence classification)")
+    g.add_argument("--teacher", metavar="DIR", default=None,
+                   help="a fine-tuned sequence classifier (finetune.py output or Hugging "
+                        "Face directory) with the same labels: the student also learns from "
+                        "its soft labels (Hinton et al. 2015)")
+    g.add_argument("--distill-alpha", type=float_in(0.0, 1.0), default=0.5,
+                   help="weight of the soft-label loss; 1 - it weighs the gold-label loss")
+    g.add_argument("--temperature", type=positive_float, default=2.0,
+                   help="softmax temperature of the soft labels (the loss is scaled by T^2)")
+    g.add_argument("--transfer-data", metavar="FILE", default=None,
+                   help="unlabelled in-domain text, one 'sentence' or 'sentence_a<TAB>"
+                        "sentence_b' per line, added to the train rows with the teacher's "
+                        "soft labels only (the transfer set of Turc et al. 2019)")
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=positive_int, default=3, help="passes over the train split")
     g.add_argument("--max-steps", type=positive_int, default=None,
@@ -189,6 +208,14 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     given = explicit_options(p, argv)
     if args.resume:
         args.output_dir = args.resume
+    if not args.teacher and (stray := [n for n in ("distill_alpha", "temperature",
+                                                   "transfer_data") if n in given]):
+        p.error(f"--{stray[0].replace('_', '-')} goes with --teacher")
+    if args.teacher and args.task != "sequence-classification":
+        p.error(f"--teacher: task distillation is for --task sequence-classification, "
+                f"not {args.task}")
+    if args.pooling and args.task != "sequence-classification":
+        p.error(f"--pooling: for --task sequence-classification, not {args.task}")
     for name in ("predict", "plot_attention"):
         if getattr(args, name) and len(getattr(args, name)) > 2:
             p.error(f"--{name.replace('_', '-')} takes one text or a pair of texts")
@@ -247,6 +274,30 @@ RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted
                    "label_all_tokens": False, "doc_stride": 128, "max_query_length": 64,
                    "n_best_size": 20, "max_answer_length": 30,
                    "freeze_embeddings": False, "freeze_layers": 0}  # froze nothing
+
+
+def soft_targets(args, tokenizer, train_split, labels, max_len, xp):
+    """(train split with the --transfer-data rows, SoftTargets) for --teacher: the teacher
+    labels every train row once, before training."""
+    try:
+        teacher = load_start(args.teacher)
+    except (RunError, CheckpointError, HFFormatError, ValueError) as e:
+        fail(f"--teacher {args.teacher}: {e}")
+    try:
+        if args.transfer_data:
+            rows = read_transfer(args.transfer_data)
+            train_split = with_transfer_rows(train_split, tokenizer, rows, max_len)
+        logits = teacher_logits(teacher, train_split.examples, labels, max_len,
+                                args.eval_batch_size, xp)
+    except (HFFormatError, DatasetError, ValueError) as e:
+        fail(f"--transfer-data {e}" if isinstance(e, DatasetError) else str(e))
+    gold = np.asarray(train_split.labels) >= 0
+    agree = float((logits[gold].argmax(-1) == np.asarray(train_split.labels)[gold]).mean())
+    print(f"teacher {teacher.source}: soft labels for {len(train_split)} train rows "
+          f"({int((~gold).sum())} from --transfer-data), its train accuracy {agree:.4f}; "
+          f"loss = {1 - args.distill_alpha:g} * CE + {args.distill_alpha:g} * "
+          f"{args.temperature:g}^2 * KL at T = {args.temperature:g}")
+    return train_split, SoftTargets(logits, args.distill_alpha, args.temperature)
 
 
 def make_optimizer(model, args) -> AdamW:
@@ -359,10 +410,14 @@ def main(argv=None) -> int:
     labels, train_split, dev, test = data.labels, data.train, data.dev, data.test
     for line in data.warnings:
         print(f"finetune.py: warning: {line}", file=sys.stderr)
+    soft = None
+    if args.teacher:
+        train_split, soft = soft_targets(args, tokenizer, train_split, labels, max_len, xp)
     try:
         model, report = task.build_model(pre, labels, seed=args.seed,
                                          random_init=args.random_init,
-                                         classifier_dropout=args.classifier_dropout)
+                                         classifier_dropout=args.classifier_dropout,
+                                         classifier_pooling=args.pooling)
         if resumed is not None:
             check_same_config(resumed["config"], model.config, str(run.checkpoint))
             model.load_state_dict(resumed["model"])
@@ -407,7 +462,8 @@ def main(argv=None) -> int:
         if note := distributed.resume_notice(state.world_size, comm):
             print(note)
         resumed = None
-    loop_task = FinetuneTask(args, run, model, train_split, dev, labels, pre, xp, best, task)
+    loop_task = FinetuneTask(args, run, model, train_split, dev, labels, pre, xp, best, task,
+                             soft)
     cfg = TrainingConfig(max_steps=total, lr=args.lr,
                          warmup_steps=int(args.warmup_proportion * total),
                          max_grad_norm=args.max_grad_norm, gradient_accumulation_steps=k,
@@ -436,6 +492,7 @@ def main(argv=None) -> int:
     summary = {"task": task.name, "init": pre.source, "random_init": args.random_init,
                "labels": labels, "metric": task.metric, "best_step": loop_task.best["step"],
                "dev": None, "test": None, "steps": state.step, "epochs": args.epochs,
+               "teacher": args.teacher, "pooling": model.config.classifier_pooling,
                "seconds_this_run": round(seconds, 1),
                "seconds_total": round(state.elapsed_s, 1), "max_seq_length": max_len,
                "freeze_embeddings": args.freeze_embeddings,

@@ -119,13 +119,18 @@ def config_to_hf(config: BertConfig, architecture: str,
 
     Raises:
         HFFormatError: options transformers' BERT does not have (pre-LN, sinusoidal
-            positions), which a HF directory could not represent.
+            positions, a mean-pooled sequence classifier), which a HF directory could not
+            represent.
     """
     if config.norm_position != "post" or config.position_embedding_type != "absolute":
         raise HFFormatError("cannot export to Hugging Face BERT: norm_position="
                             f"{config.norm_position!r}, position_embedding_type="
                             f"{config.position_embedding_type!r} (HF BERT is post-LN with "
                             "learned absolute positions)")
+    if config.classifier_pooling != "cls" and architecture == "BertForSequenceClassification":
+        raise HFFormatError("cannot export to Hugging Face BERT: classifier_pooling="
+                            f"{config.classifier_pooling!r} (transformers' "
+                            "BertForSequenceClassification reads the pooled [CLS] vector)")
     d: dict[str, Any] = {"architectures": [architecture], "model_type": "bert"}
     d.update({k: getattr(config, k) for k in HF_CONFIG_FIELDS})
     if id2label is None:

@@ -46,7 +46,8 @@ class BertConfig:
 
     Raises:
         ValueError: hidden_size not divisible by num_attention_heads, an unknown
-            hidden_act / position_embedding_type / norm_position, or a non-positive size.
+            hidden_act / position_embedding_type / norm_position / classifier_pooling, or
+            a non-positive size.
     """
 
     vocab_size: int = 30522               # rows of the word-embedding matrix (tokens)
@@ -66,6 +67,7 @@ class BertConfig:
     norm_position: str = "post"           # "post" (BERT) or "pre" (Xiong et al. 2020)
     num_labels: int = 2                   # classes for sequence classification heads
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+    classifier_pooling: str = "cls"       # sequence classifier input: "cls" or "mean"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -85,6 +87,9 @@ class BertConfig:
         if self.norm_position not in ("post", "pre"):
             raise ValueError(f"BertConfig.norm_position: expected 'post' or 'pre', "
                              f"got {self.norm_position!r}")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"BertConfig.classifier_pooling: expected 'cls' or 'mean', "
+                             f"got {self.classifier_pooling!r}")
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "BertConfig":
@@ -857,7 +862,7 @@ class SequenceClassifierOutput:
 
 class _BertWithClassifier(BertPreTrainedModel):
     """The construction shared by the classification heads: ``bert`` (with a pooler when
-    the subclass's ``add_pooling_layer`` says so), ``dropout`` (``config.classifier_dropout``
+    the subclass's ``uses_pooler(config)`` says so), ``dropout`` (``config.classifier_dropout``
     or, when None, ``hidden_dropout_prob``, as HF) and ``classifier`` (K, C), drawn from
     the NumPy generator of ``seed`` (encoder first, then the classifier).
 
@@ -865,14 +870,17 @@ class _BertWithClassifier(BertPreTrainedModel):
         ValueError: ``config.num_labels`` < 1, or a classifier dropout outside [0, 1).
     """
 
-    add_pooling_layer: bool
+    @staticmethod
+    def uses_pooler(config: BertConfig) -> bool:
+        """Whether the head reads ``bert.pooler``'s output (else the encoder has no pooler)."""
+        raise NotImplementedError
 
     def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
         if int(config.num_labels) < 1:
             raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
         self.config = config
         rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, add_pooling_layer=self.add_pooling_layer, rng=rng,
+        self.bert = BertModel(config, add_pooling_layer=self.uses_pooler(config), rng=rng,
                               dtype=dtype)
         p = (config.classifier_dropout if config.classifier_dropout is not None
              else config.hidden_dropout_prob)
@@ -891,9 +899,17 @@ class BertForSequenceClassification(_BertWithClassifier):
     section 4.1; HF ``BertForSequenceClassification``; google-research/bert
     ``run_classifier.py create_model``):
 
-        logits = dropout(pooler_output) @ W^T + b        W: (K, C), b: (K,)
+        logits = dropout(pooled) @ W^T + b               W: (K, C), b: (K,)
+        pooled = pooler_output                           (classifier_pooling "cls")
+               = sum_t m_t h_t / sum_t m_t               (classifier_pooling "mean")
         loss   = mean cross-entropy(logits, labels)      (num_labels >= 2)
                = mean (logits[:, 0] - labels)^2          (num_labels == 1, regression)
+
+    With ``config.classifier_pooling == "mean"`` the head reads the mean of the last hidden
+    states h over the real tokens (attention mask m), as sentence-transformers' mean
+    pooling (Reimers & Gurevych 2019) and ModernBERT's ``classifier_pooling="mean"``; the
+    encoder then has no pooler (a checkpoint's pooler weights are reported unused) and
+    transformers' BertForSequenceClassification cannot load the model.
 
     Parameter names are HF's: ``bert.*`` and ``classifier.weight`` / ``classifier.bias``.
     The dropout probability is ``config.classifier_dropout``, or ``hidden_dropout_prob``
@@ -908,7 +924,9 @@ class BertForSequenceClassification(_BertWithClassifier):
         ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
     """
 
-    add_pooling_layer = True   # the head reads the pooled [CLS] vector
+    @staticmethod
+    def uses_pooler(config: BertConfig) -> bool:
+        return config.classifier_pooling == "cls"   # "mean" reads the hidden states
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False) -> SequenceClassifierOutput:
@@ -926,7 +944,16 @@ class BertForSequenceClassification(_BertWithClassifier):
                 or a class id outside [0, K) (checked on the CPU only).
         """
         out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
-        pooled = out.pooler_output                                       # (B, C)
+        h = out.last_hidden_state                                        # (B, T, C)
+        mean_weights = None
+        if self.config.classifier_pooling == "mean":
+            m = (attention_mask if attention_mask is not None
+                 else get_array_module(h).ones(h.shape[:2])).astype(h.dtype)   # (B, T)
+            # forward: pooled = sum_t m_t h_t / sum_t m_t, per row
+            mean_weights = m / m.sum(axis=1, keepdims=True).clip(1, None)      # (B, T)
+            pooled = (mean_weights[:, :, None] * h).sum(axis=1)                # (B, C)
+        else:
+            pooled = out.pooler_output                                   # (B, C)
         logits = self.classifier(self.dropout(pooled))                   # (B, K)
         loss = loss_cache = None
         if labels is not None:
@@ -941,7 +968,7 @@ class BertForSequenceClassification(_BertWithClassifier):
             else:
                 loss, ce = cross_entropy_forward(logits, labels)
                 loss_cache = ("ce", ce)
-        self._cache = (logits.shape, logits.dtype, loss_cache)
+        self._cache = (logits.shape, logits.dtype, loss_cache, mean_weights)
         return SequenceClassifierOutput(loss, logits, pooled, out.attentions)
 
     def backward(self, d_logits=None, dloss=1.0) -> None:
@@ -959,7 +986,7 @@ class BertForSequenceClassification(_BertWithClassifier):
         """
         if self._cache is None:
             raise RuntimeError("backward() needs a preceding forward")
-        shape, dtype, loss_cache = self._cache
+        shape, dtype, loss_cache, mean_weights = self._cache
         if d_logits is None:
             if loss_cache is None:
                 raise RuntimeError("backward() without d_logits needs a forward with labels")
@@ -975,7 +1002,11 @@ class BertForSequenceClassification(_BertWithClassifier):
         self._cache = None
         # forward: logits = dropout(pooled) @ W^T + b
         d_pooled = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
-        self.bert.backward(None, d_pooled)                               # (B, C) upstream
+        if mean_weights is None:
+            self.bert.backward(None, d_pooled)                           # (B, C) upstream
+        else:
+            # forward: pooled = sum_t mean_weights[:, t] h_t  ->  d h_t = mean_weights_t d_pooled
+            self.bert.backward(mean_weights[:, :, None] * d_pooled[:, None, :], None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1024,7 +1055,9 @@ class BertForTokenClassification(_BertWithClassifier):
         ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
     """
 
-    add_pooling_layer = False  # the head reads every token's state, as HF's
+    @staticmethod
+    def uses_pooler(config: BertConfig) -> bool:
+        return False   # the head reads every token's state, as HF's add_pooling_layer=False
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False) -> TokenClassifierOutput:

@@ -60,6 +60,9 @@ class Task(Protocol):
     ``forward(model, batch)`` runs the model with labels and returns (loss, sums): loss a
     0-d device array, sums a dict of 0-d device arrays (e.g. correct predictions) that the
     loop adds up between log steps.
+    ``backward(model, dloss)`` (optional) back-propagates the last forward's loss times
+    ``dloss`` when the task computes the loss itself from the model's outputs (e.g. soft
+    labels); without it the loop calls ``model.backward(dloss=dloss)``.
     ``summarize(totals)`` turns host totals of those sums (and ``steps``) into metrics.
     ``evaluate(step)`` (may be None) evaluates and returns a record (host floats).
     ``trainer_record()`` returns job fields for the checkpoint (job name, arguments ...).
@@ -201,6 +204,7 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
     rng = dropout_rng or backend.DropoutRNG(device)
     model.set_dropout_rng(rng)
     k = len(micro)
+    backward = getattr(task, "backward", None)   # a task that computes its own loss
     optimizer.zero_grad()
     scale = optimizer.loss_scale()          # 1.0, or the dynamic scale of float16 training
     loss_sum, sums = 0.0, {}
@@ -208,7 +212,10 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
         shard, weight = shard_rows(batch, rank, world)
         rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
         loss, batch_sums = task.forward(model, shard)
-        model.backward(dloss=scale * weight / k)
+        if backward is None:
+            model.backward(dloss=scale * weight / k)
+        else:
+            backward(model, scale * weight / k)
         loss_sum = loss_sum + loss * weight / k
         for key, v in batch_sums.items():   # a stand-in row (weight 0) counts nothing
             sums[key] = sums.get(key, 0) + (v if weight else 0 * v)

@@ -14,11 +14,11 @@ from minibert.testing import assert_parameter_gradients, bert_configs, seeds, to
 
 @settings(max_examples=8, deadline=None)
 @given(data=st.data(), num_labels=st.integers(1, 4), dropout=st.sampled_from([0.0, 0.3]),
-       seed=seeds)
-def test_gradients_random_upstream_fixed_dropout(data, num_labels, dropout, seed):
+       pooling=st.sampled_from(["cls", "mean"]), seed=seeds)
+def test_gradients_random_upstream_fixed_dropout(data, num_labels, dropout, pooling, seed):
     config = data.draw(bert_configs(max_hidden=8, max_layers=1, max_positions=6,
                                     dropout=dropout, min_hidden=8))
-    config = dataclasses.replace(config, num_labels=num_labels)
+    config = dataclasses.replace(config, num_labels=num_labels, classifier_pooling=pooling)
     batch = data.draw(token_batches(config, max_batch=3))
     rng = np.random.default_rng(seed)
     model = BertForSequenceClassification(config, seed=seed % 1000, dtype=np.float64)
@@ -36,11 +36,13 @@ def test_gradients_random_upstream_fixed_dropout(data, num_labels, dropout, seed
 
 
 @settings(max_examples=6, deadline=None)
-@given(data=st.data(), num_labels=st.integers(1, 3), seed=seeds)
-def test_gradients_of_the_loss(data, num_labels, seed):
+@given(data=st.data(), num_labels=st.integers(1, 3), pooling=st.sampled_from(["cls", "mean"]),
+       seed=seeds)
+def test_gradients_of_the_loss(data, num_labels, pooling, seed):
     config = data.draw(bert_configs(max_hidden=8, max_layers=1, max_positions=6, dropout=0.2,
                                     min_hidden=8))
-    config = dataclasses.replace(config, num_labels=num_labels, classifier_dropout=0.5)
+    config = dataclasses.replace(config, num_labels=num_labels, classifier_dropout=0.5,
+                                 classifier_pooling=pooling)
     batch = data.draw(token_batches(config, max_batch=3))
     B = batch.input_ids.shape[0]
     rng = np.random.default_rng(seed)
@@ -78,6 +80,34 @@ def test_errors_and_names():
         m(ids, labels=np.array([0, 3]))
     with pytest.raises(ValueError, match="num_labels"):
         BertForSequenceClassification(dataclasses.replace(config, num_labels=0))
+
+
+@settings(max_examples=5, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_mean_pooling_reads_the_masked_mean_of_the_last_hidden_states(data, seed):
+    config = data.draw(bert_configs(max_hidden=8, max_layers=2, max_positions=8, dropout=0.0,
+                                    min_hidden=8))
+    config = dataclasses.replace(config, classifier_pooling="mean")
+    batch = data.draw(token_batches(config, max_batch=3))
+    model = BertForSequenceClassification(config, seed=seed % 1000, dtype=np.float64).eval()
+    assert not any("pooler" in n for n, _ in model.named_parameters())
+    out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+    h = model.bert(batch.input_ids, batch.token_type_ids, batch.attention_mask).last_hidden_state
+    m = batch.attention_mask.astype(np.float64)
+    expect = (h * m[:, :, None]).sum(1) / np.maximum(m.sum(1), 1)[:, None]
+    np.testing.assert_allclose(out.pooler_output, expect, rtol=1e-12, atol=1e-12)
+    w, b = model.classifier.weight.data, model.classifier.bias.data
+    np.testing.assert_allclose(out.logits, expect @ w.T + b, rtol=1e-12, atol=1e-12)
+
+
+def test_mean_pooling_is_checked_and_not_exported(tmp_path):
+    from minibert.hf import HFFormatError, config_to_hf
+    with pytest.raises(ValueError, match="classifier_pooling"):
+        BertConfig(classifier_pooling="max")
+    config = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=8, classifier_pooling="mean")
+    with pytest.raises(HFFormatError, match="classifier_pooling"):
+        config_to_hf(config, "BertForSequenceClassification")
 
 
 torch = None

@@ -108,8 +108,11 @@ def test_evaluate_end_to_end(start_and_task, tmp_path, capsys):
     out = tmp_path / "eval"
     argv = [str(run), f"random:{run}", "--task-dir", f"toy={task}", "--tasks", "toy",
             "--budgets", "10", "all", "--seeds", "2", "--epochs", "2", "--lr", "1e-3",
-            "--batch-size", "8", "--max-seq-length", "12", "--output-dir", str(out)]
+            "--batch-size", "8", "--max-seq-length", "12", "--pooling", "mean",
+            "--output-dir", str(out)]
     assert evaluate.main(argv) == 0
+    configs = [json.loads(p.read_text()) for p in out.glob("runs/**/config.json")]
+    assert configs and all(c["classifier_pooling"] == "mean" for c in configs)
     result = json.loads((out / "results.json").read_text())
     runs = result["runs"]
     # 2 budgets x 2 seeds x (2 starts x (finetune + probe) + bag of words)

@@ -20,7 +20,8 @@ HEAD_PREFIXES = ("classifier.", "qa_outputs.")
 
 def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
                 labels: Sequence[str] | None = None, seed: int = 0, dtype=np.float32,
-                random_init: bool = False, classifier_dropout: float | None = None):
+                random_init: bool = False, classifier_dropout: float | None = None,
+                classifier_pooling: str | None = None):
     """A fine-tuning model (``model_class``: :class:`BertForSequenceClassification`,
     :class:`~minibert.modeling.BertForTokenClassification` or
     :class:`~minibert.modeling.BertForQuestionAnswering`) with ``len(labels)`` classes (2
@@ -28,8 +29,9 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
     all fresh when ``random_init`` (same architecture and vocab, for baselines).
 
     The head of ``pre`` is kept only when it is a head of the same class
-    (``pre.architecture``) with the same labels (a fine-tuned model trained on); else the
-    head is new.
+    (``pre.architecture``) with the same labels and pooling (a fine-tuned model trained
+    on); else the head is new. ``classifier_dropout`` / ``classifier_pooling`` (None: the
+    start's config) set those config fields.
 
     Returns:
         (model, report) with report as :func:`minibert.hf.load_pretrained_weights`.
@@ -46,13 +48,16 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
         kw["num_labels"] = len(labels)
     if classifier_dropout is not None:
         kw["classifier_dropout"] = classifier_dropout
+    if classifier_pooling is not None:
+        kw["classifier_pooling"] = classifier_pooling
     model = model_class(BertConfig(**kw), seed=seed, dtype=dtype)
     if random_init:
         return model, {"loaded": [], "new": [n for n, _ in model.named_parameters()],
                        "unused": sorted(pre.state)}
     state = dict(pre.state)
     same_head = (pre.architecture in (None, model_class.__name__)
-                 and (pre.labels is None or labels is None or list(pre.labels) == list(labels)))
+                 and (pre.labels is None or labels is None or list(pre.labels) == list(labels))
+                 and pre.config.classifier_pooling == kw.get("classifier_pooling", "cls"))
     if not same_head:
         state = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
     return model, load_pretrained_weights(model, state, pre.source)
@@ -75,23 +80,30 @@ def build_classifier(pre: Pretrained, labels: Sequence[str], seed: int = 0, dtyp
                        random_init=random_init, classifier_dropout=classifier_dropout)
 
 
-def predict_split(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
-                  pad_id: int = 0, xp=np, progress=None) -> np.ndarray:
-    """Class probabilities (N, K) float64 of every row of ``split`` (eval mode, no dropout).
+def split_logits(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
+                 pad_id: int = 0, xp=np, progress=None) -> np.ndarray:
+    """Logits (N, K) float32 of every row of ``split`` on the host (eval mode, no dropout).
     The model is put back in its previous train/eval mode afterwards."""
     was_training = model.training
     model.eval()
-    probs = np.zeros((len(split), model.num_labels))
+    logits = np.zeros((len(split), model.num_labels), dtype=np.float32)
     try:
         for b in iterate_batches(split, batch_size, pad_id):
             d = b.to(xp)
-            logits = model(d.input_ids, d.token_type_ids, d.attention_mask).logits
-            probs[b.index] = softmax_np(to_numpy(logits))
+            logits[b.index] = to_numpy(model(d.input_ids, d.token_type_ids,
+                                             d.attention_mask).logits)
             if progress is not None:
                 progress.update(len(b.index))
     finally:
         model.train(was_training)
-    return probs
+    return logits
+
+
+def predict_split(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
+                  pad_id: int = 0, xp=np, progress=None) -> np.ndarray:
+    """Class probabilities (N, K) float64 of every row of ``split`` (eval mode, no dropout;
+    the softmax of :func:`split_logits`)."""
+    return softmax_np(split_logits(model, split, batch_size, pad_id, xp, progress))
 
 
 def evaluate(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np
@@ -111,4 +123,5 @@ def evaluate(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np
     return m, probs
 
 
-__all__ = ["HEAD_PREFIXES", "build_model", "build_classifier", "predict_split", "evaluate"]
+__all__ = ["HEAD_PREFIXES", "build_model", "build_classifier", "split_logits", "predict_split",
+           "evaluate"]

@@ -143,10 +143,12 @@ class TaskBase:
 
     # -- model -------------------------------------------------------------------------
     def build_model(self, pre, labels, seed: int = 0, random_init: bool = False,
-                    classifier_dropout: float | None = None):
+                    classifier_dropout: float | None = None,
+                    classifier_pooling: str | None = None):
         """(model, load report) of :attr:`model_class` from the starting point ``pre``."""
         return build_model(pre, self.model_class, labels, seed=seed, random_init=random_init,
-                           classifier_dropout=classifier_dropout)
+                           classifier_dropout=classifier_dropout,
+                           classifier_pooling=classifier_pooling)
 
     def record(self, labels) -> dict:
         """Fields for a checkpoint's trainer record: the task, the model class, the label
@@ -582,11 +584,14 @@ class FinetuneTask:
 
     Args:
         task: the :class:`TaskBase` (default: sequence classification with ``args``).
+        soft: a :class:`~minibert.finetuning.distill.SoftTargets` (task distillation: the
+            loss on the teacher's soft labels replaces the task's loss), or None.
     """
 
     def __init__(self, args, run, model, train_split, dev_split, labels, pre, xp,
-                 best: dict | None = None, task: TaskBase | None = None):
+                 best: dict | None = None, task: TaskBase | None = None, soft=None):
         self.args, self.run, self.model, self.xp = args, run, model, xp
+        self.soft = soft
         self.train_split, self.dev_split = train_split, dev_split
         self.labels, self.pre = labels, pre
         self.task = task or SequenceClassification(args)
@@ -605,7 +610,16 @@ class FinetuneTask:
                                group_by_length=getattr(self.args, "group_by_length", False))
 
     def forward(self, model, batch):
-        return self.task.forward(model, batch, self.xp)
+        if self.soft is None:
+            return self.task.forward(model, batch, self.xp)
+        loss, sums = self.soft.forward(model, batch, self.xp)
+        return loss, sums | self.task._token_counts(batch)
+
+    def backward(self, model, dloss) -> None:
+        if self.soft is None:
+            model.backward(dloss=dloss)
+        else:
+            self.soft.backward(model, dloss)
 
     def summarize(self, totals: dict) -> dict:
         return self.task.summarize(totals)

@@ -1,0 +1,174 @@
+"""Task distillation for sequence classification (``finetune.py --teacher DIR``): the
+student learns from a fine-tuned teacher's soft labels as well as from the gold labels.
+
+    loss = (1 - alpha) * CE(s, y) + alpha * T^2 * KL(softmax(t / T) || softmax(s / T))
+
+s: the student's logits, t: the teacher's, y: the gold labels, T: the temperature. This is
+the soft-target objective of Hinton et al. 2015 ("Distilling the Knowledge in a Neural
+Network", section 2: the T^2 keeps the soft term's gradient scale independent of T), as
+DistilBERT's task-specific distillation and Turc et al. 2019 ("Well-Read Students Learn
+Better", section 3: pre-trained distillation, the student trained on the teacher's
+predictive distribution) use it. The CE mean is over the rows with a gold label; rows of
+an unlabelled transfer set (``--transfer-data``: in-domain text the teacher labels, Turc
+et al.'s transfer set) carry the label -100 and count only in the soft term, whose mean is
+over every row.
+
+The teacher runs once, before training, in inference mode and with its own tokenizer
+(:func:`teacher_logits`): its soft labels are a constant (N, K) table indexed by the rows
+of each batch, so the teacher need not share the student's vocabulary, and a step costs
+what a plain fine-tuning step costs.
+
+Shape legend: N = rows (examples), B = batch rows, K = classes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..backend import get_array_module
+from ..distillation import soft_target_kl_backward, soft_target_kl_forward
+from ..modeling import BertForSequenceClassification
+from ..nn import IGNORE_INDEX
+from ..nn.losses import cross_entropy_backward, cross_entropy_forward
+from ..runs import Pretrained
+from ..tokenization import BertTokenizer
+from .classifier import build_model, split_logits
+from .data import DatasetError, EncodedSplit, Example, encode_split, text_lines
+
+__all__ = ["soft_label_loss_forward", "soft_label_loss_backward", "teacher_logits",
+           "read_transfer", "with_transfer_rows", "SoftTargets"]
+
+
+def soft_label_loss_forward(logits, labels, teacher, alpha: float, temperature: float):
+    """(1 - alpha) * CE(logits, labels) + alpha * T^2 * KL(softmax(teacher / T) ||
+    softmax(logits / T)) (see the module docstring).
+
+    Args:
+        logits: (B, K) float, the student's logits.
+        labels: (B,) int in [0, K), or -100 for a row without a gold label.
+        teacher: (B, K) float, the teacher's logits for the same rows (a constant).
+        alpha: weight of the soft term in [0, 1].
+        temperature: T > 0.
+    Returns:
+        (loss, cache): loss a 0-d array (nats; the CE is 0 when no row has a gold label).
+    Raises:
+        ValueError: alpha outside [0, 1], T <= 0, shapes that differ, or (on the CPU) a
+            label outside [0, K) that is not -100.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"soft_label_loss: alpha must be in [0, 1], got {alpha}")
+    every_row = get_array_module(logits).ones(logits.shape[:1])      # (B,) all rows count
+    ce, ce_cache = cross_entropy_forward(logits, labels)
+    kl, kl_cache = soft_target_kl_forward(logits, teacher, every_row, temperature)
+    return (1.0 - alpha) * ce + alpha * kl, (ce_cache, kl_cache, alpha)
+
+
+def soft_label_loss_backward(dloss, cache):
+    """d loss / d logits (B, K) of :func:`soft_label_loss_forward`, times ``dloss``."""
+    ce_cache, kl_cache, alpha = cache
+    # forward: loss = (1 - alpha) * ce + alpha * kl
+    return (cross_entropy_backward(dloss * (1.0 - alpha), ce_cache)
+            + soft_target_kl_backward(dloss * alpha, kl_cache))
+
+
+def teacher_logits(teacher: Pretrained, examples: Sequence[Example], labels: Sequence[str],
+                   max_seq_length: int, batch_size: int = 64, xp=np) -> np.ndarray:
+    """The teacher's logits (N, K) float32 for ``examples``, columns in the order of the
+    student's ``labels``.
+
+    The examples are tokenized with the teacher's own vocabulary and options, truncated to
+    ``max_seq_length`` (at most the teacher's position limit), and run in inference mode.
+
+    Raises:
+        ValueError: ``teacher`` is not a fine-tuned sequence classifier, or its label set
+            differs from ``labels`` (the message names both).
+    """
+    arch = teacher.architecture
+    if arch not in (None, BertForSequenceClassification.__name__) or not teacher.labels:
+        raise ValueError(f"--teacher {teacher.source}: not a fine-tuned sequence classifier "
+                         f"(architecture {arch}, labels {teacher.labels}); fine-tune one "
+                         f"with finetune.py first")
+    if sorted(teacher.labels) != sorted(labels):
+        raise ValueError(f"--teacher {teacher.source}: its labels {list(teacher.labels)} "
+                         f"differ from the train split's {list(labels)}")
+    model, _ = build_model(teacher, BertForSequenceClassification, teacher.labels)
+    model.to("cuda" if xp is not np else "cpu")
+    tok = BertTokenizer(teacher.vocab_file, **teacher.tokenizer_options)
+    max_len = min(max_seq_length, teacher.config.max_position_embeddings)
+    split = encode_split(tok, examples, max_len)
+    logits = split_logits(model, split, batch_size, 0, xp)            # (N, K) teacher order
+    order = [list(teacher.labels).index(l) for l in labels]
+    return logits[:, order]
+
+
+def read_transfer(path: str | Path) -> list[Example]:
+    """Unlabelled transfer-set rows: one example per line, ``sentence`` or
+    ``sentence_a<TAB>sentence_b`` (no header; blank lines skipped); label "".
+
+    Raises:
+        DatasetError: missing or undecodable file, more than two columns, an empty column,
+            or no rows (``path:line:`` first).
+    """
+    path = Path(path)
+    rows = []
+    for lineno, text in text_lines(path):
+        if not text.strip():
+            continue
+        cols = text.split("\t")
+        if len(cols) > 2:
+            raise DatasetError(f"{path}:{lineno}: expected 'sentence' or "
+                               f"'sentence_a<TAB>sentence_b', got {len(cols)} columns")
+        if not all(c.strip() for c in cols):
+            raise DatasetError(f"{path}:{lineno}: empty sentence")
+        rows.append(Example(cols[0], cols[1] if len(cols) == 2 else None, "", lineno,
+                            str(path)))
+    if not rows:
+        raise DatasetError(f"{path}: no rows (an empty transfer set)")
+    return rows
+
+
+def with_transfer_rows(split: EncodedSplit, tokenizer, rows: Sequence[Example],
+                       max_seq_length: int) -> EncodedSplit:
+    """``split`` followed by the transfer ``rows`` (encoded with the student's tokenizer),
+    whose labels are -100 (no gold label)."""
+    extra = encode_split(tokenizer, rows, max_seq_length)
+    labels = np.concatenate([np.asarray(split.labels, dtype=np.int64),
+                             np.full(len(rows), IGNORE_INDEX, dtype=np.int64)])
+    return EncodedSplit(split.input_ids + extra.input_ids,
+                        split.token_type_ids + extra.token_type_ids, labels,
+                        list(split.examples) + list(rows))
+
+
+class SoftTargets:
+    """The soft-label objective in the loop: :meth:`forward` gives the loss and sums of a
+    batch, :meth:`backward` back-propagates it (what ``model.backward(dloss=...)`` does for
+    the plain loss).
+
+    Args:
+        logits: (N, K) the teacher's logits for every row of the train split (host).
+        alpha, temperature: as :func:`soft_label_loss_forward`.
+    """
+
+    def __init__(self, logits: np.ndarray, alpha: float, temperature: float):
+        self.logits, self.alpha, self.temperature = logits, float(alpha), float(temperature)
+        self._cache = None
+
+    def forward(self, model, batch, xp):
+        """(loss, sums) of ``batch`` (a :class:`~minibert.finetuning.data.Batch`): sums
+        ``correct`` / ``count`` over the rows with a gold label, no device read."""
+        labels = xp.asarray(batch.labels)                             # (B,)
+        out = model(xp.asarray(batch.input_ids), xp.asarray(batch.token_type_ids),
+                    xp.asarray(batch.attention_mask))
+        teacher = xp.asarray(self.logits[batch.index]).astype(out.logits.dtype)
+        loss, self._cache = soft_label_loss_forward(out.logits, labels, teacher,
+                                                    self.alpha, self.temperature)
+        gold = labels != IGNORE_INDEX
+        return loss, {"correct": ((out.logits.argmax(-1) == labels) & gold).sum(),
+                      "count": int((batch.labels != IGNORE_INDEX).sum())}
+
+    def backward(self, model, dloss) -> None:
+        """Gradients of the last :meth:`forward`'s loss, times ``dloss``, into ``model``."""
+        cache, self._cache = self._cache, None
+        model.backward(d_logits=soft_label_loss_backward(dloss, cache))
