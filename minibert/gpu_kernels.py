@@ -15,13 +15,16 @@ import cupy
 @functools.lru_cache(maxsize=None)
 def _adamw_kernel():
     # one thread per scalar of the flat buffer; i is the element index, so the decayed
-    # matrices (the first n_decay scalars) get the decoupled weight decay
+    # matrices (the first n_decay scalars) get the decoupled weight decay. c1 = 1 - b1 and
+    # c2 = 1 - b2 come from the host: computed here in float32, 1 - 0.999f is 1.00005e-3,
+    # not 1e-3 (b2 rounded to float32 first), which the NumPy passes do not do.
     return cupy.ElementwiseKernel(
-        "T g, T lr, T step_size, T v_scale, T b1, T b2, T eps, T wd, int64 n_decay",
+        "T g, T lr, T step_size, T v_scale, T b1, T b2, T c1, T c2, T eps, T wd, "
+        "int64 n_decay",
         "T p, T m, T v",
         """
-        T m_new = b1 * m + (1 - b1) * g;
-        T v_new = b2 * v + (1 - b2) * g * g;
+        T m_new = b1 * m + c1 * g;
+        T v_new = b2 * v + g * g * c2;
         m = m_new;
         v = v_new;
         T p_new = p;
@@ -43,5 +46,5 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
             host read); v_scale, b1, b2, eps, weight_decay: floats, passed to the kernel
             as scalar arguments (no host-to-device copy).
     """
-    _adamw_kernel()(g, lr, step_size, v_scale, b1, b2, eps, weight_decay, int(n_decay),
-                    p, m, v)
+    _adamw_kernel()(g, lr, step_size, v_scale, b1, b2, 1.0 - b1, 1.0 - b2, eps, weight_decay,
+                    int(n_decay), p, m, v)

@@ -1,21 +1,29 @@
-"""The GPU path against the CPU path (issue 11 item 5). Marked ``gpu``: these run where CuPy
-and a CUDA GPU are present and skip elsewhere (CI has no GPU; docs/gpu.md lists what has not
-yet run on a device)."""
+"""The GPU path against the CPU path (issue 11 item 5), and what a training step reads back.
+
+Marked ``gpu`` (device tests). Each test runs on the real GPU where CuPy and one pass
+minibert's start-up check, and otherwise through the NumPy stand-in of tests/fakecupy.py
+(the ``cuda`` fixture of conftest.py installs it as ``cupy`` / ``cupyx`` for the test), which
+counts every device-to-host read. What the stand-in cannot show is listed in docs/gpu.md
+("Unverified on a device"); a test it cannot run at all (NCCL) skips there, saying why.
+"""
 import numpy as np
 import pytest
 
-from minibert import BertConfig
+from minibert import BertConfig, backend
 from minibert.checkpoint import load_checkpoint, save_checkpoint
+from minibert.distributed import Communicator
+from minibert.finetuning.data import Batch as ClassifierBatch
+from minibert.finetuning.tasks import SequenceClassification
 from minibert.modeling import BertForPreTraining, BertForSequenceClassification
 from minibert.modeling import masked_lm_from_labels
 from minibert.nn import scatter_add_rows
+from minibert.objectives import get_objective
 from minibert.optim import AdamW
-from minibert.testing import gpu_available
+from minibert.pretraining import Batch as PretrainingBatch
 from minibert.training import TrainingConfig, train_step
 
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=32, max_position_embeddings=16)
@@ -179,7 +187,12 @@ def test_float64_gradcheck_on_the_gpu():
     model.backward()
     rng = np.random.default_rng(0)
     for name, p in list(model.named_parameters())[:6]:
-        d = cp.asarray(rng.standard_normal(p.data.shape))
+        d = rng.standard_normal(p.data.shape)
+        if name.endswith("word_embeddings.weight"):
+            # the padding row gets no gradient from lookups (as in PyTorch), yet the
+            # padded positions of row 1 carry MLM labels: leave that row out
+            d[config.pad_token_id] = 0
+        d = cp.asarray(d)
         d /= cp.linalg.norm(d)
         analytic = float(cp.vdot(p.grad, d))
         h = 1e-5
@@ -191,10 +204,14 @@ def test_float64_gradcheck_on_the_gpu():
         assert abs((up - down) / (2 * h) - analytic) < 1e-6 * max(1.0, abs(analytic)), name
 
 
-def test_nccl_world_size_one_and_a_training_step():
+def test_nccl_world_size_one_and_a_training_step(cuda):
     """The NCCL backend started by MPI as a singleton (world size 1): its all-reduce and
     broadcast on device buffers keep the values, and a data-parallel train_step (shards of
     half the rows, gradients through ncclAllReduce) runs to a finite step."""
+    if cuda.stand_in:
+        pytest.skip("NCCL needs a GPU and libnccl, which the NumPy stand-in does not model "
+                    "(it runs train_step's data-parallel branch with no-op collectives in "
+                    "test_a_training_step_reads_nothing_back)")
     import cupy
     from minibert import backend, distributed
     try:
@@ -233,3 +250,151 @@ def test_nccl_world_size_one_and_a_training_step():
     finally:
         distributed._current = distributed.Communicator()
         backend.set_device("cpu")
+
+
+# ------------------------------------------------------------- what a training step reads back
+
+class PretrainingTask:
+    """train_mlm.py's forward: the host batch moved to the device, the loss and the
+    objective's metric sums left there."""
+
+    objective = get_objective("mlm+nsp")
+
+    def forward(self, model, batch):
+        import cupy
+        x = {k: cupy.asarray(v) for k, v in batch.model_inputs().items()}
+        out = model(**x)
+        return out.loss, self.objective.stats(out, x)
+
+
+class ClassifierTask:
+    """finetune.py's forward for --task sequence-classification."""
+
+    def forward(self, model, batch):
+        import cupy
+        return SequenceClassification().forward(model, batch, cupy)
+
+
+def host_batches(head):
+    """Two host micro-batches (B=3, T=10, padded rows) of the head's batch type."""
+    x = inputs(np)
+    if head == "pretraining":
+        b = PretrainingBatch(x["input_ids"], np.zeros_like(x["input_ids"]), x["attention_mask"],
+                             x["masked_lm_positions"], x["masked_lm_ids"],
+                             x["masked_lm_weights"].astype(np.float32),
+                             x["next_sentence_label"])
+    else:
+        b = ClassifierBatch(x["input_ids"], np.zeros_like(x["input_ids"]), x["attention_mask"],
+                            np.array([0, 2, 1]), np.arange(3))
+    return [b, b]
+
+
+class TwoRanksAsOne(Communicator):
+    """Rank 0 of a world of 2 whose collectives leave the buffers as they are: the
+    data-parallel branch of train_step (half the rows, the loss all-reduced as a device
+    array) without NCCL."""
+
+    world_size = 2
+
+
+@pytest.mark.parametrize("head, dtype, comm", [
+    ("pretraining", np.float32, None), ("pretraining", np.float16, None),
+    ("classifier", np.float32, None), ("pretraining", np.float32, TwoRanksAsOne())],
+    ids=["pretraining", "pretraining-float16", "classifier", "pretraining-data-parallel"])
+def test_a_training_step_reads_nothing_back(cuda, head, dtype, comm):
+    """Two micro-batches with padding and dropout (cuRAND), clipping, the non-finite check,
+    the fused AdamW kernel (float16: master weights and the dynamic loss scale): no host
+    read from the first forward to the optimizer step."""
+    import cupy
+    import cupyx
+    config = BertConfig(**{**CONFIG.to_dict(), "num_labels": 3})
+    model_class = BertForPreTraining if head == "pretraining" else BertForSequenceClassification
+    model = model_class(config, seed=1).to("cuda", dtype=dtype)
+    opt = AdamW(model.named_parameters(), lr=1e-3, correct_bias=True)
+    task = PretrainingTask() if head == "pretraining" else ClassifierTask()
+    cfg = TrainingConfig(max_steps=2, lr=1e-3, max_grad_norm=1.0)
+    rng = backend.DropoutRNG("cuda")
+    micro = host_batches(head)
+    train_step(model, opt, task, micro, 0, 1e-3, cfg, comm=comm, device="cuda",
+               dropout_rng=rng)                           # a GPU compiles its kernels here
+    before = cupy.asnumpy(opt.flat.data)
+    scale = float(opt.loss_scale())
+    with cuda.record() as seen, cupyx.allow_synchronize(False):
+        loss, norm, finite, sums = train_step(model, opt, task, micro, 1, 1e-3, cfg, comm=comm,
+                                              device="cuda", dropout_rng=rng)
+    assert seen.syncs == []
+    # the step's own machinery uploads nothing: only the task moves its host batch (and
+    # the objective its Python-int counts, 8 bytes each)
+    assert all(u.split(" at ")[1].startswith(("tests/test_gpu.py", "finetuning/tasks.py",
+                                              "objectives/base.py")) for u in seen.uploads), \
+        seen.uploads
+    if bool(finite):                                      # the step did real work
+        assert float(norm) > 0 and np.isfinite(float(loss))
+        assert all(np.isfinite(float(v)) for v in sums.values())
+        assert not np.array_equal(cupy.asnumpy(opt.flat.data), before)
+    else:                                                 # float16 overflow: scale halved
+        assert dtype == np.float16 and float(opt.loss_scale()) == scale / 2
+
+
+def test_the_sync_counter_counts_and_refuses_host_reads(cuda):
+    """The checks above can fail: a deliberate read is refused inside
+    allow_synchronize(False) (CuPy: by get(), which every read goes through) and counted
+    outside it (the stand-in); implicit conversions and host operands are refused."""
+    import cupy
+    import cupyx
+    config = BertConfig(**{**CONFIG.to_dict(), "num_labels": 3})
+    model = BertForSequenceClassification(config).to("cuda")
+    model.set_dropout_rng(backend.DropoutRNG("cuda").reseed(0))
+    x = inputs(cupy)
+    loss = model(x["input_ids"], attention_mask=x["attention_mask"],
+                 labels=cupy.asarray([0, 2, 1])).loss
+    mask = x["attention_mask"] > 0
+    reads = {"float": lambda: float(loss), "item": loss.item, "bool": lambda: bool(loss > 0),
+             "asnumpy": lambda: cupy.asnumpy(loss), "print": lambda: f"{loss}",
+             "boolean mask": lambda: x["input_ids"][mask]}    # CuPy reads the count back
+    for name, read in reads.items():
+        with cupyx.allow_synchronize(False):
+            try:
+                read()
+            except cupyx.DeviceSynchronized:
+                continue
+        pytest.fail(f"{name}: a host read passed inside allow_synchronize(False)")
+    with cuda.record() as seen:
+        value = float(loss)
+        loss * 2 + loss.sum()                             # stays on the device
+    assert np.isfinite(value)
+    if cuda.stand_in:
+        assert len(seen.syncs) == 1 and seen.syncs[0].startswith("float() at tests/test_gpu.py:")
+    with pytest.raises(TypeError):
+        np.asarray(loss)                                  # CuPy: "Implicit conversion ..."
+    with pytest.raises(TypeError):
+        loss + np.ones(1)                                 # CuPy: "Unsupported type"
+
+
+def test_the_stand_in_runs_only_kernels_it_can_read(cuda):
+    """The stand-in's ElementwiseKernel: C's types and the element index; a body outside
+    its C subset raises when the kernel is made, never runs as something else."""
+    if not cuda.stand_in:
+        pytest.skip("checks the NumPy stand-in itself (tests/fakecupy.py)")
+    import cupy
+    x = cupy.asarray(np.linspace(-1, 1, 5, dtype=np.float32))
+    k = cupy.ElementwiseKernel("T x, int64 n", "T y, T z",
+                               "y = x * 0.1; z = x * 0.1f; if (i < n) z = -z", "c_types")
+    y, z = k(x, 3)
+    host = np.linspace(-1, 1, 5, dtype=np.float32)
+    np.testing.assert_array_equal(cupy.asnumpy(y), (host.astype(np.float64) * 0.1)
+                                  .astype(np.float32))           # a double literal widens
+    np.testing.assert_array_equal(cupy.asnumpy(z), host * np.float32(0.1) * [-1, -1, -1, 1, 1])
+    for body in ("y = x > 0 ? x : 0", "y += x", "atomicAdd(&y, x)", "y = (float)x",
+                 "for (int j = 0; j < 2; j++) y = x", "y = x % 2", "y = foo(x)",
+                 "{ y = x; }", "y = x && x"):
+        with pytest.raises(NotImplementedError, match="outside the C subset"):
+            cupy.ElementwiseKernel("T x", "T y", body, "refused")
+    with pytest.raises(NotImplementedError):
+        cupy.ElementwiseKernel("raw T x", "T y", "y = x[i]", "raw")
+    with pytest.raises(TypeError, match="Type is mismatched"):
+        cupy.ElementwiseKernel("T x, T s", "T y", "y = x * s", "mix")(x, x.astype(np.float64))
+    with pytest.raises(TypeError, match="Unsupported type"):
+        cupy.ElementwiseKernel("T x", "T y", "y = x", "host")(host)
+    with pytest.raises(AttributeError, match="not in the NumPy stand-in"):
+        _ = cupy.fuse                               # no fuse, RawKernel, ReductionKernel

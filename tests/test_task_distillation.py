@@ -186,3 +186,4 @@ def test_mean_pooling_end_to_end(dataset, pretrained_run, tmp_path, capsys):  # 
     assert run_ft("--model", out, "--predict", "very good film") == 0
     again = [l for l in capsys.readouterr().out.splitlines() if l.startswith("pos\t")]
     assert printed == again and printed
+

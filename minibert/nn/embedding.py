@@ -42,7 +42,13 @@ def accumulate_embedding_grad(dw, dout, ids, padding_idx: int | None = None) -> 
     flat = dout.reshape(-1, dout.shape[-1])              # (B*T, C)
     if padding_idx is not None:
         keep = flat_ids != padding_idx
-        flat_ids, flat = flat_ids[keep], flat[keep]
+        if get_array_module(flat) is np:
+            flat_ids, flat = flat_ids[keep], flat[keep]   # fewer rows to sort
+        else:  # a device array (CuPy; the stand-in tests/fakecupy.py in the tests)
+            # CuPy's boolean-mask indexing reads the number of kept rows back to size
+            # its result (a device sync in every step): add zeros into the padding row
+            # instead, which leaves it as it was
+            flat = get_array_module(flat).where(keep[:, None], flat, 0)
     scatter_add_rows(dw, flat_ids, flat)
 
 

@@ -1,0 +1,863 @@
+"""A NumPy-backed stand-in for the parts of ``cupy`` and ``cupyx`` that minibert's
+``--device cuda`` path uses, so that tests/test_gpu.py runs on a machine without a GPU.
+
+:func:`installed` puts it into ``sys.modules`` as ``cupy`` / ``cupyx``; ``cupy`` is the
+module object :data:`cupy` below, not this file.
+
+What it models
+--------------
+- ``cupy.ndarray``: a wrapper around a host ``numpy.ndarray``. It is deliberately *not* a
+  NumPy subclass: NumPy can only reach its data through the hooks below, so no host read
+  escapes the count. Its class's ``__module__`` is ``"cupy"``, which is what
+  :func:`minibert.backend.get_array_module` looks at.
+- Device-to-host reads (syncs): ``get()``, ``cupy.asnumpy``, ``float``, ``int``,
+  ``complex``, ``bool``, ``item``, ``tolist``, ``repr`` / ``str`` / ``format``, pickling,
+  and ``numpy.asarray(a)`` (which then raises TypeError, as CuPy does). Also the reads
+  CuPy makes by itself to size an output: boolean-mask indexing (``a[mask]``,
+  ``a[mask] = v``) and ``nonzero`` / ``flatnonzero`` / ``argwhere`` / ``unique`` /
+  one-argument ``where``. Each is recorded, with the file:line that asked, by
+  :func:`record`, and raises ``cupyx.DeviceSynchronized`` inside
+  ``cupyx.allow_synchronize(False)`` (CuPy raises there from ``get``, which all of the
+  above go through). ``runtime.deviceSynchronize`` and ``Device`` / stream
+  ``synchronize`` count too (stricter than CuPy, which checks only ``Device.synchronize``).
+  Host-to-device copies (``cupy.asarray`` of host data, NumPy index arrays) are recorded
+  as uploads; they are not syncs.
+- What CuPy refuses: a NumPy array as an operand of a ufunc, a kernel or a function
+  (``TypeError: Unsupported type``), a non-scalar NumPy array assigned through basic
+  indexing, ``operator.index`` of an array, a kernel argument whose dtype does not match
+  its parameter (``Type is mismatched``), a scatter-add on a dtype without atomicAdd.
+- ``ElementwiseKernel``: the C body is run by a small interpreter over whole arrays, with
+  C's types (``T``, declared ``float`` / ``double`` / ``int`` locals, a ``double``
+  literal widening a ``float`` expression; see :class:`ElementwiseKernel` for the
+  subset). A body outside the subset raises NotImplementedError when the kernel is made:
+  a kernel the stand-in cannot read never passes silently. There is no ``fuse``,
+  ``RawKernel`` or ``ReductionKernel``: minibert uses none, and asking for one raises.
+- ``cupyx.scatter_add`` (``numpy.add.at``), ``cupyx.scipy.special.erf`` (SciPy's),
+  ``cupy.random.RandomState`` (``seed``, ``random_sample``) and ``default_rng``
+  (``random``), ``cupy.linalg.norm``, and the ``cupy.cuda`` queries of minibert's
+  start-up check and ``device_summary``.
+
+What it cannot model
+--------------------
+No device memory (arrays live in host RAM; ``a.data.ptr`` is a host address; no memory
+pool, no out-of-memory), no asynchrony (every call has finished when it returns, so a
+missing synchronisation or a race cannot show), no streams, no atomics (``scatter_add``
+adds in NumPy's order, not in the GPU's), no NVRTC (a body the interpreter accepts may
+still not compile, and nothing runs on a GPU's float unit: no FMA contraction, no CUDA
+rounding of ``sqrt`` / ``exp`` / ``erf``), no cuBLAS (matrix products are NumPy's: no TF32,
+no ``set_compute_type``, no math modes), no cuRAND (the draws are NumPy's Philox4x64 /
+PCG64, not cuRAND's Philox4x32-10 or XORWOW streams), no NCCL, one device only.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import re
+import sys
+import threading
+import traceback
+import types
+from pathlib import Path
+
+import numpy as np
+import scipy.special
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+__all__ = ["DeviceSynchronized", "Transfers", "cupy", "cupyx", "installed", "record"]
+
+
+# ------------------------------------------------------------------ counting transfers
+
+class DeviceSynchronized(RuntimeError):
+    """``cupyx.DeviceSynchronized``: a sync inside ``cupyx.allow_synchronize(False)``."""
+
+    def __init__(self, message=None):
+        super().__init__(message or "Device synchronization was detected while disallowed.")
+
+
+class Transfers:
+    """What crossed between host and device while :func:`record` was active.
+
+    Attributes:
+        syncs: one ``"<what> at <folder>/<file>:<line> (<function>)"`` string per
+            device-to-host read, in order.
+        uploads: the same for each host-to-device copy.
+    """
+
+    def __init__(self):
+        self.syncs: list[str] = []
+        self.uploads: list[str] = []
+
+
+_local = threading.local()    # .allowed: what cupyx.allow_synchronize put in force
+_recorders: list[Transfers] = []
+
+
+@contextlib.contextmanager
+def record():
+    """Record every transfer made inside the block; yields the :class:`Transfers`."""
+    rec = Transfers()
+    _recorders.append(rec)
+    try:
+        yield rec
+    finally:
+        _recorders.remove(rec)
+
+
+@contextlib.contextmanager
+def allow_synchronize(allow: bool):
+    """``cupyx.allow_synchronize``: with False, a sync raises :class:`DeviceSynchronized`
+    (for the current thread, restored on exit)."""
+    old = getattr(_local, "allowed", True)
+    _local.allowed = bool(allow)
+    try:
+        yield
+    finally:
+        _local.allowed = old
+
+
+def _caller() -> str:
+    """Where the innermost frame outside this file and NumPy is."""
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename != __file__ and "numpy" not in Path(frame.filename).parts:
+            return f"{'/'.join(Path(frame.filename).parts[-2:])}:{frame.lineno} ({frame.name})"
+    return "?"
+
+
+def _sync(what: str) -> None:
+    """A device-to-host read: record it, and refuse it where syncs are disallowed."""
+    if not _recorders and getattr(_local, "allowed", True):
+        return
+    event = f"{what} at {_caller()}"
+    for rec in _recorders:
+        rec.syncs.append(event)
+    if not getattr(_local, "allowed", True):
+        raise DeviceSynchronized(f"Device synchronization was detected while disallowed: "
+                                 f"{event}")
+
+
+def _upload(what: str) -> None:
+    """A host-to-device copy: record it (it is not a sync)."""
+    if not _recorders:
+        return
+    event = f"{what} at {_caller()}"
+    for rec in _recorders:
+        rec.uploads.append(event)
+
+
+# ------------------------------------------------------------------ the array type
+
+def _unwrap(x, host: str = "refuse"):
+    """The host arrays behind ``x`` (an array, or lists / tuples / dicts of them).
+
+    ``host`` says what a NumPy array among them means: "refuse" (CuPy's TypeError),
+    "upload" (a host-to-device copy, recorded), or "allow" (taken as it is: a ``*_like``
+    function's prototype, whose shape and dtype only are used).
+    """
+    if isinstance(x, ndarray):
+        return x._a
+    if isinstance(x, np.ndarray):
+        if host == "refuse":
+            raise TypeError(f"Unsupported type {type(x)} (a host array where CuPy needs a "
+                            "device array; copy it with cupy.asarray)")
+        if host == "upload":
+            _upload(f"host array {x.shape} {x.dtype}")
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v, host) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v, host) for k, v in x.items()}
+    return x
+
+
+def _wrap(x):
+    """Device arrays for the host arrays in a result; a NumPy scalar becomes a 0-d array
+    (CuPy returns 0-d arrays where NumPy returns scalars)."""
+    if isinstance(x, np.ndarray):
+        a = object.__new__(ndarray)
+        a._a = x
+        return a
+    if isinstance(x, np.generic):
+        return _wrap(np.asarray(x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_wrap(v) for v in x)
+    return x
+
+
+def _call(fn, args, kwargs, host: str = "refuse"):
+    """``fn`` on the host arrays behind ``args``; the result as device arrays. With
+    ``out=``, the device array(s) given are returned, as NumPy returns its ``out``."""
+    result = fn(*_unwrap(args, host), **_unwrap(kwargs, host))
+    out = kwargs.get("out")
+    if out is not None:
+        outs = out if isinstance(out, tuple) else (out,)
+        return outs[0] if len(outs) == 1 else outs
+    return _wrap(result)
+
+
+class _Pointer:
+    """``a.data``: CuPy's MemoryPointer, reduced to ``ptr`` (here a host address)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+def _index(key):
+    """A CuPy index as NumPy sees it: device arrays unwrapped, host index arrays uploaded,
+    and a boolean mask counted as a sync (CuPy reads the number of True elements back to
+    size the result: ``int(mask_scanned[-1])`` in ``_routines_indexing.pyx``)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    out = []
+    for k in parts:
+        if isinstance(k, (list, np.ndarray)):
+            k = np.asarray(_unwrap(k, "allow"))
+            _upload("host index array")
+        elif isinstance(k, ndarray):
+            k = k._a
+        if isinstance(k, np.ndarray) and k.dtype == np.bool_ and k.size:
+            _sync("boolean-mask indexing")
+        out.append(k)
+    return tuple(out) if isinstance(key, tuple) else out[0]
+
+
+def _is_basic(key) -> bool:
+    """Whether an index (as from :func:`_index`) has no index arrays."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return not any(isinstance(k, np.ndarray) for k in parts)
+
+
+class ndarray(NDArrayOperatorsMixin):
+    """``cupy.ndarray`` over host memory. Arithmetic and comparison operators go through
+    ``__array_ufunc__`` (NumPy's operator mixin); NumPy functions through
+    ``__array_function__`` to the stand-in's function of the same name; every host read
+    through :meth:`_read`.
+
+    Args (as CuPy's constructor): shape, dtype (default float64): an uninitialised array.
+    """
+
+    __slots__ = ("_a",)
+
+    def __init__(self, shape, dtype=float):
+        self._a = np.empty(shape, dtype)
+
+    # -- metadata (no sync) ---------------------------------------------------------
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    itemsize = property(lambda self: self._a.itemsize)
+    nbytes = property(lambda self: self._a.nbytes)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: _wrap(self._a.T))
+    data = property(lambda self: _Pointer(self._a.__array_interface__["data"][0]))
+    device = property(lambda self: Device(0))
+
+    def __len__(self):
+        if self._a.ndim == 0:
+            raise TypeError("len() of unsized object")
+        return len(self._a)
+
+    def __iter__(self):
+        if self._a.ndim == 0:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(len(self._a)))
+
+    # -- host reads (syncs) -----------------------------------------------------------
+    def _read(self, what: str) -> np.ndarray:
+        """A host copy of the data; a sync (CuPy skips the sync for an empty array)."""
+        if self._a.size:
+            _sync(what)
+        return self._a.copy()
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        host = self._read("get()")
+        if out is None:
+            return host
+        out[...] = host
+        return out
+
+    def set(self, arr, stream=None):
+        """Copy the host array ``arr`` (same dtype and shape) into this one: an upload."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if arr.dtype != self.dtype or arr.shape != self.shape:
+            raise TypeError(f"{arr.dtype} {arr.shape} array cannot be set to {self.dtype} "
+                            f"{self.shape} array")
+        _upload(f"set() {arr.shape} {arr.dtype}")
+        self._a[...] = arr
+
+    def item(self):
+        if self._a.size != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return self._read("item()").item()
+
+    def tolist(self):
+        return self._read("tolist()").tolist()
+
+    def __float__(self):
+        return float(self._read("float()"))
+
+    def __int__(self):
+        return int(self._read("int()"))
+
+    def __complex__(self):
+        return complex(self._read("complex()"))
+
+    def __bool__(self):
+        if self._a.size > 1:
+            raise ValueError("The truth value of an array with more than one element is "
+                             "ambiguous. Use a.any() or a.all()")
+        return bool(self._read("bool()"))
+
+    # no __index__: CuPy has none, so operator.index(a) and range(a) raise TypeError
+
+    def __repr__(self):
+        return repr(self._read("repr()"))
+
+    def __str__(self):
+        return str(self._read("str()"))
+
+    def __format__(self, spec):
+        return format(self._read("format()"), spec)
+
+    def __reduce__(self):
+        return array, (self._read("pickle"),)
+
+    def __array__(self, dtype=None, copy=None):
+        _sync("numpy.asarray()")
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use "
+                        "`.get()` to construct a NumPy array explicitly.")
+
+    # -- copies on the device (no sync) -------------------------------------------------
+    def __copy__(self):
+        return _wrap(self._a.copy())
+
+    def __deepcopy__(self, memo):
+        return _wrap(self._a.copy())
+
+    # -- indexing ------------------------------------------------------------------------
+    def __getitem__(self, key):
+        key = _index(key)
+        out = self._a[key]
+        if not isinstance(out, np.ndarray):       # one element: CuPy gives a 0-d view
+            out = self._a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+        return _wrap(out)
+
+    def __setitem__(self, key, value):
+        key = _index(key)
+        if isinstance(value, np.ndarray) and value.ndim and _is_basic(key):
+            # CuPy (gh-2079) refuses a host array through basic indexing
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        self._a[key] = _unwrap(value, "upload")
+
+    # -- NumPy's protocols ----------------------------------------------------------------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _call(getattr(ufunc, method), inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        numpy_space, mine = {"numpy": (np, cupy), "numpy.linalg": (np.linalg, cupy.linalg)
+                             }.get(func.__module__, (None, None))
+        if getattr(numpy_space, func.__name__, None) is not func or (
+                func.__name__ not in vars(mine)):
+            raise TypeError(f"{func.__module__}.{func.__name__} on a cupy array: the "
+                            "stand-in does not provide it (tests/fakecupy.py)")
+        return vars(mine)[func.__name__](*args, **kwargs)
+
+
+def _method(name: str, syncs: bool = False):
+    """The ndarray method ``name``: NumPy's, on the host arrays, returning device arrays."""
+    def method(self, *args, **kwargs):
+        if syncs:
+            _sync(f"ndarray.{name}()")
+        return _call(getattr(self._a, name), args, kwargs)
+    method.__name__ = name
+    return method
+
+
+# the ndarray methods it provides (each is one of cupy.ndarray's, cupy/_core/core.pyx)
+for _name in ("all any argmax argmin argsort astype clip conj copy cumsum dot fill flatten "
+              "max mean min prod ravel repeat reshape round sort squeeze std sum swapaxes "
+              "take transpose var view").split():
+    setattr(ndarray, _name, _method(_name))
+ndarray.nonzero = _method("nonzero", syncs=True)
+ndarray.__module__ = "cupy"
+
+
+# ------------------------------------------------------------------ module functions
+
+class _Ufunc:
+    """A CuPy ufunc: NumPy's on the host arrays, with ``reduce`` / ``accumulate`` /
+    ``outer`` / ``at``."""
+
+    def __init__(self, ufunc: np.ufunc):
+        self._ufunc, self.__name__ = ufunc, ufunc.__name__
+        self.nin, self.nout = ufunc.nin, ufunc.nout
+
+    def __call__(self, *args, **kwargs):
+        return _call(self._ufunc, args, kwargs)
+
+    def __getattr__(self, method):
+        if method not in ("reduce", "accumulate", "outer", "at"):
+            raise AttributeError(method)
+        return lambda *args, **kwargs: _call(getattr(self._ufunc, method), args, kwargs)
+
+
+def _function(name: str):
+    """The CuPy function ``name``: NumPy's on the host arrays, returning device arrays."""
+    fn = getattr(np, name)
+    if isinstance(fn, np.ufunc):
+        return _Ufunc(fn)
+    host = "allow" if name.endswith("_like") else "refuse"
+    syncs = name in ("nonzero", "flatnonzero", "argwhere", "unique")
+
+    def function(*args, **kwargs):
+        if syncs or (name == "where" and len(args) == 1):
+            _sync(f"cupy.{name}()")          # the output's size is read back
+        return _call(fn, args, kwargs, host)
+    function.__name__ = name
+    return function
+
+
+def asarray(a, dtype=None, order=None):
+    """A device array of ``a``: the same array if it is one (and of ``dtype``), else a
+    copy of host data (an upload)."""
+    if isinstance(a, ndarray):
+        return _wrap(np.asarray(a._a, dtype=dtype, order=order))
+    return array(a, dtype=dtype, order=order or "K")
+
+
+def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
+    """``cupy.array``: a copy on the device (an upload unless ``obj`` is a device array or
+    a list of them)."""
+    host = _unwrap(obj, "upload")
+    if not isinstance(obj, (ndarray, np.ndarray)) and not _only_device(obj):
+        _upload(f"host data {type(obj).__name__}")
+    return _wrap(np.array(host, dtype=dtype, copy=True if copy is None else copy,
+                          order=order, ndmin=ndmin))
+
+
+def _only_device(obj) -> bool:
+    """Whether ``obj`` is a device array or a (nested) sequence of them and nothing else."""
+    if isinstance(obj, ndarray):
+        return True
+    return isinstance(obj, (list, tuple)) and bool(obj) and all(map(_only_device, obj))
+
+
+def ascontiguousarray(a, dtype=None):
+    return _call(np.ascontiguousarray, (a,), {"dtype": dtype})
+
+
+def asnumpy(a, stream=None, order="C", out=None, blocking=True):
+    """A host copy of ``a`` (a sync when ``a`` is a device array)."""
+    if isinstance(a, ndarray):
+        return a.get(out=out)
+    return np.asarray(a, order=order)
+
+
+def get_array_module(*args):
+    return cupy if any(isinstance(a, ndarray) for a in args) else np
+
+
+def scatter_add(a, slices, value):
+    """``cupyx.scatter_add``: ``a[slices] += value`` with every repeated index counted
+    (CUDA atomicAdd on the GPU; ``numpy.add.at`` here, so the order of the additions is
+    NumPy's)."""
+    if a.dtype.type not in (np.int32, np.int64, np.float16, np.float32, np.float64,
+                            np.uint32, np.uint64):
+        raise TypeError("cupy.add.at only supports int32, int64, float16, float32, float64, "
+                        "uint32, uint64 as data type")
+    value = np.asarray(_unwrap(value, "upload"), dtype=a.dtype)   # CuPy casts it to a's
+    np.add.at(a._a, _index(slices), value)
+
+
+def erf(x, out=None):
+    """``cupyx.scipy.special.erf`` (SciPy's, on the host arrays)."""
+    return _call(scipy.special.erf, (x,), {} if out is None else {"out": out})
+
+
+# ------------------------------------------------------------------ ElementwiseKernel
+
+_C_TYPES = {"float": np.float32, "double": np.float64, "int": np.int32, "bool": np.bool_,
+            "half": np.float16}
+_C_FUNCTIONS = {"sqrt": np.sqrt, "exp": np.exp, "log": np.log, "log1p": np.log1p,
+                "expm1": np.expm1, "tanh": np.tanh, "erf": scipy.special.erf,
+                "fabs": np.abs, "abs": np.abs, "pow": np.power,
+                "max": np.fmax, "min": np.fmin, "fmax": np.fmax, "fmin": np.fmin}
+_BINARY = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.divide}
+_COMPARE = {ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater,
+            ast.GtE: np.greater_equal, ast.Eq: np.equal, ast.NotEq: np.not_equal}
+_NAME = r"[A-Za-z_]\w*"
+_FLOAT_SUFFIX = "__float_literal__"     # 1.0f is read as __float_literal__(1.0): float32
+
+
+class _Param:
+    """One kernel parameter: ``"T x"`` (a type placeholder, one letter, as in CuPy) or
+    ``"float32 x"`` (a NumPy dtype name)."""
+
+    def __init__(self, text: str, kernel: str):
+        words = text.split()
+        if len(words) != 2:                      # e.g. "raw T x": raw arrays index freely
+            raise NotImplementedError(f"{kernel}: parameter {text!r} is outside the C subset "
+                                      "the stand-in interprets ('TYPE name')")
+        self.type, self.name = words
+        self.dtype = None if len(self.type) == 1 else np.dtype(self.type)
+
+
+class ElementwiseKernel:
+    """``cupy.ElementwiseKernel`` whose C body is interpreted over whole NumPy arrays.
+
+    The body may hold, separated by ``;``: ``TYPE name = expr`` (TYPE a placeholder of
+    the parameters, ``float``, ``double``, ``int``, ``bool`` or ``half``; ``const``
+    allowed), ``name = expr`` (to a local or an output parameter) and ``if (expr) name =
+    expr``. Expressions: names (parameters, locals, ``i`` the element index), int and
+    float literals (``1.0`` is a C ``double``, ``1.0f`` a ``float``), unary ``-``/``+``,
+    ``+ - * /`` (not on two integers: C truncates), one comparison, and calls of
+    sqrt, exp, log, log1p, expm1, tanh, erf, fabs, abs, pow, fmax / max, fmin / min.
+    Values keep C's types: ``float`` arithmetic stays float32 unless a ``double`` enters,
+    and an assignment rounds to the variable's type. Anything else (blocks, loops,
+    ``?:``, ``&&``, casts, compound assignment, ``%``, indexing, atomics, raw
+    parameters, a preamble, an assignment to an input or an undeclared name) raises
+    here, at construction.
+
+    Calls follow CuPy: the inputs, then optionally the outputs; arrays broadcast to one
+    shape; the arrays bound to a placeholder share one dtype and scalars are cast to it;
+    outputs given must have the broadcast shape; returns the output(s).
+    """
+
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str = "kernel",
+                 reduce_dims: bool = True, preamble: str = "", no_return: bool = False,
+                 return_tuple: bool = False, loop_prep: str = "", after_loop: str = "",
+                 **options):
+        self.name = name
+        if preamble.strip() or loop_prep.strip() or after_loop.strip() or options:
+            raise self._unsupported("a preamble, loop_prep, after_loop or compile options")
+        self.in_params = [_Param(p, name) for p in in_params.split(",") if p.strip()]
+        self.out_params = [_Param(p, name) for p in out_params.split(",") if p.strip()]
+        self.no_return, self.return_tuple = no_return, return_tuple
+        self._placeholders = {p.type for p in self.in_params + self.out_params
+                              if p.dtype is None}
+        readable = {p.name for p in self.in_params + self.out_params} | {"i"}
+        writable = {p.name for p in self.out_params}
+        self._program = []                 # ("let", ctype, name, expr) | ("set", name, expr)
+        for text in self._statements(operation):     # | ("if", cond, name, expr)
+            op = self._statement(text)
+            for tree in op:
+                if isinstance(tree, ast.AST):
+                    for node in ast.walk(tree):
+                        if isinstance(node, ast.Name) and node.id not in readable:
+                            raise NameError(f"{name}: identifier {node.id!r} is undefined")
+            target = op[-2]
+            if op[0] == "let":
+                if target in readable:
+                    raise self._unsupported(f"redeclaring {target!r}")
+                readable.add(target)
+                writable.add(target)
+            elif target not in writable:
+                raise self._unsupported(f"assigning to {target!r} (an input or undeclared)")
+            self._program.append(op)
+        self._uses_i = any(isinstance(n, ast.Name) and n.id == "i" for op in self._program
+                           for tree in op if isinstance(tree, ast.AST) for n in ast.walk(tree))
+
+    # -- reading the body -------------------------------------------------------------
+    def _unsupported(self, what: str):
+        return NotImplementedError(f"{self.name}: {what} is outside the C subset the "
+                                   "stand-in interprets (tests/fakecupy.py)")
+
+    def _statements(self, operation: str) -> list[str]:
+        body = re.sub(r"//[^\n]*|/\*.*?\*/", " ", operation, flags=re.DOTALL)
+        if re.search(r"[{}]", body):
+            raise self._unsupported("a block { ... }")
+        return [s.strip() for s in body.split(";") if s.strip()]
+
+    def _statement(self, text: str) -> tuple:
+        if re.match(r"if\s*\(", text):
+            depth, start = 0, text.index("(")
+            for end in range(start, len(text)):
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            m = re.fullmatch(rf"({_NAME})\s*=(?!=)\s*(.+)", text[end + 1:].strip(), re.DOTALL)
+            if depth or not m:
+                raise self._unsupported(f"the statement {text!r}")
+            return ("if", self._expr(text[start + 1:end]), m[1], self._expr(m[2]))
+        m = re.fullmatch(rf"(?:const\s+)?({_NAME})\s+({_NAME})\s*=(?!=)\s*(.+)", text,
+                         re.DOTALL)
+        if m:
+            if m[1] not in _C_TYPES and m[1] not in self._placeholders:
+                raise self._unsupported(f"the type {m[1]!r}")
+            return ("let", m[1], m[2], self._expr(m[3]))
+        m = re.fullmatch(rf"({_NAME})\s*=(?!=)\s*(.+)", text, re.DOTALL)
+        if m:
+            return ("set", m[1], self._expr(m[2]))
+        raise self._unsupported(f"the statement {text!r}")
+
+    def _expr(self, text: str) -> ast.expr:
+        """The expression's syntax tree, after checking every node is in the subset."""
+        src = re.sub(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF](?!\w)",
+                     rf"{_FLOAT_SUFFIX}(\1)", text.strip())
+        try:
+            tree = ast.parse(src, mode="eval").body
+        except SyntaxError:
+            raise self._unsupported(f"the expression {text!r}") from None
+        for node in ast.walk(tree):
+            ok = (isinstance(node, (ast.Name, ast.Load, ast.USub, ast.UAdd, *_BINARY,
+                                    *_COMPARE))
+                  or (isinstance(node, ast.UnaryOp) and type(node.op) in (ast.USub, ast.UAdd))
+                  or (isinstance(node, ast.BinOp) and type(node.op) in _BINARY)
+                  or (isinstance(node, ast.Constant) and type(node.value) in (int, float))
+                  or (isinstance(node, ast.Compare) and len(node.ops) == 1)
+                  or (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                      and node.func.id in (*_C_FUNCTIONS, _FLOAT_SUFFIX)
+                      and not node.keywords))
+            if not ok:
+                raise self._unsupported(f"{ast.unparse(node)!r} in {text!r}")
+        for node in ast.walk(tree):          # the called names are not identifiers
+            if isinstance(node, ast.Call):
+                node.func = ast.Constant(node.func.id)
+        return tree
+
+    # -- running it ---------------------------------------------------------------------
+    def __call__(self, *args, size=None, block_size=None, stream=None):
+        nin, nout = len(self.in_params), len(self.out_params)
+        if len(args) not in (nin, nin + nout):
+            raise TypeError(f"Wrong number of arguments for {self.name!r}. It must be either "
+                            f"{nin} or {nin + nout} (with outputs), but given {len(args)}.")
+        if any(isinstance(a, np.ndarray) for a in args):
+            raise TypeError(f"Unsupported type {np.ndarray}")
+        ins, outs = list(args[:nin]), list(args[nin:])
+        if not all(isinstance(a, ndarray) for a in outs):
+            raise TypeError("Output arguments must be cupy.ndarray")
+        types = {}                         # placeholder -> dtype: outputs first, as CuPy
+        for p, a in [*zip(self.out_params, outs), *zip(self.in_params, ins)]:
+            if isinstance(a, ndarray):
+                expected = p.dtype if p.dtype is not None else types.setdefault(p.type, a.dtype)
+                if a.dtype != expected:
+                    raise TypeError(f"Type is mismatched. {p.name} {a.dtype} {expected}")
+        if self._placeholders - set(types):
+            raise TypeError(f"{self.name}: no array argument fixes the type(s) "
+                            f"{sorted(self._placeholders - set(types))}")
+        ctypes = {**{t: np.dtype(d) for t, d in _C_TYPES.items()}, **types}
+        dtype = {p.name: p.dtype if p.dtype is not None else types[p.type]
+                 for p in self.in_params + self.out_params}
+        shapes = [a.shape for a in args if isinstance(a, ndarray)]
+        if not shapes:
+            raise ValueError("Loop size is undecided")
+        shape = np.broadcast_shapes(*shapes)
+        if any(a.shape != shape for a in outs):
+            raise ValueError("Out shape is mismatched")
+        outs = outs or [ndarray(shape, dtype[p.name]) for p in self.out_params]
+        env = {p.name: np.broadcast_to(a._a, shape) if isinstance(a, ndarray)
+               else np.asarray(a, dtype=dtype[p.name])[()]          # a scalar of C's type
+               for p, a in zip(self.in_params, ins)}
+        env.update({p.name: a._a.copy() for p, a in zip(self.out_params, outs)})
+        if self._uses_i:                           # the element index (C's ptrdiff_t)
+            env["i"] = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+        with np.errstate(all="ignore"):            # a GPU raises no float exceptions
+            for op in self._program:
+                if op[0] == "let":
+                    dtype[op[2]] = ctypes[op[1]]
+                target = op[-2]
+                value = np.asarray(self._eval(op[-1], env)).astype(dtype[target])
+                if op[0] == "if":
+                    value = np.where(np.asarray(self._eval(op[1], env)) != 0, value,
+                                     env[target])
+                env[target] = value
+        for p, a in zip(self.out_params, outs):
+            a._a[...] = env[p.name]
+        if self.no_return:
+            return None
+        return outs[0] if nout == 1 and not self.return_tuple else tuple(outs)
+
+    def _eval(self, node, env):
+        if isinstance(node, ast.Constant):          # C: 2 is an int, 2.0 a double
+            return np.float64(node.value) if isinstance(node.value, float) else node.value
+        if isinstance(node, ast.Name):
+            return env[node.id]
+        if isinstance(node, ast.UnaryOp):
+            value = self._eval(node.operand, env)
+            return -value if isinstance(node.op, ast.USub) else +value
+        if isinstance(node, ast.BinOp):
+            a, b = self._eval(node.left, env), self._eval(node.right, env)
+            if isinstance(node.op, ast.Div) and all(
+                    np.asarray(v).dtype.kind in "iub" for v in (a, b)):
+                raise self._unsupported("integer division")
+            return _BINARY[type(node.op)](a, b)
+        if isinstance(node, ast.Compare):
+            return _COMPARE[type(node.ops[0])](self._eval(node.left, env),
+                                               self._eval(node.comparators[0], env))
+        args = [self._eval(a, env) for a in node.args]             # a call
+        if node.func.value == _FLOAT_SUFFIX:
+            return np.float32(*args)
+        return _C_FUNCTIONS[node.func.value](*args)
+
+
+# ------------------------------------------------------------------ random, cuda, linalg
+
+class RandomState:
+    """``cupy.random.RandomState``: ``seed`` and ``random_sample``, drawing from NumPy's
+    Philox (4x64) instead of cuRAND's generator ``method``."""
+
+    def __init__(self, seed=None, method=None):
+        self.method = _curand.CURAND_RNG_PSEUDO_DEFAULT if method is None else method
+        self.seed(seed)
+
+    def seed(self, seed=None):
+        if seed is not None:
+            seed_arr = np.asarray(seed)
+            if seed_arr.dtype.kind not in "biu":
+                raise TypeError("Seed must be an integer.")
+            if not 0 <= int(seed_arr) < 2**64:
+                raise ValueError("Seed must be an integer between 0 and 2**64 - 1")
+            seed = int(seed_arr)
+        self._rng = np.random.Generator(np.random.Philox(seed))
+
+    def random_sample(self, size=None, dtype=float):
+        dtype = np.dtype(dtype)
+        if dtype.char not in "fd":
+            raise TypeError(f"cupy.random only supports float32 and float64, got {dtype}")
+        return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
+
+
+class Generator:
+    """``cupy.random.default_rng(seed)``: ``random`` only (NumPy's PCG64 here)."""
+
+    def __init__(self, seed=None):
+        self._rng = np.random.default_rng(seed)
+
+    def random(self, size=None, dtype=np.float64):
+        return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
+
+
+class Device:
+    """``cupy.cuda.Device``: device 0, the only one."""
+
+    compute_capability = "90"       # what CuPy reports for an H100; nothing here uses it
+
+    def __init__(self, device=None):
+        self.id = 0 if device is None else int(device)
+        if self.id != 0:
+            raise RuntimeError("cudaErrorInvalidDevice: the stand-in has one device")
+
+    def use(self):
+        return self
+
+    def synchronize(self):
+        _sync("cupy.cuda.Device.synchronize()")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Stream:
+    ptr = 0
+
+    def synchronize(self):
+        _sync("cupy.cuda.Stream.synchronize()")
+
+
+class _runtime:
+    getDeviceCount = staticmethod(lambda: 1)
+    getDevice = staticmethod(lambda: 0)
+    runtimeGetVersion = staticmethod(lambda: 0)
+    driverGetVersion = staticmethod(lambda: 0)
+
+    @staticmethod
+    def deviceSynchronize():
+        _sync("cupy.cuda.runtime.deviceSynchronize()")
+
+    @staticmethod
+    def getDeviceProperties(device):
+        return {"name": b"fakecupy NumPy stand-in (no GPU)", "totalGlobalMem": 0}
+
+
+_curand = types.SimpleNamespace(CURAND_RNG_PSEUDO_DEFAULT=100, CURAND_RNG_PSEUDO_XORWOW=101,
+                                CURAND_RNG_PSEUDO_PHILOX4_32_10=161)   # curand.h's values
+
+
+def _missing(module: str):
+    def __getattr__(name):
+        raise AttributeError(f"{module}.{name} is not in the NumPy stand-in "
+                             "(tests/fakecupy.py); add it there with what it cannot check")
+    return __getattr__
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    module = types.ModuleType(name, f"NumPy stand-in for {name} (tests/fakecupy.py)")
+    module.__dict__.update(attrs, __getattr__=_missing(name))
+    return module
+
+
+# the NumPy functions the stand-in's cupy provides (each is in CuPy's cupy/__init__.py)
+_NUMPY_NAMES = (
+    "abs absolute add all allclose any arange argmax argmin argsort around array_equal "
+    "broadcast_to ceil clip concatenate copyto cos count_nonzero cumsum divide dot einsum "
+    "empty empty_like equal exp expand_dims expm1 eye floor full full_like greater "
+    "greater_equal isclose isfinite isinf isnan less less_equal linspace log log1p "
+    "logical_and logical_not logical_or matmul max maximum mean min minimum multiply "
+    "negative not_equal ones ones_like outer power prod repeat reshape round sign sin sqrt "
+    "square squeeze stack subtract sum take tanh tile transpose true_divide vdot where "
+    "zeros zeros_like nonzero flatnonzero argwhere unique").split()
+_PASSED_THROUGH = ("bool_ int8 int16 int32 int64 uint8 uint32 uint64 float16 float32 float64 "
+                   "complex64 complex128 dtype finfo iinfo inf nan newaxis pi e "
+                   "result_type can_cast").split()
+
+cupy = _module(
+    "cupy", __version__="0+fakecupy", ndarray=ndarray, asarray=asarray, array=array,
+    ascontiguousarray=ascontiguousarray, asnumpy=asnumpy, get_array_module=get_array_module,
+    ElementwiseKernel=ElementwiseKernel,
+    **{n: _function(n) for n in _NUMPY_NAMES}, **{n: getattr(np, n) for n in _PASSED_THROUGH},
+    random=_module("cupy.random", RandomState=RandomState,
+                   default_rng=lambda seed=None: Generator(seed)),
+    linalg=_module("cupy.linalg", norm=lambda x, ord=None, axis=None, keepdims=False: _call(
+        np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims})),
+    cuda=_module("cupy.cuda", Device=Device, runtime=_runtime, curand=_curand,
+                 nvrtc=types.SimpleNamespace(getVersion=lambda: (0, 0)),
+                 get_current_stream=lambda: _Stream()),
+)
+_special = _module("cupyx.scipy.special", erf=erf)
+_scipy = _module("cupyx.scipy", special=_special)
+cupyx = _module("cupyx", allow_synchronize=allow_synchronize,
+                DeviceSynchronized=DeviceSynchronized, scatter_add=scatter_add, scipy=_scipy)
+MODULES = {"cupy": cupy, "cupyx": cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}
+
+
+# ------------------------------------------------------------------ installing it
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def installed():
+    """``import cupy`` / ``import cupyx`` give the stand-in inside the block.
+
+    Also resets what :mod:`minibert.backend` caches about CuPy (the passed start-up check,
+    the device in force, TF32) and drops ``minibert.gpu_kernels`` (it binds the ``cupy``
+    it imported), and puts all of it back afterwards, whatever was there before (a real
+    CuPy included). Yields the stand-in ``cupy`` module.
+    """
+    import minibert
+    from minibert import backend
+    names = (*MODULES, "minibert.gpu_kernels")
+    saved = {n: sys.modules.get(n, _ABSENT) for n in names}
+    saved_kernels = minibert.__dict__.get("gpu_kernels", _ABSENT)
+    saved_backend = (backend._device, backend._cupy_checked, backend._tf32)
+    sys.modules.pop("minibert.gpu_kernels", None)
+    minibert.__dict__.pop("gpu_kernels", None)
+    sys.modules.update(MODULES)
+    backend._device, backend._cupy_checked, backend._tf32 = "cpu", None, False
+    try:
+        yield cupy
+    finally:
+        backend._device, backend._cupy_checked, backend._tf32 = saved_backend
+        for n, module in saved.items():
+            if module is _ABSENT:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = module
+        minibert.__dict__.pop("gpu_kernels", None)
+        if saved_kernels is not _ABSENT:
+            minibert.gpu_kernels = saved_kernels
