@@ -187,3 +187,21 @@ def test_mean_pooling_end_to_end(dataset, pretrained_run, tmp_path, capsys):  # 
     again = [l for l in capsys.readouterr().out.splitlines() if l.startswith("pos\t")]
     assert printed == again and printed
 
+
+
+def test_split_logits_in_length_sorted_batches_equal_one_row_at_a_time():
+    from minibert import BertConfig, BertForSequenceClassification
+    from minibert.finetuning import EncodedSplit
+    from minibert.finetuning.classifier import split_logits
+    rng = np.random.default_rng(3)
+    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=16, num_labels=3)
+    model = BertForSequenceClassification(config, dtype=np.float64)
+    rows = [list(rng.integers(1, 30, int(n))) for n in rng.integers(2, 12, 13)]
+    split = EncodedSplit(rows, [[0] * len(r) for r in rows], None)
+    got = split_logits(model, split, batch_size=4)
+    model.eval()
+    for i, r in enumerate(rows):
+        one = model(np.array([r]), np.zeros((1, len(r)), int), np.ones((1, len(r)), int))
+        np.testing.assert_allclose(got[i], one.logits[0], rtol=1e-5, atol=1e-6)
+    assert model.training is False   # it was in eval mode before the call, and still is

@@ -10,7 +10,7 @@ from ..backend import to_numpy
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from ..runs import Pretrained
-from .data import EncodedSplit, iterate_batches
+from .data import EncodedSplit, pad_batch
 from .metrics import classification_metrics, softmax_np
 
 
@@ -82,13 +82,17 @@ def build_classifier(pre: Pretrained, labels: Sequence[str], seed: int = 0, dtyp
 
 def split_logits(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
                  pad_id: int = 0, xp=np, progress=None) -> np.ndarray:
-    """Logits (N, K) float32 of every row of ``split`` on the host (eval mode, no dropout).
-    The model is put back in its previous train/eval mode afterwards."""
+    """Logits (N, K) float32 of every row of ``split`` on the host (eval mode, no dropout),
+    in batches of rows sorted by length (little padding; each row's logits do not depend
+    on its batch). The model is put back in its previous train/eval mode afterwards."""
     was_training = model.training
     model.eval()
     logits = np.zeros((len(split), model.num_labels), dtype=np.float32)
+    order = np.argsort(np.fromiter(map(len, split.input_ids), dtype=np.int64,
+                                   count=len(split)), kind="stable")
     try:
-        for b in iterate_batches(split, batch_size, pad_id):
+        for i in range(0, len(order), batch_size):
+            b = pad_batch(split, order[i:i + batch_size], pad_id)
             d = b.to(xp)
             logits[b.index] = to_numpy(model(d.input_ids, d.token_type_ids,
                                              d.attention_mask).logits)
