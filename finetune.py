@@ -24,8 +24,12 @@ embedded sample of each task). The label (tag) set comes from the train split an
 with the model. Start: --init a train_mlm.py run directory or checkpoint, a finetune.py
 output, or a Hugging Face BERT directory (the head is new unless it is the same task's
 head with the same labels). --freeze-embeddings / --freeze-layers N train only the layers
-above. Training: minibert.training's loop (AdamW with warmup and linear decay,
-global-norm clipping, gradient accumulation), dynamic padding per batch
+above. --pooling mean: the sentence classifier reads the mean of the last hidden states
+instead of the pooled [CLS]. --teacher DIR (task distillation): a fine-tuned classifier's
+soft labels join the gold ones (--distill-alpha, --temperature; --transfer-data adds
+unlabelled rows that only the teacher labels; minibert/finetuning/distill.py).
+Training: minibert.training's loop (AdamW with warmup and linear decay, global-norm
+clipping, gradient accumulation), dynamic padding per batch
 (--group-by-length: batches of rows of similar length, as HF's Trainer; train records
 then show little padding, see ``padding_fraction``); dev metrics after every epoch; the
 best dev model is kept in OUTPUT_DIR/best_model.npz and the resumable state in
