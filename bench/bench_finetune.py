@@ -57,7 +57,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minibert.finetuning import (build_classifier, classification_metrics, encode_split,  # noqa: E402
+from minibert.finetuning import (build_model, classification_metrics, encode_split,  # noqa: E402
                                  iterate_batches, label_list, read_tsv)
 from minibert.runs import load_start  # noqa: E402
 from minibert.optim import decays, linear_schedule_with_warmup  # noqa: E402
@@ -96,7 +96,7 @@ class TransformersSystem:
         torch.manual_seed(args.seed)
         self.model = transformers.BertForSequenceClassification.from_pretrained(
             args.init, num_labels=len(data.labels), attn_implementation="eager")
-        ours, _ = build_classifier(data.pre, data.labels, seed=args.seed)  # same new head
+        ours, _ = build_model(data.pre, labels=data.labels, seed=args.seed)  # same new head
         with torch.no_grad():
             self.model.classifier.weight.copy_(torch.from_numpy(ours.classifier.weight.data))
             self.model.classifier.bias.copy_(torch.from_numpy(ours.classifier.bias.data))
@@ -145,7 +145,7 @@ class MinibertSystem:
         from minibert.backend import DropoutRNG
         from minibert.training import TrainingConfig, train_step
         self.data, self._evaluate, self._train_step = data, evaluate, train_step
-        self.model, _ = build_classifier(data.pre, data.labels, seed=args.seed)
+        self.model, _ = build_model(data.pre, labels=data.labels, seed=args.seed)
         ft_args = SimpleNamespace(lr=args.lr, adam_eps=args.adam_eps, correct_bias=True,
                                   weight_decay=args.weight_decay, batch_size=args.batch_size,
                                   seed=args.seed, group_by_length=args.minibert_group_by_length)
@@ -263,13 +263,9 @@ def run_bow(args) -> dict:
             "seconds_all_C": time.perf_counter() - t0}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("which", choices=["compare", "transformers", "minibert", "bow"])
-    p.add_argument("--data", default=str(DEFAULT_DATA))
-    p.add_argument("--init", help="HF BERT directory (compare, transformers, minibert)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--max-seq-length", type=int, default=64)
+def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
+    """The optimisation options the fine-tuning benchmarks share, at finetune.py's
+    defaults (bench_finetune_tasks.py takes them too)."""
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--warmup-proportion", type=float, default=0.1)
@@ -280,6 +276,16 @@ def main(argv=None) -> int:
     p.add_argument("--max-train-examples", type=int, default=None,
                    help="only the first N train rows (as finetune.py)")
     p.add_argument("--threads", type=int, default=2)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("which", choices=["compare", "transformers", "minibert", "bow"])
+    p.add_argument("--data", default=str(DEFAULT_DATA))
+    p.add_argument("--init", help="HF BERT directory (compare, transformers, minibert)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-seq-length", type=int, default=64)
+    add_recipe_arguments(p)
     p.add_argument("--minibert-group-by-length", action=argparse.BooleanOptionalAction,
                    default=True, help="minibert's batches bucketed by length")
     p.add_argument("--transformers-group-by-length", action=argparse.BooleanOptionalAction,

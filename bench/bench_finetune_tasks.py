@@ -44,8 +44,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import finetune  # noqa: E402
+from bench_finetune import add_recipe_arguments  # noqa: E402
 from minibert.finetuning import iterate_batches  # noqa: E402
 from minibert.finetuning.tasks import TASKS, make_task  # noqa: E402
 from minibert.optim import decays, linear_schedule_with_warmup  # noqa: E402
@@ -187,16 +189,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-answer-length", type=int, default=30)
     p.add_argument("--metric", default="auto")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--warmup-proportion", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--adam-eps", type=float, default=1e-6)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--group-by-length", action="store_true")
-    p.add_argument("--max-train-examples", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    add_recipe_arguments(p)
     args = p.parse_args(argv)
     print(json.dumps(run(args)))
     return 0

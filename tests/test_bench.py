@@ -1,21 +1,11 @@
 """Smoke runs of the benchmark scripts that have no test of their own: each runs end to
 end on a small case and reports what it promises."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from helpers import load_bench as load
 from test_finetune import dataset, pretrained_run  # noqa: F401
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bench_inference_compares_models(pretrained_run, dataset, capsys):  # noqa: F811

@@ -14,12 +14,12 @@ from minibert.checkpoint import save_checkpoint
 from minibert.finetuning import (DatasetError, EncodedSplit, classification_metrics,
                                  encode_split, iterate_batches, label_ids, label_list, read_tsv)
 from minibert.runs import load_start
-from minibert.hf import save_hf_directory
 from minibert.tokenization import BertTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import finetune  # noqa: E402
+from helpers import hf_copy, load_bench  # noqa: E402
 
 WORDS = ["good", "great", "fine", "bad", "awful", "dull", "film", "movie", "plot", "the",
          "a", "was", "is", "very", "not", "acting", "story", ",", "."]
@@ -309,10 +309,7 @@ def test_end_to_end_pairs_from_hf_directory_with_random_init(tmp_path, pretraine
     for split, n in (("train", 16), ("dev", 8), ("test", 8)):
         write(d / f"{split}.tsv", "label\tsentence_a\tsentence_b\n"
               + "\n".join(make_rows(n, rng, pair=True)) + "\n")
-    pre = load_start(pretrained_run)
-    model = BertForPreTraining(pre.config)
-    model.load_state_dict(pre.state)
-    hf_dir = save_hf_directory(model, tmp_path / "hf", pre.vocab_file)
+    hf_dir = hf_copy(pretrained_run, tmp_path / "hf")
     out = tmp_path / "ft"
     rc = finetune.main(["--init", str(hf_dir), "--data", str(d), "--output-dir", str(out),
                         "--epochs", "1", "--batch-size", "8", "--max-seq-length", "12",
@@ -488,15 +485,8 @@ def test_bench_compare_runs_both_systems(pretrained_run, tmp_path, capsys):
     rows, real tokens/s for each and their ratio."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "bench_finetune", Path(__file__).resolve().parents[1] / "bench" / "bench_finetune.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    pre = load_start(pretrained_run)
-    model = BertForPreTraining(pre.config)
-    model.load_state_dict(pre.state)
-    hf_dir = save_hf_directory(model, tmp_path / "hf", pre.vocab_file)
+    bench = load_bench("bench_finetune")
+    hf_dir = hf_copy(pretrained_run, tmp_path / "hf")
     data = length_varied_dataset(tmp_path / "data", n_train=128)
     assert bench.main(["compare", "--init", str(hf_dir), "--data", str(data),
                        "--batch-size", "8", "--max-seq-length", "32", "--threads", "1"]) == 0

@@ -325,16 +325,9 @@ def test_bench_transformers_peer_runs_the_same_recipe(en_run, pos_data, tmp_path
     with minibert's metric code (tiny model, one epoch)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import importlib.util
-    from minibert.hf import save_hf_directory
-    spec = importlib.util.spec_from_file_location(
-        "bench_finetune_tasks", ROOT / "bench" / "bench_finetune_tasks.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    pre = load_start(en_run)
-    model = BertForPreTraining(pre.config)
-    model.load_state_dict(pre.state)
-    hf_dir = save_hf_directory(model, tmp_path / "hf", pre.vocab_file)
+    from helpers import hf_copy, load_bench
+    bench = load_bench("bench_finetune_tasks")
+    hf_dir = hf_copy(en_run, tmp_path / "hf")
     assert bench.main(["--task", "token-classification", "--init", str(hf_dir), "--data",
                        str(pos_data), "--epochs", "1", "--batch-size", "8",
                        "--max-seq-length", "48", "--threads", "1"]) == 0

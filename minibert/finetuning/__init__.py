@@ -2,10 +2,10 @@
 and the models of a fine-tuning run (:mod:`.classifier`), token classification
 (:mod:`.tagging`), extractive question answering (:mod:`.qa`), and the three tasks of
 ``finetune.py`` behind one interface (:mod:`.tasks`)."""
-from .classifier import build_classifier, build_model, evaluate, predict_split
+from .classifier import build_model, eval_batches, evaluate, predict_split
 from .data import (Batch, DatasetError, EncodedSplit, Example, encode_split, iterate_batches,
                    label_ids, label_list, length_grouped_batches, pad_batch, read_tsv)
-from .metrics import classification_metrics, confusion_matrix, softmax_np
+from .metrics import classification_metrics, confusion_matrix, log_softmax_np, softmax_np
 from .qa import (QAExample, QAFeatures, QAPrediction, exact_match_score, f1_score,
                  normalize_answer, postprocess_qa_predictions, prepare_qa_features,
                  read_squad, squad_metrics)
@@ -14,11 +14,11 @@ from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, TaggedSentence, Tag
                       is_entity_tagset, read_conll, tag_list, tagging_metrics, token_accuracy,
                       warn_long_sentences)
 
-__all__ = ["Batch", "DatasetError", "EncodedSplit", "Example", "build_classifier", "build_model",
+__all__ = ["Batch", "DatasetError", "EncodedSplit", "Example", "build_model", "eval_batches",
            "classification_metrics", "confusion_matrix", "encode_split", "evaluate",
            "iterate_batches", "label_ids", "label_list", "length_grouped_batches", "pad_batch",
            "predict_split",
-           "read_tsv", "softmax_np",
+           "read_tsv", "log_softmax_np", "softmax_np",
            # token classification
            "IGNORE_INDEX", "MostFrequentTagBaseline", "TaggedSentence", "TaggedSplit",
            "check_tags", "decode_tags", "encode_tagging", "entity_metrics", "get_entities",

@@ -63,51 +63,38 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
     return model, load_pretrained_weights(model, state, pre.source)
 
 
-def build_classifier(pre: Pretrained, labels: Sequence[str], seed: int = 0, dtype=np.float32,
-                     random_init: bool = False, classifier_dropout: float | None = None
-                     ) -> tuple[BertForSequenceClassification, dict[str, list[str]]]:
-    """A :class:`BertForSequenceClassification` with ``len(labels)`` classes
-    (:func:`build_model` of that class): weights from ``pre``, the classifier too when
-    ``pre`` is a sequence classifier with the same labels, or all fresh when
-    ``random_init``.
-
-    Returns:
-        (model, report) with report as :func:`minibert.hf.load_pretrained_weights`.
-    Raises:
-        HFFormatError: encoder weights that do not fit the config.
-    """
-    return build_model(pre, BertForSequenceClassification, labels, seed=seed, dtype=dtype,
-                       random_init=random_init, classifier_dropout=classifier_dropout)
-
-
-def split_logits(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
-                 pad_id: int = 0, xp=np, progress=None) -> np.ndarray:
-    """Logits (N, K) float32 of every row of ``split`` on the host (eval mode, no dropout),
-    in batches of rows sorted by length (little padding; each row's logits do not depend
-    on its batch). The model is put back in its previous train/eval mode afterwards."""
+def eval_batches(model, split: EncodedSplit, batch_size: int, xp=np, pad_id: int = 0):
+    """(host :class:`~minibert.finetuning.data.Batch`, model output) over every row of
+    ``split`` in eval mode (no dropout), in batches of rows sorted by length (little
+    padding; a row's outputs do not depend on its batch, and ``batch.index`` says which
+    rows a batch holds). The model's train/eval mode is restored afterwards."""
     was_training = model.training
     model.eval()
-    logits = np.zeros((len(split), model.num_labels), dtype=np.float32)
     order = np.argsort(np.fromiter(map(len, split.input_ids), dtype=np.int64,
                                    count=len(split)), kind="stable")
     try:
         for i in range(0, len(order), batch_size):
             b = pad_batch(split, order[i:i + batch_size], pad_id)
             d = b.to(xp)
-            logits[b.index] = to_numpy(model(d.input_ids, d.token_type_ids,
-                                             d.attention_mask).logits)
-            if progress is not None:
-                progress.update(len(b.index))
+            yield b, model(d.input_ids, d.token_type_ids, d.attention_mask)
     finally:
         model.train(was_training)
+
+
+def split_logits(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
+                 pad_id: int = 0, xp=np) -> np.ndarray:
+    """Logits (N, K) float32 of every row of ``split`` on the host (:func:`eval_batches`)."""
+    logits = np.zeros((len(split), model.num_labels), dtype=np.float32)
+    for b, out in eval_batches(model, split, batch_size, xp, pad_id):
+        logits[b.index] = to_numpy(out.logits)
     return logits
 
 
 def predict_split(model: BertForSequenceClassification, split: EncodedSplit, batch_size: int,
-                  pad_id: int = 0, xp=np, progress=None) -> np.ndarray:
+                  pad_id: int = 0, xp=np) -> np.ndarray:
     """Class probabilities (N, K) float64 of every row of ``split`` (eval mode, no dropout;
     the softmax of :func:`split_logits`)."""
-    return softmax_np(split_logits(model, split, batch_size, pad_id, xp, progress))
+    return softmax_np(split_logits(model, split, batch_size, pad_id, xp))
 
 
 def evaluate(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np
@@ -127,5 +114,5 @@ def evaluate(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np
     return m, probs
 
 
-__all__ = ["HEAD_PREFIXES", "build_model", "build_classifier", "split_logits", "predict_split",
+__all__ = ["HEAD_PREFIXES", "build_model", "eval_batches", "split_logits", "predict_split",
            "evaluate"]

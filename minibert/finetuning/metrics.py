@@ -48,6 +48,14 @@ def classification_metrics(gold, pred, num_labels: int) -> dict[str, float]:
             "n": int(gold.size)}
 
 
+def log_softmax_np(logits: np.ndarray) -> np.ndarray:
+    """Log-softmax over the last axis of host logits (..., K), max-subtracted (stable);
+    returns float64 of the same shape."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
 def softmax_np(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax of (N, K) logits, max-subtracted; returns float64 (N, K)."""
     z = np.asarray(logits, dtype=np.float64)
@@ -55,4 +63,4 @@ def softmax_np(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-__all__ = ["confusion_matrix", "classification_metrics", "softmax_np"]
+__all__ = ["confusion_matrix", "classification_metrics", "log_softmax_np", "softmax_np"]

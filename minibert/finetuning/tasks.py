@@ -43,7 +43,8 @@ from ..backend import to_numpy
 from ..checkpoint import save_checkpoint
 from ..modeling import (BertForQuestionAnswering, BertForSequenceClassification,
                         BertForTokenClassification)
-from .classifier import build_model, evaluate as evaluate_classifier, softmax_np
+from .classifier import build_model, eval_batches, evaluate as evaluate_classifier
+from .metrics import log_softmax_np, softmax_np
 from .data import DatasetError, EncodedSplit, encode_split, iterate_batches, label_list, read_tsv
 from .qa import (QAExample, exact_match_score, f1_score, postprocess_qa_predictions,
                  prepare_qa_features, read_squad, squad_metrics)
@@ -68,25 +69,6 @@ class TaskData:
     warnings: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     baseline: dict | None = None
-
-
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    z = np.asarray(z, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-
-def _eval_batches(model, split: EncodedSplit, batch_size: int, xp, pad_id: int = 0):
-    """(host batch, model output) over ``split`` in order, in eval mode (no dropout); the
-    model's train/eval mode is restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        for b in iterate_batches(split, batch_size, pad_id):
-            d = b.to(xp)
-            yield b, model(d.input_ids, d.token_type_ids, d.attention_mask)
-    finally:
-        model.train(was_training)
 
 
 class TaskBase:
@@ -160,6 +142,22 @@ class TaskBase:
         return min(int(self.option("max_seq_length", self.default_max_seq_length)),
                    model_config.max_position_embeddings)
 
+    # -- data --------------------------------------------------------------------------
+    @staticmethod
+    def _read_splits(reader, paths, max_train_examples: int | None):
+        """(train, dev, test) records of ``reader`` (a file -> list function) from
+        ``paths``; test None when its path is; train cut to ``max_train_examples``."""
+        train = reader(paths["train"])[:max_train_examples or None]
+        dev = reader(paths["dev"])
+        return train, dev, reader(paths["test"]) if paths["test"] is not None else None
+
+    @staticmethod
+    def _check_label_set(labels, path, unit: str, task: str) -> None:
+        """Raises DatasetError when the train split ``path`` has fewer than two ``unit``s."""
+        if len(labels) < 2:
+            raise DatasetError(f"{path}: the train split has one {unit} only "
+                               f"({labels[0]!r}); {task} needs at least two")
+
     # -- the loop ----------------------------------------------------------------------
     def summarize(self, totals: dict) -> dict:
         real, padded = totals.get("real_tokens", 0.0), totals.get("padded_tokens", 0.0)
@@ -186,15 +184,9 @@ class SequenceClassification(TaskBase):
 
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
-        train_ex = read_tsv(paths["train"])
-        if max_train_examples:
-            train_ex = train_ex[:max_train_examples]
+        train_ex, dev_ex, test_ex = self._read_splits(read_tsv, paths, max_train_examples)
         labels = label_list(train_ex)
-        if len(labels) < 2:
-            raise DatasetError(f"{paths['train']}: the train split has one class only "
-                               f"({labels[0]!r}); classification needs at least two")
-        dev_ex = read_tsv(paths["dev"])
-        test_ex = read_tsv(paths["test"]) if paths["test"] is not None else None
+        self._check_label_set(labels, paths["train"], "class", "classification")
         enc = lambda ex: encode_split(tokenizer, ex, max_len, labels)  # noqa: E731
         self.labels, self.settings["max_seq_length"] = labels, max_len
         return TaskData(labels, enc(train_ex), enc(dev_ex), enc(test_ex) if test_ex else None)
@@ -285,15 +277,9 @@ class TokenClassification(TaskBase):
 
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
-        train_s = read_conll(paths["train"])
-        if max_train_examples:
-            train_s = train_s[:max_train_examples]
+        train_s, dev_s, test_s = self._read_splits(read_conll, paths, max_train_examples)
         tags = tag_list(train_s)
-        if len(tags) < 2:
-            raise DatasetError(f"{paths['train']}: the train split has one tag only "
-                               f"({tags[0]!r}); tagging needs at least two")
-        dev_s = read_conll(paths["dev"])
-        test_s = read_conll(paths["test"]) if paths["test"] is not None else None
+        self._check_label_set(tags, paths["train"], "tag", "tagging")
         warn: list[str] = []
         train = self._encode(tokenizer, train_s, max_len, tags, str(paths["train"]), warn)
         dev = self._encode(tokenizer, dev_s, max_len, tags, str(paths["dev"]), warn)
@@ -336,11 +322,11 @@ class TokenClassification(TaskBase):
         labelled pieces (0 without labels)."""
         preds: list[np.ndarray | None] = [None] * len(split)
         loss_sum, n = 0.0, 0
-        for b, out in _eval_batches(model, split, batch_size, xp, pad_id):
+        for b, out in eval_batches(model, split, batch_size, xp, pad_id):
             logits = to_numpy(out.logits).astype(np.float64)               # (B, T, K)
             if b.labels is not None:
                 m = b.labels != IGNORE_INDEX
-                loss_sum -= float(_log_softmax(logits[m])[np.arange(int(m.sum())),
+                loss_sum -= float(log_softmax_np(logits[m])[np.arange(int(m.sum())),
                                                           b.labels[m]].sum())
                 n += int(m.sum())
             am = logits.argmax(-1)                                         # (B, T)
@@ -430,11 +416,7 @@ class QuestionAnswering(TaskBase):
 
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
-        train_ex = read_squad(paths["train"])
-        if max_train_examples:
-            train_ex = train_ex[:max_train_examples]
-        dev_ex = read_squad(paths["dev"])
-        test_ex = read_squad(paths["test"]) if paths["test"] is not None else None
+        train_ex, dev_ex, test_ex = self._read_splits(read_squad, paths, max_train_examples)
         train = self._features(tokenizer, train_ex, max_len)
         dev = self._features(tokenizer, dev_ex, max_len)
         test = self._features(tokenizer, test_ex, max_len) if test_ex else None
@@ -473,13 +455,13 @@ class QuestionAnswering(TaskBase):
         starts: list = [None] * F
         ends: list = [None] * F
         loss_sum = 0.0
-        for b, out in _eval_batches(model, split, batch_size, xp, pad_id):
+        for b, out in eval_batches(model, split, batch_size, xp, pad_id):
             s = to_numpy(out.start_logits).astype(np.float64)              # (B, T)
             e = to_numpy(out.end_logits).astype(np.float64)
             if b.labels is not None:
                 rows = np.arange(len(b.index))
-                loss_sum -= float((_log_softmax(s)[rows, b.labels[:, 0]]
-                                   + _log_softmax(e)[rows, b.labels[:, 1]]).sum()) / 2
+                loss_sum -= float((log_softmax_np(s)[rows, b.labels[:, 0]]
+                                   + log_softmax_np(e)[rows, b.labels[:, 1]]).sum()) / 2
             for r, i in enumerate(b.index):
                 n = len(split.input_ids[i])
                 starts[i], ends[i] = s[r, :n], e[r, :n]

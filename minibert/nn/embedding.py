@@ -41,14 +41,10 @@ def accumulate_embedding_grad(dw, dout, ids, padding_idx: int | None = None) -> 
     flat_ids = ids.reshape(-1)
     flat = dout.reshape(-1, dout.shape[-1])              # (B*T, C)
     if padding_idx is not None:
+        # the padding row gets no gradient: its positions add zeros (not dropped rows,
+        # whose count CuPy would read back to the host to size the result: a sync)
         keep = flat_ids != padding_idx
-        if get_array_module(flat) is np:
-            flat_ids, flat = flat_ids[keep], flat[keep]   # fewer rows to sort
-        else:  # a device array (CuPy; the stand-in tests/fakecupy.py in the tests)
-            # CuPy's boolean-mask indexing reads the number of kept rows back to size
-            # its result (a device sync in every step): add zeros into the padding row
-            # instead, which leaves it as it was
-            flat = get_array_module(flat).where(keep[:, None], flat, 0)
+        flat = get_array_module(flat).where(keep[:, None], flat, 0)
     scatter_add_rows(dw, flat_ids, flat)
 
 
