@@ -36,7 +36,7 @@ from minibert.cli import (dropout_probability, explicit_options, fail as _fail, 
                           probability)
 from minibert.distillation import (DistillationModel, DistillationWeights,
                                    every_other_layer_config, every_other_layer_state,
-                                   has_mlm_head, load_teacher)
+                                   has_mlm_head, load_teacher, projected_embeddings_state)
 from minibert.hf import HFFormatError, load_pretrained_weights
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
 from minibert.objectives import OBJECTIVES, get_objective
@@ -158,10 +158,14 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="general distillation: learn from this BERT (a Hugging Face BERT "
                         "directory or a train_mlm.py run), run forward only on every batch; "
                         "the student uses its vocab.txt and lower-casing")
-    g.add_argument("--student-init", choices=["preset", "every-other-layer"], default="preset",
+    g.add_argument("--student-init", choices=["preset", "every-other-layer",
+                                              "projected-embeddings"], default="preset",
                    help="preset: the model options above (--preset and sizes, random "
                         "weights, or --init-checkpoint's); every-other-layer: the teacher's "
-                        "config and weights with layers 0, 2, 4, ... (DistilBERT)")
+                        "config and weights with layers 0, 2, 4, ... (DistilBERT); "
+                        "projected-embeddings: the model options above with the teacher's "
+                        "embeddings projected onto their top --hidden-size principal "
+                        "directions (and W_h starting as that projection's transpose)")
     g.add_argument("--temperature", type=positive_float, default=2.0,
                    help="softmax temperature T of the soft targets (loss scaled by T^2)")
     g.add_argument("--alpha-ce", type=non_negative_float, default=5.0,
@@ -328,6 +332,9 @@ def resolve_teacher(args, given: set[str]):
             raise RunError("--student-init every-other-layer takes the teacher's architecture "
                            "and weights; drop " + ", ".join("--" + n.replace("_", "-")
                                                             for n in clash))
+    if args.student_init == "projected-embeddings" and "init_checkpoint" in given:
+        raise RunError("--student-init projected-embeddings starts from the teacher's "
+                       "embeddings; drop --init-checkpoint (or use --student-init preset)")
     if args.alpha_ce > 0 and not has_mlm_head(teacher.state):
         if "alpha_ce" in given:
             raise RunError(f"--alpha-ce {args.alpha_ce:g}: --teacher {args.teacher} has no MLM "
@@ -362,6 +369,11 @@ def student_config(args, teacher, resumed, start) -> BertConfig:
     if config.vocab_size != teacher.config.vocab_size:
         raise RunError(f"the student's vocab_size {config.vocab_size} differs from the "
                        f"teacher's {teacher.config.vocab_size}")
+    if (args.student_init == "projected-embeddings"
+            and config.hidden_size > teacher.config.hidden_size):
+        raise RunError(f"--student-init projected-embeddings: the student's hidden size "
+                       f"{config.hidden_size} exceeds the teacher's "
+                       f"{teacher.config.hidden_size}; projection only narrows")
     if args.alpha_att > 0 and config.num_attention_heads != teacher.config.num_attention_heads:
         raise RunError(f"--alpha-att {args.alpha_att:g}: attention transfer needs the "
                        f"teacher's {teacher.config.num_attention_heads} heads, the student "
@@ -521,6 +533,13 @@ def main(argv=None) -> int:
                 kept = ", ".join(map(str, range(0, teacher.config.num_hidden_layers, 2)))
                 print(f"student: layers {kept} of the teacher and its other weights; new: "
                       f"{report['new'] or 'none'}")
+            elif args.student_init == "projected-embeddings" and resumed is None:
+                tables, basis = projected_embeddings_state(teacher.state, config.hidden_size)
+                if hasattr(model, "hidden_projection"):
+                    tables["hidden_projection.weight"] = basis
+                model.load_state_dict(tables, strict=False)
+                print(f"student: the teacher's embeddings projected onto their top "
+                      f"{config.hidden_size} principal directions: {', '.join(sorted(tables))}")
         else:
             del model_kw["seq_relationship_head"]          # the objective decides
             if objective.name == "electra":
@@ -579,6 +598,8 @@ def main(argv=None) -> int:
     arch = (f"config of {args.init_checkpoint}" if args.init_checkpoint
             else f"every other layer of {args.teacher}"
             if args.teacher and args.student_init == "every-other-layer"
+            else f"{args.preset} preset, embeddings projected from {args.teacher}"
+            if args.teacher and args.student_init == "projected-embeddings"
             else f"{args.preset} preset")
     print(f"model: {arch}, {model.num_parameters():,} parameters, vocab {config.vocab_size}; "
           f"objective {objective.name}; train documents {train_store.num_documents}, tokens "

@@ -33,7 +33,8 @@ batch).
 
 :func:`every_other_layer_state` builds DistilBERT's student initialisation (Sanh et al.
 2019, section 3, "taking one layer out of two"; seed 003 section 3.11, parameter
-elimination).
+elimination). :func:`projected_embeddings_state` starts a narrower student from the
+teacher's embeddings projected onto their principal directions.
 
 Shape legend: B = batch, T = sequence length, P = prediction slots per sequence,
 N = B * P rows of logits, V = vocab size, Cs / Ct = student / teacher hidden size,
@@ -58,7 +59,7 @@ __all__ = [
     "DistillationModel", "DistillationOutput", "DistillationWeights", "Teacher",
     "TeacherOutput", "attention_kl_backward", "attention_kl_forward", "cosine_loss_backward",
     "cosine_loss_forward", "every_other_layer_config", "every_other_layer_state",
-    "has_mlm_head", "load_teacher", "release_caches", "soft_target_kl_backward",
+    "has_mlm_head", "load_teacher", "projected_embeddings_state", "release_caches", "soft_target_kl_backward",
     "soft_target_kl_forward",
 ]
 
@@ -416,6 +417,52 @@ def every_other_layer_state(state: dict[str, np.ndarray]) -> dict[str, np.ndarra
         elif int(m.group(1)) % 2 == 0:
             out[f"bert.encoder.layer.{int(m.group(1)) // 2}.{m.group(2)}"] = v
     return out
+
+
+_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+
+
+def projected_embeddings_state(state: dict[str, np.ndarray], hidden_size: int
+                               ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """A narrower student's embedding tables from the teacher's: each table projected onto
+    the top ``hidden_size`` principal directions of the teacher's word embeddings.
+
+    With E (V, Ct) the teacher's word embeddings, m their mean row and U (Ct, Cs) the
+    right singular vectors of E - m with the Cs largest singular values (principal
+    component analysis), the student gets (E - m) @ U as word embeddings and P @ U, S @ U
+    as position and token-type embeddings. Projection is linear, so the sum the embedding
+    LayerNorm sees is the projected sum of the teacher's, less m @ U. Words the pretraining
+    corpus never shows still start where the teacher puts them, which a random table
+    cannot give. ``basis`` = U is also the natural start of the cosine loss's W_h
+    (``hidden_projection.weight``, (Ct, Cs)): it maps student states back into the span
+    they came from. Our choice of initialisation (an SVD truncation, as ALBERT's
+    factorised embeddings (Lan et al. 2020) reduce the embedding width); no paper's recipe.
+
+    Args:
+        state: the teacher's weights, HF names (``bert.embeddings.*``), any float dtype.
+        hidden_size: the student's width Cs, 1 <= Cs <= Ct.
+    Returns:
+        ({``bert.embeddings.<table>.weight``: float32 array}, basis U (Ct, Cs) float32 with
+        orthonormal columns).
+    Raises:
+        KeyError: the state lacks the word-embedding table.
+        ValueError: ``hidden_size`` outside [1, Ct].
+    """
+    words = np.asarray(state["bert.embeddings.word_embeddings.weight"], np.float64)
+    width = words.shape[1]
+    if not 1 <= hidden_size <= width:
+        raise ValueError(f"a student of width {hidden_size} cannot take projected embeddings "
+                         f"of a teacher of width {width} (need 1 <= width <= {width})")
+    centred = words - words.mean(0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    basis = vt[:hidden_size].T
+    out = {}
+    for name in _EMBEDDINGS:
+        key = f"bert.embeddings.{name}.weight"
+        if key in state:
+            table = centred if name == "word_embeddings" else np.asarray(state[key], np.float64)
+            out[key] = (table @ basis).astype(np.float32)
+    return out, basis.astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------

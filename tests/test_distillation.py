@@ -19,8 +19,8 @@ from minibert.distillation import (DistillationModel, DistillationWeights, Teach
                                    attention_kl_backward, attention_kl_forward,
                                    cosine_loss_backward, cosine_loss_forward,
                                    every_other_layer_config, every_other_layer_state,
-                                   load_teacher, soft_target_kl_backward,
-                                   soft_target_kl_forward)
+                                   load_teacher, projected_embeddings_state,
+                                   soft_target_kl_backward, soft_target_kl_forward)
 from minibert.gradcheck import check_tensor
 from minibert.nn import attention_backward, attention_forward, softmax_forward
 from minibert.testing import (assert_parameter_gradients, attention_inputs, bert_configs,
@@ -462,6 +462,62 @@ def test_every_other_layer_student_of_a_teacher_without_mlm_head(corpus, bare_te
     assert "kl_loss" not in rec and {"cos_loss", "att_loss"} <= set(rec)
 
 
+@given(v=st.integers(6, 40), ct=st.integers(2, 12), data=st.data())
+@settings(max_examples=25, deadline=None)
+def test_projected_embeddings_are_the_top_principal_components(v, ct, data):
+    """The word table is the centred teacher table in the basis of its Cs leading right
+    singular vectors: the basis is orthonormal, projecting back reconstructs the centred
+    table as well as the rank-Cs SVD truncation does (Eckart-Young), and every other table
+    goes through the same basis."""
+    cs = data.draw(st.integers(1, ct))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    words = rng.normal(size=(v, ct)) * rng.uniform(0.1, 3, size=ct)
+    pos = rng.normal(size=(7, ct))
+    state = {"bert.embeddings.word_embeddings.weight": words,
+             "bert.embeddings.position_embeddings.weight": pos,
+             "bert.encoder.layer.0.output.dense.weight": rng.normal(size=(ct, ct))}
+    tables, basis = projected_embeddings_state(state, cs)
+    assert set(tables) == {"bert.embeddings.word_embeddings.weight",
+                           "bert.embeddings.position_embeddings.weight"}
+    assert basis.shape == (ct, cs) and basis.dtype == np.float32
+    np.testing.assert_allclose(basis.T @ basis, np.eye(cs), atol=1e-5)
+    centred = words - words.mean(0)
+    w = tables["bert.embeddings.word_embeddings.weight"]
+    assert w.shape == (v, cs) and w.dtype == np.float32
+    np.testing.assert_allclose(w, centred @ basis, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tables["bert.embeddings.position_embeddings.weight"],
+                               pos @ basis, rtol=1e-4, atol=1e-4)
+    u, sv, vt = np.linalg.svd(centred, full_matrices=False)
+    best = np.linalg.norm(centred - (u[:, :cs] * sv[:cs]) @ vt[:cs])
+    assert np.linalg.norm(centred - w @ basis.T) <= best * (1 + 1e-3) + 1e-3
+
+
+@pytest.mark.parametrize("width", [0, 13])
+def test_projected_embeddings_reject_a_width_outside_the_teachers(width):
+    state = {"bert.embeddings.word_embeddings.weight": np.ones((5, 12))}
+    with pytest.raises(ValueError, match=f"width {width} cannot take"):
+        projected_embeddings_state(state, width)
+
+
+def test_projected_embeddings_student_starts_from_the_projection(corpus, bare_teacher, tmp_path,
+                                                                capsys):
+    """--lr 0 keeps the initial weights: a narrower student (16 wide, teacher 32) holds the
+    projected tables and W_h = the basis, and its layers are its own."""
+    out = tmp_path / "s"
+    assert train_mlm.main(run_args(corpus, out, "--teacher", str(bare_teacher),
+                                   "--student-init", "projected-embeddings",
+                                   "--hidden-size", "16", "--num-attention-heads", "2",
+                                   "--num-hidden-layers", "1", "--intermediate-size", "32",
+                                   "--lr", "0", "--max-steps", "2", "--eval-every", "2")) == 0
+    assert "projected onto their top 16 principal directions" in capsys.readouterr().out
+    ck = load_checkpoint(out / "checkpoint.npz")["model"]
+    tables, basis = projected_embeddings_state(load_start(bare_teacher).state, 16)
+    for k, v in tables.items():
+        np.testing.assert_array_equal(ck[k], v, err_msg=k)
+    np.testing.assert_array_equal(ck["hidden_projection.weight"], basis)
+    assert ck["bert.encoder.layer.0.output.dense.weight"].shape == (16, 32)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--teacher", "{nowhere}"], "--teacher {nowhere}: not a Hugging Face BERT directory"),
     (["--teacher", "{bare}", "--alpha-ce", "1"], "has no MLM head"),
@@ -472,6 +528,10 @@ def test_every_other_layer_student_of_a_teacher_without_mlm_head(corpus, bare_te
     (["--teacher", "{run}", "--num-attention-heads", "4", "--hidden-size", "16",
       "--alpha-att", "1"], "needs the teacher's 2 heads"),
     (["--teacher", "{run}", "--max-seq-length", "600"], "max_position_embeddings 512"),
+    (["--teacher", "{run}", "--student-init", "projected-embeddings", "--hidden-size", "64"],
+     "hidden size 64 exceeds the teacher's 32"),
+    (["--teacher", "{run}", "--student-init", "projected-embeddings", "--init-checkpoint",
+      "{run}"], "drop --init-checkpoint"),
     (["--teacher", "{run}", "--alpha-ce", "0", "--alpha-mlm", "0", "--alpha-cos", "0"],
      "nothing to learn from"),
     (["--alpha-cos", "2"], "--alpha-cos: distillation options, only with --teacher"),
