@@ -59,6 +59,7 @@ DEFAULT_OBJECTIVE = "mlm+nsp"
 # them from its checkpoint, and refuses a different value given on the command line.
 RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase", "seed",
                 "objective", "max_seq_length", "batch_size", "gradient_accumulation_steps",
+                "batch_size_ramp",
                 "masking", "dupe_factor", "short_seq_prob", "masked_lm_prob",
                 "max_predictions_per_seq", "whole_word_mask", "eval_fraction", "max_steps",
                 "lr", "warmup_steps", "weight_decay", "correct_bias", "max_grad_norm",
@@ -186,6 +187,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="sequences per micro-batch (per step: batch size x accumulation)")
     g.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
                    help="micro-batches whose gradients are summed (each weighted 1/k) per step")
+    g.add_argument("--batch-size-ramp", type=float_in(0.0, 1.0, high_open=True), default=0.0,
+                   metavar="FRACTION",
+                   help="over this fraction of --max-steps the micro-batches per step grow "
+                        "linearly from 1 to --gradient-accumulation-steps (Cramming's batch "
+                        "ramp; 0: off)")
     g.add_argument("--lr", type=non_negative_float, default=1e-3, help="peak learning rate")
     g.add_argument("--warmup-steps", type=non_negative_int, default=None,
                    help="linear warmup steps (default: 10%% of --max-steps)")
@@ -473,6 +479,10 @@ def main(argv=None) -> int:
                 stray := [n for n in ("generator_layers", "disc_weight") if n in given]):
             raise RunError(", ".join("--" + n.replace("_", "-") for n in stray)
                            + ": ELECTRA options, only with --objective electra")
+        if args.batch_size_ramp > 0 and args.gradient_accumulation_steps < 2:
+            raise RunError(f"--batch-size-ramp {args.batch_size_ramp:g} ramps the micro-batches "
+                           "per step up to --gradient-accumulation-steps, which is 1: give it "
+                           ">= 2 (the full batch is --batch-size x that)")
         if not resume:
             run = (prepare_run_dir(args.output_dir, "pretrain", overwrite=args.overwrite)
                    if leader else RunDir(Path(args.output_dir), "pretrain"))
@@ -622,6 +632,7 @@ def main(argv=None) -> int:
     cfg = TrainingConfig(max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup_steps,
                          max_grad_norm=args.max_grad_norm,
                          gradient_accumulation_steps=args.gradient_accumulation_steps,
+                         batch_size_ramp_steps=round(args.batch_size_ramp * args.max_steps),
                          seed=args.seed, log_every=args.log_every, eval_every=args.eval_every,
                          save_every=args.save_every,
                          max_nonfinite_steps=args.max_nonfinite_steps,

@@ -30,6 +30,7 @@ evaluates and writes checkpoints; the metric sums of all ranks are added at log 
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Protocol
@@ -87,6 +88,9 @@ class TrainingConfig:
         step equals one on the k micro-batches together when each holds the same number
         of counted targets (sequences for classification); with MLM the micro-batches'
         mean losses are averaged, as HF's Trainer does.
+    batch_size_ramp_steps: over the first this many steps the micro-batches per step grow
+        linearly from 1 to ``gradient_accumulation_steps`` (:func:`ramped_accumulation`);
+        0 = no ramp.
     seed: the run seed (dropout streams derive from it).
     log_every / eval_every / save_every: cadence; eval and save also happen at the end;
         0 = at the end only.
@@ -100,6 +104,7 @@ class TrainingConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     gradient_accumulation_steps: int = 1
+    batch_size_ramp_steps: int = 0
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0
@@ -153,6 +158,18 @@ def resume_state(checkpoint: dict, optimizer) -> TrainState:
     except (KeyError, ValueError) as e:
         raise TrainingError(f"optimizer state: {e}") from None
     return TrainState.from_dict(checkpoint["trainer"])
+
+
+def ramped_accumulation(step: int, k: int, ramp_steps: int) -> int:
+    """Micro-batches in optimizer step ``step`` (0-based) of a linear batch-size ramp:
+    ceil(k * (step + 1) / ramp_steps), at least 1, and k from step ramp_steps - 1 on
+    (k without a ramp, ``ramp_steps`` 0). The batch grows from one micro-batch to k:
+    Cramming's batch-size schedule (Geiping & Goldstein 2023, "Batch Size Schedule"; their
+    ``batch_size_ramp`` raises the accumulation count linearly over a fraction of the
+    budget), so early steps are cheap and noisy, later ones large."""
+    if ramp_steps <= 0:
+        return k
+    return max(1, min(k, math.ceil(k * (step + 1) / ramp_steps)))
 
 
 def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int, Any]]:
@@ -268,7 +285,6 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         comm.broadcast_(optimizer.master)
     state.world_size = comm.world_size
     dropout_rng = backend.DropoutRNG(device)
-    k = cfg.gradient_accumulation_steps
     stream = micro_batches(task, state.epoch, state.batch_in_epoch)
     # device (or host, after a resume) sums; a resumed window holds the sums over all
     # ranks, so the per-rank sums restart from 0 on every rank but rank 0
@@ -327,6 +343,8 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             lr = linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
             # up to k micro-batches; a step ends with its epoch (as HF's Trainer), so
             # epochs hold a whole number of steps and grouping restarts at every epoch
+            k = ramped_accumulation(step, cfg.gradient_accumulation_steps,
+                                    cfg.batch_size_ramp_steps)
             micro = []
             while len(micro) < k:
                 item, pending = (pending or next(stream)), None

@@ -308,12 +308,35 @@ def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch
     (["--lr", "-1"], "--lr"), (["--lr", "inf"], "--lr"), (["--save-every", "0"], "--save-every"),
     (["--log-every", "0"], "--log-every"), (["--masked-lm-prob", "1.5"], "--masked-lm-prob"),
     (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps"),
+    (["--batch-size-ramp", "1"], "--batch-size-ramp"),
+    (["--batch-size-ramp", "-0.1"], "--batch-size-ramp"),
 ])
 def test_bad_options_get_an_error_line_naming_the_option(corpus, tmp_path, capsys, argv, option):
     with pytest.raises(SystemExit) as e:
         train_mlm.main(args_for(corpus, tmp_path / "o", *argv))
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"argument {option}:" in err and "Traceback" not in err
+
+
+def test_the_batch_ramp_reaches_the_loop_and_needs_accumulation(corpus, tmp_path, capsys,
+                                                                monkeypatch):
+    seen = []
+    real = train_mlm.train
+
+    def spy(model, optimizer, task, cfg, state, **kw):
+        seen.append(cfg)
+        return real(model, optimizer, task, cfg, state, **kw)
+
+    monkeypatch.setattr(train_mlm, "train", spy)
+    assert train_mlm.main(args_for(corpus, tmp_path / "r", "--max-steps", "4",
+                                   "--gradient-accumulation-steps", "3",
+                                   "--batch-size-ramp", "0.5")) == 0
+    assert (seen[0].batch_size_ramp_steps, seen[0].gradient_accumulation_steps) == (2, 3)
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(args_for(corpus, tmp_path / "o", "--batch-size-ramp", "0.5"))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--batch-size-ramp 0.5 ramps" in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "checkpoint.npz").exists()
 
 
 def test_unusable_output_dirs_get_an_error_line(corpus, tmp_path, capsys):

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minibert import BertConfig
 from minibert.modeling import BertForSequenceClassification
 from minibert.optim import AdamW
 from minibert.runs import MetricsLog
-from minibert.training import TrainingConfig, TrainingError, TrainState, train
+from minibert.training import (TrainingConfig, TrainingError, TrainState, ramped_accumulation,
+                               train)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,6 +82,45 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
     run(big, ToyTask(data, 8), tmp_path, steps=4)
     run(acc, ToyTask(data, 2), tmp_path, steps=4, k=4)
     for (n, p), (_, q) in zip(big.named_parameters(), acc.named_parameters()):
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-10, err_msg=n)
+
+
+class SizedTask(ToyTask):
+    """The rows in order, cut into micro-batches of the given sizes (one epoch)."""
+
+    def __init__(self, data: Rows, sizes):
+        super().__init__(data, 0)
+        self.sizes = list(sizes)
+
+    def batches(self, epoch, start_batch):
+        ends = np.cumsum([0, *self.sizes])
+        for a, b in zip(ends[start_batch:-1], ends[start_batch + 1:]):
+            yield Rows(*(x[a:b] for x in
+                         (self.data.input_ids, self.data.attention_mask, self.data.labels)))
+
+
+@given(k=st.integers(1, 9), ramp=st.integers(0, 40), step=st.integers(0, 60))
+@settings(max_examples=200, deadline=None)
+def test_the_batch_ramp_grows_linearly_from_one_micro_batch_to_k(k, ramp, step):
+    j = ramped_accumulation(step, k, ramp)
+    assert 1 <= j <= k
+    assert j >= ramped_accumulation(max(step - 1, 0), k, ramp)            # never shrinks
+    if ramp == 0 or step >= ramp - 1:
+        assert j == k
+    else:                                     # within one micro-batch of the line k * t / ramp
+        assert k * (step + 1) / ramp <= j < k * (step + 1) / ramp + 1
+
+
+def test_a_ramped_run_is_the_run_of_growing_batches(tmp_path):
+    """Micro-batches of 2 rows, k 4, a 4-step ramp: steps of 1, 2, 3, 4, 4 micro-batches,
+    the same updates as steps on single batches of 2, 4, 6, 8, 8 rows."""
+    ramped, data = toy(rows=32)
+    plain, _ = toy(rows=32)
+    task = ToyTask(data, 2)
+    run(ramped, task, tmp_path, steps=5, k=4, batch_size_ramp_steps=4)
+    assert task.calls == 1 + 2 + 3 + 4 + 4
+    run(plain, SizedTask(data, [2, 4, 6, 8, 8]), tmp_path / "b", steps=5)
+    for (n, p), (_, q) in zip(plain.named_parameters(), ramped.named_parameters()):
         np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-10, err_msg=n)
 
 
