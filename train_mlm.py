@@ -355,6 +355,25 @@ def resolve_teacher(args, given: set[str]):
     return teacher, weights
 
 
+def init_student(model, how: str, teacher) -> None:
+    """Load the new student's starting weights from the teacher (a
+    :class:`~minibert.runs.Pretrained`) as ``--student-init`` says (``preset``: none)."""
+    if how == "every-other-layer":
+        report = load_pretrained_weights(model, every_other_layer_state(teacher.state),
+                                         teacher.source)
+        kept = ", ".join(map(str, range(0, teacher.config.num_hidden_layers, 2)))
+        print(f"student: layers {kept} of the teacher and its other weights; new: "
+              f"{report['new'] or 'none'}")
+    elif how == "projected-embeddings":
+        width = model.config.hidden_size
+        tables, basis = projected_embeddings_state(teacher.state, width)
+        if hasattr(model, "hidden_projection"):
+            tables["hidden_projection.weight"] = basis
+        model.load_state_dict(tables, strict=False)
+        print(f"student: the teacher's embeddings projected onto their top {width} principal "
+              f"directions: {', '.join(sorted(tables))}")
+
+
 def student_config(args, teacher, resumed, start) -> BertConfig:
     """The student's architecture: the checkpoint's (resume), --init-checkpoint's, the
     teacher's with every other layer, or the model options with the teacher's vocab size.
@@ -537,19 +556,8 @@ def main(argv=None) -> int:
         if teacher is not None:
             model = DistillationModel(config, load_teacher(teacher, np.dtype(args.dtype)),
                                       weights, **model_kw)
-            if args.student_init == "every-other-layer" and resumed is None:
-                report = load_pretrained_weights(model, every_other_layer_state(teacher.state),
-                                                 teacher.source)
-                kept = ", ".join(map(str, range(0, teacher.config.num_hidden_layers, 2)))
-                print(f"student: layers {kept} of the teacher and its other weights; new: "
-                      f"{report['new'] or 'none'}")
-            elif args.student_init == "projected-embeddings" and resumed is None:
-                tables, basis = projected_embeddings_state(teacher.state, config.hidden_size)
-                if hasattr(model, "hidden_projection"):
-                    tables["hidden_projection.weight"] = basis
-                model.load_state_dict(tables, strict=False)
-                print(f"student: the teacher's embeddings projected onto their top "
-                      f"{config.hidden_size} principal directions: {', '.join(sorted(tables))}")
+            if resumed is None:
+                init_student(model, args.student_init, teacher)
         else:
             del model_kw["seq_relationship_head"]          # the objective decides
             if objective.name == "electra":
@@ -608,8 +616,6 @@ def main(argv=None) -> int:
     arch = (f"config of {args.init_checkpoint}" if args.init_checkpoint
             else f"every other layer of {args.teacher}"
             if args.teacher and args.student_init == "every-other-layer"
-            else f"{args.preset} preset, embeddings projected from {args.teacher}"
-            if args.teacher and args.student_init == "projected-embeddings"
             else f"{args.preset} preset")
     print(f"model: {arch}, {model.num_parameters():,} parameters, vocab {config.vocab_size}; "
           f"objective {objective.name}; train documents {train_store.num_documents}, tokens "

@@ -59,8 +59,8 @@ __all__ = [
     "DistillationModel", "DistillationOutput", "DistillationWeights", "Teacher",
     "TeacherOutput", "attention_kl_backward", "attention_kl_forward", "cosine_loss_backward",
     "cosine_loss_forward", "every_other_layer_config", "every_other_layer_state",
-    "has_mlm_head", "load_teacher", "projected_embeddings_state", "release_caches", "soft_target_kl_backward",
-    "soft_target_kl_forward",
+    "has_mlm_head", "load_teacher", "projected_embeddings_state", "release_caches",
+    "soft_target_kl_backward", "soft_target_kl_forward",
 ]
 
 COSINE_EPS = 1e-12   # added to each squared norm, as torch's cosine_embedding_loss

@@ -162,14 +162,14 @@ def resume_state(checkpoint: dict, optimizer) -> TrainState:
 
 def ramped_accumulation(step: int, k: int, ramp_steps: int) -> int:
     """Micro-batches in optimizer step ``step`` (0-based) of a linear batch-size ramp:
-    ceil(k * (step + 1) / ramp_steps), at least 1, and k from step ramp_steps - 1 on
+    ceil(k * (step + 1) / ramp_steps) (>= 1 for k >= 1), and k from step ramp_steps - 1 on
     (k without a ramp, ``ramp_steps`` 0). The batch grows from one micro-batch to k:
     Cramming's batch-size schedule (Geiping & Goldstein 2023, "Batch Size Schedule"; their
     ``batch_size_ramp`` raises the accumulation count linearly over a fraction of the
     budget), so early steps are cheap and noisy, later ones large."""
     if ramp_steps <= 0:
         return k
-    return max(1, min(k, math.ceil(k * (step + 1) / ramp_steps)))
+    return min(k, math.ceil(k * (step + 1) / ramp_steps))
 
 
 def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int, Any]]:

@@ -63,7 +63,7 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
     return model, load_pretrained_weights(model, state, pre.source)
 
 
-def eval_batches(model, split: EncodedSplit, batch_size: int, xp=np, pad_id: int = 0):
+def eval_batches(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np):
     """(host :class:`~minibert.finetuning.data.Batch`, model output) over every row of
     ``split`` in eval mode (no dropout), in batches of rows sorted by length (little
     padding; a row's outputs do not depend on its batch, and ``batch.index`` says which
@@ -85,7 +85,7 @@ def split_logits(model: BertForSequenceClassification, split: EncodedSplit, batc
                  pad_id: int = 0, xp=np) -> np.ndarray:
     """Logits (N, K) float32 of every row of ``split`` on the host (:func:`eval_batches`)."""
     logits = np.zeros((len(split), model.num_labels), dtype=np.float32)
-    for b, out in eval_batches(model, split, batch_size, xp, pad_id):
+    for b, out in eval_batches(model, split, batch_size, pad_id, xp):
         logits[b.index] = to_numpy(out.logits)
     return logits
 

@@ -322,7 +322,7 @@ class TokenClassification(TaskBase):
         labelled pieces (0 without labels)."""
         preds: list[np.ndarray | None] = [None] * len(split)
         loss_sum, n = 0.0, 0
-        for b, out in eval_batches(model, split, batch_size, xp, pad_id):
+        for b, out in eval_batches(model, split, batch_size, pad_id, xp):
             logits = to_numpy(out.logits).astype(np.float64)               # (B, T, K)
             if b.labels is not None:
                 m = b.labels != IGNORE_INDEX
@@ -455,7 +455,7 @@ class QuestionAnswering(TaskBase):
         starts: list = [None] * F
         ends: list = [None] * F
         loss_sum = 0.0
-        for b, out in eval_batches(model, split, batch_size, xp, pad_id):
+        for b, out in eval_batches(model, split, batch_size, pad_id, xp):
             s = to_numpy(out.start_logits).astype(np.float64)              # (B, T)
             e = to_numpy(out.end_logits).astype(np.float64)
             if b.labels is not None:
