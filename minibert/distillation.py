@@ -429,7 +429,7 @@ def projected_embeddings_state(state: dict[str, np.ndarray], hidden_size: int
 
     With E (V, Ct) the teacher's word embeddings, m their mean row and U (Ct, Cs) the
     right singular vectors of E - m with the Cs largest singular values (principal
-    component analysis), the student gets (E - m) @ U as word embeddings and P @ U, S @ U
+    component analysis; computed as the top eigenvectors of (E - m)^T (E - m)), the student gets (E - m) @ U as word embeddings and P @ U, S @ U
     as position and token-type embeddings. Projection is linear, so the sum the embedding
     LayerNorm sees is the projected sum of the teacher's, less m @ U. Words the pretraining
     corpus never shows still start where the teacher puts them, which a random table
@@ -454,8 +454,11 @@ def projected_embeddings_state(state: dict[str, np.ndarray], hidden_size: int
         raise ValueError(f"a student of width {hidden_size} cannot take projected embeddings "
                          f"of a teacher of width {width} (need 1 <= width <= {width})")
     centred = words - words.mean(0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)
-    basis = vt[:hidden_size].T
+    # the right singular vectors of the centred table are the eigenvectors of its (Ct, Ct)
+    # scatter matrix; eigh gives all Ct of them (orthonormal) even when V < Ct, where a
+    # thin SVD would give only V
+    eigenvalues, vectors = np.linalg.eigh(centred.T @ centred)
+    basis = vectors[:, np.argsort(eigenvalues)[::-1][:hidden_size]]
     out = {}
     for name in _EMBEDDINGS:
         key = f"bert.embeddings.{name}.weight"
