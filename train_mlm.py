@@ -45,6 +45,8 @@ from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
                                   default_max_predictions, iter_documents, iterate_batches,
                                   make_eval_batches, resolve_corpus_files, split_documents,
                                   token_counts, unigram_cross_entropy)
+from minibert.pruning import (PRUNED_SIZES, activation_importance, pruned_config,
+                              pruned_state, top_indices)
 from minibert.runs import (RunDir, RunError, load_start, prepare_run_dir, resume_args,
                            write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece
@@ -74,6 +76,9 @@ RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase",
 # every-other-layer takes from the teacher instead.
 DISTILLATION_OPTIONS = ("student_init", "temperature", "alpha_ce", "alpha_mlm", "alpha_cos",
                         "alpha_att")
+# Training sequences (the first, in corpus order) that --student-init pruned scores the
+# teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
+PRUNING_CALIBRATION_SEQUENCES = 256
 ARCHITECTURE_OPTIONS = ("preset", "num_hidden_layers", "hidden_size", "num_attention_heads",
                         "intermediate_size", "hidden_act", "max_position_embeddings",
                         "position_embedding_type", "norm_position", "init_checkpoint")
@@ -160,13 +165,19 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "directory or a train_mlm.py run), run forward only on every batch; "
                         "the student uses its vocab.txt and lower-casing")
     g.add_argument("--student-init", choices=["preset", "every-other-layer",
-                                              "projected-embeddings"], default="preset",
+                                              "projected-embeddings", "pruned"],
+                   default="preset",
                    help="preset: the model options above (--preset and sizes, random "
                         "weights, or --init-checkpoint's); every-other-layer: the teacher's "
                         "config and weights with layers 0, 2, 4, ... (DistilBERT); "
                         "projected-embeddings: the model options above with the teacher's "
                         "embeddings projected onto their top --hidden-size principal "
-                        "directions (and W_h starting as that projection's transpose)")
+                        "directions (and W_h starting as that projection's transpose); "
+                        "pruned: the teacher cut to the sizes above (--num-hidden-layers, "
+                        "--hidden-size, --num-attention-heads of the teacher's head size, "
+                        "--intermediate-size), keeping the layers, channels, heads and "
+                        "neurons that matter most on the first training sequences "
+                        "(Minitron)")
     g.add_argument("--temperature", type=positive_float, default=2.0,
                    help="softmax temperature T of the soft targets (loss scaled by T^2)")
     g.add_argument("--alpha-ce", type=non_negative_float, default=5.0,
@@ -338,9 +349,16 @@ def resolve_teacher(args, given: set[str]):
             raise RunError("--student-init every-other-layer takes the teacher's architecture "
                            "and weights; drop " + ", ".join("--" + n.replace("_", "-")
                                                             for n in clash))
-    if args.student_init == "projected-embeddings" and "init_checkpoint" in given:
-        raise RunError("--student-init projected-embeddings starts from the teacher's "
-                       "embeddings; drop --init-checkpoint (or use --student-init preset)")
+    if args.student_init in ("projected-embeddings", "pruned") and "init_checkpoint" in given:
+        raise RunError(f"--student-init {args.student_init} starts from the teacher's "
+                       "weights; drop --init-checkpoint (or use --student-init preset)")
+    if args.student_init == "pruned":
+        clash = [n for n in ARCHITECTURE_OPTIONS if n in given and n not in PRUNED_SIZES
+                 and n not in ("preset", "init_checkpoint")]
+        if clash:
+            raise RunError("--student-init pruned takes the teacher's architecture but for "
+                           "its sizes; drop " + ", ".join("--" + n.replace("_", "-")
+                                                          for n in clash))
     if args.alpha_ce > 0 and not has_mlm_head(teacher.state):
         if "alpha_ce" in given:
             raise RunError(f"--alpha-ce {args.alpha_ce:g}: --teacher {args.teacher} has no MLM "
@@ -355,9 +373,10 @@ def resolve_teacher(args, given: set[str]):
     return teacher, weights
 
 
-def init_student(model, how: str, teacher) -> None:
+def init_student(model, how: str, teacher, calibration=()) -> None:
     """Load the new student's starting weights from the teacher (a
-    :class:`~minibert.runs.Pretrained`) as ``--student-init`` says (``preset``: none)."""
+    :class:`~minibert.runs.Pretrained`) as ``--student-init`` says (``preset``: none);
+    ``pruned`` scores the teacher's units on the ``calibration`` batches."""
     if how == "every-other-layer":
         report = load_pretrained_weights(model, every_other_layer_state(teacher.state),
                                          teacher.source)
@@ -372,6 +391,24 @@ def init_student(model, how: str, teacher) -> None:
         model.load_state_dict(tables, strict=False)
         print(f"student: the teacher's embeddings projected onto their top {width} principal "
               f"directions: {', '.join(sorted(tables))}")
+    elif how == "pruned":
+        importance = activation_importance(model.teacher.bert, calibration)
+        state, channels = pruned_state(teacher.state, teacher.config, model.config,
+                                       importance)
+        if hasattr(model, "hidden_projection"):
+            # W_h (Ct, Cs) puts each kept channel back where the teacher has it
+            selection = np.zeros(model.hidden_projection.weight.data.shape, np.float32)
+            selection[channels, np.arange(len(channels))] = 1.0
+            state["hidden_projection.weight"] = selection
+        report = load_pretrained_weights(model, state, teacher.source)
+        kept = top_indices(importance.layers, model.config.num_hidden_layers)
+        c = model.config
+        print(f"student: the teacher pruned to layers {', '.join(map(str, kept))}, "
+              f"{c.hidden_size} of {teacher.config.hidden_size} channels, "
+              f"{c.num_attention_heads} of {teacher.config.num_attention_heads} heads and "
+              f"{c.intermediate_size} of {teacher.config.intermediate_size} neurons per layer "
+              f"(scored on {sum(len(b.input_ids) for b in calibration)} training sequences); "
+              f"new: {report['new'] or 'none'}")
 
 
 def student_config(args, teacher, resumed, start) -> BertConfig:
@@ -389,6 +426,15 @@ def student_config(args, teacher, resumed, start) -> BertConfig:
         config = every_other_layer_config(
             teacher.config, hidden_dropout_prob=args.hidden_dropout_prob,
             attention_probs_dropout_prob=args.attention_probs_dropout_prob)
+    elif args.student_init == "pruned":
+        sizes = build_config(args, teacher.config.vocab_size)
+        try:
+            config = pruned_config(
+                teacher.config, **{n: getattr(sizes, n) for n in PRUNED_SIZES},
+                hidden_dropout_prob=args.hidden_dropout_prob,
+                attention_probs_dropout_prob=args.attention_probs_dropout_prob)
+        except ValueError as e:
+            raise RunError(f"--student-init pruned: {e}") from None
     else:
         config = build_config(args, teacher.config.vocab_size)
     if config.vocab_size != teacher.config.vocab_size:
@@ -557,7 +603,14 @@ def main(argv=None) -> int:
             model = DistillationModel(config, load_teacher(teacher, np.dtype(args.dtype)),
                                       weights, **model_kw)
             if resumed is None:
-                init_student(model, args.student_init, teacher)
+                calibration = [] if args.student_init != "pruned" else make_eval_batches(
+                    train_store, vocab, args.batch_size, args.max_seq_length,
+                    seed=args.seed + 2, objective=objective,
+                    max_instances=PRUNING_CALIBRATION_SEQUENCES,
+                    short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
+                    max_predictions_per_seq=args.max_predictions_per_seq,
+                    whole_word_mask=args.whole_word_mask)
+                init_student(model, args.student_init, teacher, calibration)
         else:
             del model_kw["seq_relationship_head"]          # the objective decides
             if objective.name == "electra":

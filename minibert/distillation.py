@@ -34,7 +34,8 @@ batch).
 :func:`every_other_layer_state` builds DistilBERT's student initialisation (Sanh et al.
 2019, section 3, "taking one layer out of two"; seed 003 section 3.11, parameter
 elimination). :func:`projected_embeddings_state` starts a narrower student from the
-teacher's embeddings projected onto their principal directions.
+teacher's embeddings projected onto their principal directions. :mod:`minibert.pruning` cuts the
+teacher itself down to a smaller student (Minitron's structured pruning).
 
 Shape legend: B = batch, T = sequence length, P = prediction slots per sequence,
 N = B * P rows of logits, V = vocab size, Cs / Ct = student / teacher hidden size,

@@ -518,6 +518,39 @@ def test_projected_embeddings_student_starts_from_the_projection(corpus, bare_te
     assert ck["bert.encoder.layer.0.output.dense.weight"].shape == (16, 32)
 
 
+def test_pruned_student_starts_as_a_cut_of_its_teacher(corpus, teacher_run, tmp_path, capsys):
+    """--lr 0 keeps the initial weights: every tensor of a pruned student (2 of 3 layers,
+    16 of 32 channels, 1 of 2 heads, 40 of 128 neurons) is its teacher's at the kept
+    channels (read off W_h, a selection matrix), heads and neurons, the MLM head's
+    transform included."""
+    out = tmp_path / "s"
+    assert train_mlm.main(run_args(corpus, out, "--teacher", str(teacher_run),
+                                   "--student-init", "pruned", "--num-hidden-layers", "2",
+                                   "--hidden-size", "16", "--num-attention-heads", "1",
+                                   "--intermediate-size", "40", "--lr", "0",
+                                   "--max-steps", "2", "--eval-every", "2")) == 0
+    assert "student: the teacher pruned to layers" in capsys.readouterr().out
+    ck = load_checkpoint(out / "checkpoint.npz")
+    assert ck["config"].num_hidden_layers == 2 and ck["config"].intermediate_size == 40
+    s, t = ck["model"], load_start(teacher_run).state
+    w_h = s["hidden_projection.weight"]                                 # (32, 16)
+    assert sorted(np.unique(w_h)) == [0, 1] and (w_h.sum(0) == 1).all()
+    channels = w_h.argmax(0)
+    assert (np.diff(channels) > 0).all()
+    for key in ("bert.embeddings.word_embeddings.weight",
+                "bert.embeddings.position_embeddings.weight"):
+        np.testing.assert_array_equal(s[key], t[key][:, channels])
+    np.testing.assert_array_equal(s["cls.predictions.transform.dense.weight"],
+                                  t["cls.predictions.transform.dense.weight"]
+                                  [np.ix_(channels, channels)])
+    np.testing.assert_array_equal(s["cls.predictions.bias"], t["cls.predictions.bias"])
+    for i in range(2):  # each student layer is some teacher layer, cut
+        up = s[f"bert.encoder.layer.{i}.intermediate.dense.weight"]   # (40, 16)
+        rows = {tuple(r) for j in range(3) for r in
+                t[f"bert.encoder.layer.{j}.intermediate.dense.weight"][:, channels]}
+        assert all(tuple(r) in rows for r in up)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--teacher", "{nowhere}"], "--teacher {nowhere}: not a Hugging Face BERT directory"),
     (["--teacher", "{bare}", "--alpha-ce", "1"], "has no MLM head"),
@@ -532,6 +565,15 @@ def test_projected_embeddings_student_starts_from_the_projection(corpus, bare_te
      "hidden size 64 exceeds the teacher's 32"),
     (["--teacher", "{run}", "--student-init", "projected-embeddings", "--init-checkpoint",
       "{run}"], "drop --init-checkpoint"),
+    (["--teacher", "{run}", "--student-init", "pruned", "--hidden-size", "16",
+      "--num-attention-heads", "2"], "whole heads of size 16: hidden_size 16 needs "
+     "num_attention_heads 1 (got 2)"),
+    (["--teacher", "{run}", "--student-init", "pruned", "--num-hidden-layers", "4"],
+     "cannot grow num_hidden_layers from the teacher's 3 to 4"),
+    (["--teacher", "{run}", "--student-init", "pruned", "--norm-position", "pre"],
+     "takes the teacher's architecture but for its sizes; drop --norm-position"),
+    (["--teacher", "{run}", "--student-init", "pruned", "--init-checkpoint", "{run}"],
+     "drop --init-checkpoint"),
     (["--teacher", "{run}", "--alpha-ce", "0", "--alpha-mlm", "0", "--alpha-cos", "0"],
      "nothing to learn from"),
     (["--alpha-cos", "2"], "--alpha-cos: distillation options, only with --teacher"),
