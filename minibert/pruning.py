@@ -75,7 +75,7 @@ def activation_importance(bert: BertModel, batches) -> ActivationImportance:
     Returns:
         :class:`ActivationImportance`.
     Raises:
-        ValueError: no batch, or no real token.
+        ValueError: no batch, no real token, or inputs ``BertModel.forward`` refuses.
     """
     config = bert.config
     L, H, C = config.num_hidden_layers, config.num_attention_heads, config.hidden_size
