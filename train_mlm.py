@@ -45,8 +45,7 @@ from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
                                   default_max_predictions, iter_documents, iterate_batches,
                                   make_eval_batches, resolve_corpus_files, split_documents,
                                   token_counts, unigram_cross_entropy)
-from minibert.pruning import (PRUNED_SIZES, activation_importance, pruned_config,
-                              pruned_state, top_indices)
+from minibert.pruning import PRUNED_SIZES, activation_importance, pruned_config, pruned_state
 from minibert.runs import (RunDir, RunError, load_start, prepare_run_dir, resume_args,
                            write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece
@@ -269,6 +268,18 @@ def fail(message: str):
     _fail("train_mlm.py", message)
 
 
+def fixed_batches(args, store, vocab, objective, seed: int, max_instances: int | None):
+    """The same batches every time from ``store`` (held-out evaluation, pruning
+    calibration): :func:`minibert.pretraining.make_eval_batches` with the run's data
+    options (batch size, length, masking)."""
+    return make_eval_batches(store, vocab, args.batch_size, args.max_seq_length, seed=seed,
+                             objective=objective, max_instances=max_instances,
+                             short_seq_prob=args.short_seq_prob,
+                             masked_lm_prob=args.masked_lm_prob,
+                             max_predictions_per_seq=args.max_predictions_per_seq,
+                             whole_word_mask=args.whole_word_mask)
+
+
 def build_config(args, vocab_size: int) -> BertConfig:
     overrides = {k: getattr(args, k) for k in ("num_hidden_layers", "hidden_size",
                  "num_attention_heads", "intermediate_size") if getattr(args, k) is not None}
@@ -393,17 +404,16 @@ def init_student(model, how: str, teacher, calibration=()) -> None:
               f"directions: {', '.join(sorted(tables))}")
     elif how == "pruned":
         importance = activation_importance(model.teacher.bert, calibration)
-        state, channels = pruned_state(teacher.state, teacher.config, model.config,
-                                       importance)
+        state, channels, layers = pruned_state(teacher.state, teacher.config, model.config,
+                                               importance)
         if hasattr(model, "hidden_projection"):
             # W_h (Ct, Cs) puts each kept channel back where the teacher has it
             selection = np.zeros(model.hidden_projection.weight.data.shape, np.float32)
             selection[channels, np.arange(len(channels))] = 1.0
             state["hidden_projection.weight"] = selection
         report = load_pretrained_weights(model, state, teacher.source)
-        kept = top_indices(importance.layers, model.config.num_hidden_layers)
         c = model.config
-        print(f"student: the teacher pruned to layers {', '.join(map(str, kept))}, "
+        print(f"student: the teacher pruned to layers {', '.join(map(str, layers))}, "
               f"{c.hidden_size} of {teacher.config.hidden_size} channels, "
               f"{c.num_attention_heads} of {teacher.config.num_attention_heads} heads and "
               f"{c.intermediate_size} of {teacher.config.intermediate_size} neurons per layer "
@@ -603,13 +613,9 @@ def main(argv=None) -> int:
             model = DistillationModel(config, load_teacher(teacher, np.dtype(args.dtype)),
                                       weights, **model_kw)
             if resumed is None:
-                calibration = [] if args.student_init != "pruned" else make_eval_batches(
-                    train_store, vocab, args.batch_size, args.max_seq_length,
-                    seed=args.seed + 2, objective=objective,
-                    max_instances=PRUNING_CALIBRATION_SEQUENCES,
-                    short_seq_prob=args.short_seq_prob, masked_lm_prob=args.masked_lm_prob,
-                    max_predictions_per_seq=args.max_predictions_per_seq,
-                    whole_word_mask=args.whole_word_mask)
+                calibration = [] if args.student_init != "pruned" else fixed_batches(
+                    args, train_store, vocab, objective, args.seed + 2,
+                    PRUNING_CALIBRATION_SEQUENCES)
                 init_student(model, args.student_init, teacher, calibration)
         else:
             del model_kw["seq_relationship_head"]          # the objective decides
@@ -644,14 +650,8 @@ def main(argv=None) -> int:
         atomic_write_bytes(run.config, config.to_json().encode())
         write_args(run, vars(args))
 
-    eval_batches = [] if not leader else make_eval_batches(eval_store, vocab, args.batch_size,
-                                     args.max_seq_length, seed=args.seed + 1,
-                                     objective=objective,
-                                     max_instances=args.eval_instances,
-                                     short_seq_prob=args.short_seq_prob,
-                                     masked_lm_prob=args.masked_lm_prob,
-                                     max_predictions_per_seq=args.max_predictions_per_seq,
-                                     whole_word_mask=args.whole_word_mask)
+    eval_batches = [] if not leader else fixed_batches(args, eval_store, vocab, objective,
+                                                       args.seed + 1, args.eval_instances)
     reference = {}
     if eval_batches:  # none when --eval-fraction is 0
         counts = token_counts(train_store, config.vocab_size)
@@ -669,6 +669,8 @@ def main(argv=None) -> int:
     arch = (f"config of {args.init_checkpoint}" if args.init_checkpoint
             else f"every other layer of {args.teacher}"
             if args.teacher and args.student_init == "every-other-layer"
+            else f"{args.teacher} pruned to its sizes"
+            if args.teacher and args.student_init == "pruned"
             else f"{args.preset} preset")
     print(f"model: {arch}, {model.num_parameters():,} parameters, vocab {config.vocab_size}; "
           f"objective {objective.name}; train documents {train_store.num_documents}, tokens "

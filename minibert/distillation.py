@@ -34,8 +34,8 @@ batch).
 :func:`every_other_layer_state` builds DistilBERT's student initialisation (Sanh et al.
 2019, section 3, "taking one layer out of two"; seed 003 section 3.11, parameter
 elimination). :func:`projected_embeddings_state` starts a narrower student from the
-teacher's embeddings projected onto their principal directions. :mod:`minibert.pruning` cuts the
-teacher itself down to a smaller student (Minitron's structured pruning).
+teacher's embeddings projected onto their principal directions. :mod:`minibert.pruning`
+cuts the teacher itself down to a smaller student (Minitron's structured pruning).
 
 Shape legend: B = batch, T = sequence length, P = prediction slots per sequence,
 N = B * P rows of logits, V = vocab size, Cs / Ct = student / teacher hidden size,
@@ -430,8 +430,9 @@ def projected_embeddings_state(state: dict[str, np.ndarray], hidden_size: int
 
     With E (V, Ct) the teacher's word embeddings, m their mean row and U (Ct, Cs) the
     right singular vectors of E - m with the Cs largest singular values (principal
-    component analysis; computed as the top eigenvectors of (E - m)^T (E - m)), the student gets (E - m) @ U as word embeddings and P @ U, S @ U
-    as position and token-type embeddings. Projection is linear, so the sum the embedding
+    component analysis; computed as the top eigenvectors of (E - m)^T (E - m)), the
+    student gets (E - m) @ U as word embeddings and P @ U, S @ U as position and
+    token-type embeddings. Projection is linear, so the sum the embedding
     LayerNorm sees is the projected sum of the teacher's, less m @ U. Words the pretraining
     corpus never shows still start where the teacher puts them, which a random table
     cannot give. ``basis`` = U is also the natural start of the cosine loss's W_h

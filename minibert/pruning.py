@@ -32,6 +32,7 @@ L = layers, V = vocab.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -142,9 +143,7 @@ def pruned_config(teacher: BertConfig, **fields) -> BertConfig:
         ValueError: a size above the teacher's, or a head size other than the teacher's
             (heads are pruned whole).
     """
-    d = teacher.to_dict()
-    d.update(fields)
-    student = BertConfig.from_dict(d)
+    student = dataclasses.replace(teacher, **fields)
     for name in PRUNED_SIZES:
         if getattr(student, name) > getattr(teacher, name):
             raise ValueError(f"pruning cannot grow {name} from the teacher's "
@@ -187,7 +186,8 @@ def _rule(rules: dict, name: str):
 
 
 def pruned_state(state: dict[str, np.ndarray], teacher: BertConfig, student: BertConfig,
-                 importance: ActivationImportance) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                 importance: ActivationImportance
+                 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """The teacher's weights cut to ``student``'s sizes, keeping its most important units.
 
     The Cs channels with the largest ``importance.hidden`` are kept in every tensor that
@@ -203,7 +203,8 @@ def pruned_state(state: dict[str, np.ndarray], teacher: BertConfig, student: Ber
         importance: the teacher's :class:`ActivationImportance`.
     Returns:
         (the student's weights: float32 arrays, HF names; the kept hidden channels
-        (Cs,) int64, increasing).
+        (Cs,) int64, increasing; the kept teacher layers (L_s,) int64, increasing: student
+        layer i is teacher layer ``layers[i]``).
     Raises:
         ValueError: importance of another shape than the teacher's config says.
     """
@@ -242,4 +243,4 @@ def pruned_state(state: dict[str, np.ndarray], teacher: BertConfig, student: Ber
         elif int(m.group(1)) in renumber and (spec := _rule(_LAYER_RULES, m.group(2))):
             t = int(m.group(1))
             out[f"bert.encoder.layer.{renumber[t]}.{m.group(2)}"] = cut(tensor, spec, index[t])
-    return out, channels
+    return out, channels, layers

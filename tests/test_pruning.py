@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig, BertModel
-from minibert.pruning import (ActivationImportance, activation_importance, pruned_config, pruned_state,
-                              top_indices)
+from minibert.pruning import (ActivationImportance, activation_importance, pruned_config,
+                              pruned_state, top_indices)
 from minibert.testing import bert_configs, token_batches
 
 
@@ -38,8 +38,8 @@ def test_keeping_every_unit_gives_back_the_teacher(data):
     assert importance.hidden.shape == (config.hidden_size,)
     assert (importance.hidden >= 0).all() and (importance.heads >= 0).all()
     assert (importance.neurons >= 0).all() and (importance.layers > -1e-12).all()
-    state, channels = pruned_state(prefixed(teacher), config, pruned_config(config),
-                                   importance)
+    state, channels, _ = pruned_state(prefixed(teacher), config, pruned_config(config),
+                                      importance)
     np.testing.assert_array_equal(channels, np.arange(config.hidden_size))
     want = prefixed(teacher)
     assert set(state) == set(want)
@@ -80,7 +80,7 @@ def test_silent_neurons_and_identity_layers_score_zero_and_go_without_a_trace(da
     assert abs(importance.layers[gone]) < 1e-12
     student_config = pruned_config(config, num_hidden_layers=L - 1,
                                    intermediate_size=I - n_dead)
-    state, _ = pruned_state(prefixed(teacher), config, student_config, importance)
+    state, _, _ = pruned_state(prefixed(teacher), config, student_config, importance)
     kept_layers = top_indices(importance.layers, L - 1)
     if gone not in kept_layers:          # a live layer can tie at 0 on one short batch
         # (at real tokens: a relu neuron silent there may fire at padding, unscored)
@@ -106,9 +106,11 @@ def test_every_kept_tensor_is_the_teachers_at_the_kept_indices(data):
                                    num_hidden_layers=Ls, intermediate_size=Is)
     importance = ActivationImportance(rng.random(C), rng.random((L, H)), rng.random((L, I)),
                                       rng.random(L))
-    state, channels = pruned_state(prefixed(teacher), config, student_config, importance)
+    state, channels, layers = pruned_state(prefixed(teacher), config, student_config,
+                                           importance)
     order = lambda s, k: sorted(sorted(range(len(s)), key=lambda i: -s[i])[:k])  # noqa: E731
     assert list(channels) == order(importance.hidden, Hs * head)
+    assert list(layers) == order(importance.layers, Ls)
     t = prefixed(teacher)
     for s_layer, t_layer in enumerate(order(importance.layers, Ls)):
         heads = order(importance.heads[t_layer], Hs)
