@@ -9,10 +9,15 @@ transformers' BertForPreTraining on the same config and the same batch, in one r
 Peers: PyTorch doing minibert's work (transformers' modules, the MLM head only on the
 masked rows) and transformers' BertForPreTraining as users run it (the head on every
 position). All train in float32 with dropout on, batch 32 x 128 tokens, 15% of tokens
-masked (at most 20 per sequence, as BERT's data), vocab 30522. Reported: median seconds per
-step over --steps timed steps after --warmup untimed ones (the two models alternate, so
-both see the same machine load), tokens/s (B*T / step time) and the ratio
-minibert / transformers.
+masked (at most 20 per sequence, as BERT's data), vocab 30522.
+
+Each system runs in its own fresh Python process, as its users run it (minibert's
+``set_device("cpu")`` changes the process's malloc settings, which would otherwise speed
+up the peers in the same process too; see ``minibert.backend.keep_freed_memory``). The
+processes take turns: --rounds rounds of minibert, PyTorch equal work, transformers, so
+drifts in the machine's speed reach all three. Each process times --steps steps after
+--warmup untimed ones. Reported: the median seconds per step over every round's steps,
+tokens/s (B*T / step time) and the ratio minibert / peer.
 
 MFU: the model FLOPs of a step (:func:`step_flops`: forward + backward = 3x the forward's
 matmul FLOPs, the MLM head on the masked rows only) per second, over the float32 GEMM peak
@@ -25,6 +30,8 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -146,54 +153,84 @@ def torch_step_fn(config, batch, device, equal_work=False):
     return step
 
 
-def main():
+SYSTEMS = ("minibert", "torch_equal_work", "transformers")
+
+
+def time_steps(system: str, preset: str, args) -> list[float]:
+    """Build one system's step for ``preset`` in this process and return the seconds of
+    each of args.steps steps, after args.warmup untimed ones."""
+    from minibert import BertConfig
+    config = BertConfig.from_preset(preset, vocab_size=args.vocab_size)
+    hf_batch, batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
+                                 args.vocab_size)
+    if system == "minibert":
+        fn = minibert_step_fn(config, batch, args.device)
+    else:
+        fn = torch_step_fn(config, hf_batch, args.device, system == "torch_equal_work")
+    sync = lambda: None  # noqa: E731
+    if args.device == "cuda":
+        import torch
+        sync = torch.cuda.synchronize
+    for _ in range(args.warmup):
+        fn()
+    times = []
+    for _ in range(args.steps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", nargs="+", default=["tiny", "mini"],
                    help="tiny, mini, small, medium or base")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--vocab-size", type=int, default=30522)
-    p.add_argument("--steps", type=int, default=10, help="timed steps per model")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per process")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per process")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="processes per system, taking turns with the other systems")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--json", help="also write the results to this file")
-    args = p.parse_args()
+    p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.one:  # a child process: one system, one preset
+        print(json.dumps(time_steps(args.one, args.presets[0], args)))
+        return 0
 
     import torch
-    from minibert import BertConfig
     print(f"machine: {platform.processor() or platform.machine()}, torch threads "
           f"{torch.get_num_threads()}, torch {torch.__version__}, numpy {np.__version__}, "
           f"device {args.device}")
     peak = gemm_peak() if args.device == "cpu" else None
     if peak:
         print(f"float32 GEMM peak (2048^3 matmul, best of 5): {peak:.1f} GFLOP/s")
+    from minibert import BertConfig
     results = []
     for preset in args.presets:
         config = BertConfig.from_preset(preset, vocab_size=args.vocab_size)
-        hf_batch, batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
-                                     args.vocab_size)
-        steps = {"minibert": minibert_step_fn(config, batch, args.device),
-                 "torch_equal_work": torch_step_fn(config, hf_batch, args.device, True),
-                 "transformers": torch_step_fn(config, hf_batch, args.device)}
-        for fn in steps.values():
-            for _ in range(args.warmup):
-                fn()
-        times = {k: [] for k in steps}
-        for _ in range(args.steps):
-            for name, fn in steps.items():
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
+        times = {k: [] for k in SYSTEMS}
+        for _ in range(args.rounds):
+            for system in SYSTEMS:
+                out = subprocess.run(
+                    [sys.executable, __file__, "--one", system, "--presets", preset,
+                     "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
+                     "--vocab-size", str(args.vocab_size), "--steps", str(args.steps),
+                     "--warmup", str(args.warmup), "--device", args.device],
+                    check=True, capture_output=True, text=True).stdout
+                times[system] += json.loads(out.strip().splitlines()[-1])
         tokens = args.batch_size * args.seq_len
         row = {"preset": preset, "device": args.device, "batch": args.batch_size,
-               "seq_len": args.seq_len, "vocab": args.vocab_size}
+               "seq_len": args.seq_len, "vocab": args.vocab_size, "rounds": args.rounds,
+               "steps_per_round": args.steps}
         for name, ts in times.items():
             med = statistics.median(ts)
             row[f"{name}_s_per_step"] = round(med, 4)
             row[f"{name}_tokens_per_s"] = round(tokens / med, 1)
-        for peer in ("torch_equal_work", "transformers"):
+        for peer in SYSTEMS[1:]:
             row[f"ratio_minibert_over_{peer}"] = round(
                 row["minibert_tokens_per_s"] / row[f"{peer}_tokens_per_s"], 3)
         flops = step_flops(config, args.batch_size, args.seq_len, 20)
@@ -213,11 +250,12 @@ def main():
               f"({row['ratio_minibert_over_transformers']:.2f}x) | minibert "
               f"{row['minibert_gflop_per_s']:.0f} GFLOP/s"
               + (f", MFU {row['minibert_mfu']:.2f} (torch equal work "
-                 f"{row['torch_equal_work_mfu']:.2f})" if peak else ""))
+                 f"{row['torch_equal_work_mfu']:.2f})" if peak else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -181,8 +181,44 @@ def set_device(device: str | None = None) -> str:
         raise BackendError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
     if device == "cuda":
         _import_cupy()
+    else:
+        keep_freed_memory()
     _device = device
     return device
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
+_memory_kept = None
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc keep freed memory for the next allocation instead of handing it
+    back to the kernel (``mallopt``: no mmap below 1 GiB, no trimming of the heap's top).
+
+    A training step allocates and frees the same large arrays every step (activations,
+    scores, the MLM logits). By default glibc serves each array above its mmap threshold
+    (at most 32 MiB) with a fresh ``mmap`` and unmaps it on free, so every step touches new
+    pages: about 32,000 page faults and 0.5 s of kernel time per mini-preset step on 2
+    cores (1.9 to 2.0 s per step; 1.4 to 1.5 s with this setting, ``bench/bench_train_step.py``
+    alone). This is what jemalloc / tcmalloc, the allocators PyTorch's CPU tuning guide
+    recommends, do by default. The cost: the process keeps its peak heap until it exits.
+    Called by :func:`set_device` for the CPU; process-wide, once.
+
+    Returns:
+        True if the settings took (glibc); False where there is no glibc ``mallopt``
+        (macOS, musl), where nothing changes.
+    """
+    global _memory_kept
+    if _memory_kept is None:
+        import ctypes
+        try:
+            mallopt = ctypes.CDLL("libc.so.6").mallopt
+        except (OSError, AttributeError):
+            _memory_kept = False
+        else:
+            _memory_kept = (mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1
+                            and mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1)
+    return _memory_kept
 
 
 def set_tf32(enabled: bool) -> bool:
@@ -345,9 +381,13 @@ def _thread_pool(threads: int):
     return _pool
 
 
-def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
+def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, block: int | None = None) -> list:
     """Run ``fn`` on row blocks of ``arrays`` at once, one block per :func:`cpu_threads`
     thread, and return the results in block order.
+
+    With ``block`` (elements, >= 1) each thread's rows are further cut into blocks of
+    about that many elements (at least one row), so that a chain of passes over a block
+    stays in cache (see :func:`parallel_blocks`); ``fn`` is then called once per block.
 
     ``fn(*blocks)`` gets ``a[lo:hi]`` of every array (views, split on axis 0; all arrays
     share that axis) and must only touch its own rows, e.g. a row-wise softmax writing
@@ -358,15 +398,26 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
     """
     threads = cpu_threads()
     n = arrays[0].shape[0]
-    if (threads == 1 or get_array_module(arrays[0]) is not np or arrays[0].size < min_size
-            or n < threads or threading.current_thread().name.startswith(_POOL_PREFIX)):
-        return [fn(*arrays)]
-    bounds = [n * i // threads for i in range(threads + 1)]
-    return list(_thread_pool(threads).map(
-        lambda ab: fn(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:])))
+    on_cpu = get_array_module(arrays[0]) is np
+
+    def run(*part):
+        if block is None or not on_cpu:
+            return [fn(*part)]
+        rows = max(1, block * n // max(arrays[0].size, 1))       # rows per block
+        return [fn(*(a[lo:lo + rows] for a in part))
+                for lo in range(0, max(len(part[0]), 1), rows)]
+
+    if (threads == 1 or not on_cpu or arrays[0].size < min_size or n < threads
+            or threading.current_thread().name.startswith(_POOL_PREFIX)):
+        chunks = [run(*arrays)]
+    else:
+        bounds = [n * i // threads for i in range(threads + 1)]
+        chunks = _thread_pool(threads).map(
+            lambda ab: run(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:]))
+    return [r for chunk in chunks for r in chunk]
 
 
-_BLOCK = 1 << 18               # elements per block of parallel_blocks: 1 MiB of float32
+_CACHE_BLOCK = 1 << 18          # elements per block of a chain of passes: 1 MiB of float32
 
 
 def parallel_blocks(fn, *arrays, block: int | None = None) -> None:
@@ -386,20 +437,14 @@ def parallel_blocks(fn, *arrays, block: int | None = None) -> None:
         arrays: arrays with the same number of elements. On NumPy, C-contiguous ones are
             split; otherwise (CuPy, or a strided view) ``fn`` gets the whole arrays in one
             call, so it must not depend on their shape.
-        block: elements per block, >= 1 (default ``_BLOCK``).
+        block: elements per block, >= 1 (default ``_CACHE_BLOCK``).
     """
-    block = block or _BLOCK
+    block = block or _CACHE_BLOCK
     if (get_array_module(arrays[0]) is not np
             or not all(a.flags.c_contiguous for a in arrays)):
         fn(*arrays)
         return
-    flat = [a.reshape(-1) for a in arrays]
-
-    def run(*part):
-        for lo in range(0, part[0].size, block):
-            fn(*(a[lo:lo + block] for a in part))
-
-    parallel_rows(run, *flat, min_size=2 * block)
+    parallel_rows(fn, *(a.reshape(-1) for a in arrays), min_size=2 * block, block=block)
 
 
 def erf(x, out=None):

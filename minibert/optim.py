@@ -13,7 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .backend import get_array_module, to_numpy
+from .backend import get_array_module, parallel_blocks, to_numpy
 from .nn import FlatParameters, Parameter
 
 
@@ -208,29 +208,40 @@ class AdamW:
             self.flat.data[...] = self.master                        # float32 -> float16
 
     def _update(self, p, g, m, v, tmp, lr, step_size, v_scale) -> None:
-        """The AdamW update in whole-buffer NumPy passes (the GPU runs one fused kernel)."""
-        xp = get_array_module(p)
+        """The AdamW update in NumPy passes over cache-sized blocks of the flat buffers, on
+        the CPU's threads (:func:`minibert.backend.parallel_blocks`; the GPU runs one fused
+        kernel)."""
         b1, b2 = self.betas
-        # m = b1 m + (1 - b1) g
-        m *= b1
-        xp.multiply(g, 1.0 - b1, out=tmp)
-        m += tmp
-        # v = b2 v + (1 - b2) g^2
-        v *= b2
-        xp.multiply(g, g, out=tmp)
-        tmp *= 1.0 - b2
-        v += tmp
-        # p -= lr wd p on the matrices, which come first in the buffer
+        eps = self.eps
         if self.weight_decay and self.n_decay:
-            p[:self.n_decay] *= 1.0 - lr * self.weight_decay
-        # p -= step_size m / (sqrt(v) v_scale + eps)
-        xp.sqrt(v, out=tmp)
-        if v_scale != 1.0:
-            tmp *= v_scale
-        tmp += self.eps
-        xp.divide(m, tmp, out=tmp)
-        tmp *= step_size
-        p -= tmp
+            decay = 1.0 - lr * self.weight_decay
+
+            def decay_block(q):
+                # p -= lr wd p on the matrices, which come first in the buffer
+                q *= decay
+
+            parallel_blocks(decay_block, p[:self.n_decay])
+
+        def block(p, g, m, v, tmp):
+            # m = b1 m + (1 - b1) g
+            m *= b1
+            np.multiply(g, 1.0 - b1, out=tmp)
+            m += tmp
+            # v = b2 v + (1 - b2) g^2
+            v *= b2
+            np.multiply(g, g, out=tmp)
+            tmp *= 1.0 - b2
+            v += tmp
+            # p -= step_size m / (sqrt(v) v_scale + eps)
+            np.sqrt(v, out=tmp)
+            if v_scale != 1.0:
+                tmp *= v_scale
+            tmp += eps
+            np.divide(m, tmp, out=tmp)
+            tmp *= step_size
+            p -= tmp
+
+        parallel_blocks(block, p, g, m, v, tmp)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Host copies of the moments ("m.<name>", "v.<name>", each of its parameter's

@@ -1,8 +1,10 @@
 """Helpers the test modules share (not tests themselves)."""
+import contextlib
 import importlib.util
+import os
 from pathlib import Path
 
-from minibert import BertForPreTraining
+from minibert import BertForPreTraining, backend
 from minibert.hf import save_hf_directory
 from minibert.runs import load_start
 
@@ -24,3 +26,20 @@ def hf_copy(run, directory: Path) -> Path:
     model = BertForPreTraining(pre.config)
     model.load_state_dict(pre.state)
     return save_hf_directory(model, directory, pre.vocab_file)
+
+
+@contextlib.contextmanager
+def cpu_blocking(block: int | None, threads: int):
+    """Within the block: element-wise CPU work in blocks of ``block`` elements (None: the
+    default) over ``threads`` threads (``OMP_NUM_THREADS``); both restored afterwards."""
+    old_block, old_threads = backend._CACHE_BLOCK, os.environ.get("OMP_NUM_THREADS")
+    backend._CACHE_BLOCK = block or old_block
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        backend._CACHE_BLOCK = old_block
+        if old_threads is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = old_threads

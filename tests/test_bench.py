@@ -31,3 +31,19 @@ def test_bench_memory_measures_both_systems_in_their_own_process(capsys):
         assert r["peak_rss_mib"] >= r["rss_after_setup_mib"] > 0
     assert ratio["peak_rss_ratio"] == pytest.approx(
         ours["peak_rss_mib"] / theirs["peak_rss_mib"], abs=1e-3)
+
+
+def test_bench_train_step_times_each_system_in_its_own_processes(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "step.json"
+    assert load("bench_train_step").main(
+        ["--presets", "tiny", "--batch-size", "2", "--seq-len", "16", "--vocab-size", "2000",
+         "--steps", "2", "--warmup", "1", "--rounds", "2", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert (row["rounds"], row["steps_per_round"]) == (2, 2)
+    for system in ("minibert", "torch_equal_work", "transformers"):
+        assert row[f"{system}_tokens_per_s"] == pytest.approx(
+            2 * 16 / row[f"{system}_s_per_step"], rel=1e-2)     # s/step kept to 4 digits
+    assert row["ratio_minibert_over_transformers"] == pytest.approx(
+        row["minibert_tokens_per_s"] / row["transformers_tokens_per_s"], abs=1e-3)

@@ -83,6 +83,54 @@ def test_gelu_values_match_the_formulas():
     np.testing.assert_allclose(ACTIVATIONS["gelu_new"][0](x)[0], tanh_form, rtol=1e-12)
 
 
+def test_float32_normal_cdf_is_within_its_bound_everywhere():
+    """The rational float32 Phi (the CPU GELU's) against SciPy's in float64, on every
+    float32 step of [-12, 12] at 2^-16 and at the extremes; a coefficient off in its 4th
+    digit fails."""
+    from scipy.special import ndtr
+    from minibert.nn.activations import normal_cdf
+    x = np.concatenate([np.arange(-12, 12, 2.0 ** -16), [-np.inf, -1e30, -8, 8, 1e30, np.inf],
+                        np.geomspace(1e-30, 1e-3, 50), -np.geomspace(1e-30, 1e-3, 50)])
+    x = x.astype(np.float32)
+    phi = normal_cdf(x, np.empty_like(x))
+    assert phi.dtype == np.float32
+    assert np.abs(phi - ndtr(x.astype(np.float64))).max() <= 2.5e-7
+    assert np.isnan(normal_cdf(np.float32([np.nan]), np.empty(1, np.float32))).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3), seed=seeds,
+       block=st.sampled_from([None, 1, 7, 4096]), threads=st.sampled_from([1, 2, 3]),
+       strided=st.booleans())
+def test_float32_gelu_matches_the_exact_gelu_in_any_blocking(shape, seed, block, threads,
+                                                             strided):
+    """Float32 GELU forward and backward (rational Phi, cache-sized blocks over threads)
+    against the float64 exact formulas, for block sizes that split rows anywhere, any thread
+    count and strided input; the results do not depend on the blocking at all."""
+    from scipy.special import ndtr
+    from helpers import cpu_blocking
+    fwd, bwd = ACTIVATIONS["gelu"]
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    g = rng.standard_normal(shape).astype(np.float32)
+    if strided:
+        x, g = x[..., ::-1], g[..., ::-1]
+    with cpu_blocking(block, threads):
+        out, cache = fwd(x)
+        dx = bwd(g, cache)
+    with cpu_blocking(None, 1):
+        out1, cache1 = fwd(np.ascontiguousarray(x))
+        dx1 = bwd(np.ascontiguousarray(g), cache1)
+    np.testing.assert_array_equal(out, out1)
+    np.testing.assert_array_equal(dx, dx1)
+    x64 = x.astype(np.float64)
+    phi = ndtr(x64)
+    pdf = np.exp(-0.5 * x64 ** 2) / np.sqrt(2 * np.pi)
+    assert out.dtype == dx.dtype == np.float32
+    np.testing.assert_allclose(out, x64 * phi, rtol=0, atol=2.5e-7 * np.abs(x64).max() + 1e-7)
+    np.testing.assert_allclose(dx, g * (phi + x64 * pdf), rtol=1e-5, atol=1e-6)
+
+
 @SETTINGS
 @given(x=float_arrays(st.tuples(dims, dims, st.integers(1, 7)), 3.0),
        axis=st.sampled_from([-1, 0, 1]), seed=seeds)
@@ -157,6 +205,23 @@ def test_dropout_gradient_with_fixed_mask(x, p, seed):
     _, cache = dropout_forward(x, p, np.random.default_rng(seed))
     f = lambda: float((dropout_forward(x, p, np.random.default_rng(seed))[0] * G).sum())
     assert_gradients_match(dropout_backward(G, cache), numerical_gradient(f, x), "dropout")
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 4001), p=st.sampled_from([0.0, 0.1, 0.5, 0.9]), seed=seeds)
+def test_dropout_keep_mask_is_bernoulli_and_replays(n, p, seed):
+    """Raw-bit masks: the kept share within 5 standard deviations of 1 - p, the same mask
+    from the same seed (a CPU DropoutRNG draws what a NumPy Generator does), and any size,
+    odd ones too."""
+    from minibert.backend import DropoutRNG
+    from minibert.nn.dropout import keep_mask
+    a = keep_mask(np.random.default_rng(seed), (n,), p)
+    b = keep_mask(DropoutRNG("cpu").reseed(seed), (n,), p)
+    assert a.shape == (n,) and a.dtype == bool
+    np.testing.assert_array_equal(a, b)
+    assert abs(a.mean() - (1 - p)) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12
+    big = keep_mask(np.random.default_rng(seed), (300, 1001), p)
+    assert abs(big.mean() - (1 - p)) <= 5 * np.sqrt(p * (1 - p) / big.size) + 1e-12
 
 
 @SETTINGS

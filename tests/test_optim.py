@@ -9,6 +9,8 @@ from minibert.nn import Module, Parameter
 from minibert.optim import AdamW, clip_grad_norm, decays, linear_schedule_with_warmup
 from minibert.testing import seeds
 
+from helpers import cpu_blocking
+
 torch = pytest.importorskip("torch")
 
 
@@ -19,8 +21,16 @@ def make_params(rng):
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=seeds, lr=st.sampled_from([1e-3, 3e-2]), wd=st.sampled_from([0.0, 0.01, 0.1]))
-def test_bias_corrected_adamw_matches_torch(seed, lr, wd):
+@given(seed=seeds, lr=st.sampled_from([1e-3, 3e-2]), wd=st.sampled_from([0.0, 0.01, 0.1]),
+       block=st.sampled_from([None, 1, 5]), threads=st.sampled_from([1, 2]))
+def test_bias_corrected_adamw_matches_torch(seed, lr, wd, block, threads):
+    """Also with the update cut into blocks over threads (blocks of 1 and 5 of the 19
+    values, so the decayed matrix and the undecayed vectors share blocks)."""
+    with cpu_blocking(block, threads):
+        check_adamw_against_torch(seed, lr, wd)
+
+
+def check_adamw_against_torch(seed, lr, wd):
     rng = np.random.default_rng(seed)
     ours = make_params(rng)
     ref = [torch.tensor(p.data.copy(), requires_grad=True) for _, p in ours]
