@@ -198,10 +198,11 @@ def keep_freed_memory() -> bool:
     A training step allocates and frees the same large arrays every step (activations,
     scores, the MLM logits). By default glibc serves each array above its mmap threshold
     (at most 32 MiB) with a fresh ``mmap`` and unmaps it on free, so every step touches new
-    pages: about 32,000 page faults and 0.5 s of kernel time per mini-preset step on 2
-    cores (1.9 to 2.0 s per step; 1.4 to 1.5 s with this setting, ``bench/bench_train_step.py``
-    alone). This is what jemalloc / tcmalloc, the allocators PyTorch's CPU tuning guide
-    recommends, do by default. The cost: the process keeps its peak heap until it exits.
+    pages. A mini-preset step alone in a process on 2 cores took 2.0 s with about 32,000
+    page faults and 0.6 s of kernel time; with this setting, 1.5 s, 4 faults and 0.005 s
+    (docs/performance.md). jemalloc and tcmalloc, the allocators PyTorch's CPU tuning guide
+    recommends, keep freed memory by default too. The cost: the process keeps its peak heap
+    until it exits.
     Called by :func:`set_device` for the CPU; process-wide, once.
 
     Returns:

@@ -82,7 +82,8 @@ def normal_cdf(x, out):
 def gelu_forward(x):
     """Exact GELU: x Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2))). x: any shape -> same shape.
 
-    The work runs on cache-sized blocks over the CPU's threads
+    Phi comes from :func:`normal_cdf` (in float32 on the CPU its rational form, within
+    2.5e-7 of the exact value). The work runs on cache-sized blocks over the CPU's threads
     (:func:`minibert.backend.parallel_blocks`); the cache is (x, Phi(x)).
     """
     xp = get_array_module(x)
