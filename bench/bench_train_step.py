@@ -5,11 +5,14 @@ transformers' BertForPreTraining on the same config and the same batch, in one r
 
     python bench/bench_train_step.py                       # tiny and mini, CPU
     python bench/bench_train_step.py --presets mini --device cuda
+    python bench/bench_train_step.py --presets mini small --device cuda --precision fp16
 
 Peers: PyTorch doing minibert's work (transformers' modules, the MLM head only on the
 masked rows) and transformers' BertForPreTraining as users run it (the head on every
-position). All train in float32 with dropout on, batch 32 x 128 tokens, 15% of tokens
-masked (at most 20 per sequence, as BERT's data), vocab 30522.
+position). All train with dropout on, batch 32 x 128 tokens, 15% of tokens masked (at
+most 20 per sequence, as BERT's data), vocab 30522, at one --precision: float32, TF32
+matmuls (GPU), or float16 mixed precision (minibert's ``--dtype float16`` against PyTorch's
+autocast with a GradScaler).
 
 Each system runs in its own fresh Python process, as its users run it (minibert's
 ``set_device("cpu")`` changes the process's malloc settings, which would otherwise speed
@@ -98,14 +101,22 @@ class FixedBatchTask:
         return out.loss, {}
 
 
-def minibert_step_fn(config, batch, device):
+PRECISIONS = ("fp32", "tf32", "fp16")
+
+
+def minibert_step_fn(config, batch, device, precision="fp32"):
+    """minibert's step: ``--tf32`` sets TF32 matmuls (GPU), fp16 is ``--dtype float16``
+    (float16 compute, float32 master weights in AdamW, dynamic loss scaling)."""
     from minibert import backend
     from minibert.modeling import BertForPreTraining
     from minibert.optim import AdamW
     from minibert.training import TrainingConfig, train_step
     backend.set_device(device)
+    if precision == "tf32":
+        backend.set_tf32(True)
     xp = backend.xp_for(device)
-    model = BertForPreTraining(config).to(device)
+    dtype = np.float16 if precision == "fp16" else np.float32
+    model = BertForPreTraining(config, dtype=dtype).to(device)
     opt = AdamW(model.named_parameters(), lr=1e-4)
     task = FixedBatchTask({k: xp.asarray(v) for k, v in batch.items()})
     cfg = TrainingConfig(max_steps=1, lr=1e-4, max_grad_norm=1.0)
@@ -118,7 +129,10 @@ def minibert_step_fn(config, batch, device):
     return step
 
 
-def torch_step_fn(config, batch, device, equal_work=False):
+def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
+    """PyTorch eager: tf32 allows TF32 matmuls, fp16 is automatic mixed precision
+    (``torch.autocast`` float16 around the forward, ``GradScaler``), as its users run it."""
+    import contextlib
     import torch
     import transformers
     fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -129,6 +143,12 @@ def torch_step_fn(config, batch, device, equal_work=False):
     model = transformers.BertForPreTraining(hf_config).to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.01)
     inputs = {k: torch.from_numpy(v).to(dev) for k, v in batch.items()}
+    if precision == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    amp = precision == "fp16"
+    scaler = torch.amp.GradScaler(dev, enabled=amp)
+    autocast = (lambda: torch.autocast(dev, dtype=torch.float16)) if amp \
+        else contextlib.nullcontext
 
     def equal_work_loss():
         # minibert's work: the MLM head only on the masked rows (google-research/bert's
@@ -145,10 +165,13 @@ def torch_step_fn(config, batch, device, equal_work=False):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = equal_work_loss() if equal_work else model(**inputs).loss
-        loss.backward()
+        with autocast():
+            loss = equal_work_loss() if equal_work else model(**inputs).loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         return loss.item()
     return step
 
@@ -164,9 +187,10 @@ def time_steps(system: str, preset: str, args) -> list[float]:
     hf_batch, batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
                                  args.vocab_size)
     if system == "minibert":
-        fn = minibert_step_fn(config, batch, args.device)
+        fn = minibert_step_fn(config, batch, args.device, args.precision)
     else:
-        fn = torch_step_fn(config, hf_batch, args.device, system == "torch_equal_work")
+        fn = torch_step_fn(config, hf_batch, args.device, system == "torch_equal_work",
+                           args.precision)
     sync = lambda: None  # noqa: E731
     if args.device == "cuda":
         import torch
@@ -194,9 +218,18 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2,
                    help="processes per system, taking turns with the other systems")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32; tf32 (TF32 matmuls, --device cuda only); fp16 (minibert's "
+                        "--dtype float16 against PyTorch's autocast + GradScaler)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for name in ("steps", "warmup", "rounds", "batch_size", "seq_len", "vocab_size"):
+        if getattr(args, name) < (0 if name == "warmup" else 1):
+            p.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'warmup' else 1}, "
+                    f"got {getattr(args, name)}")
+    if args.precision == "tf32" and args.device != "cuda":
+        p.error("--precision tf32 is a GPU setting (TF32 tensor cores): use --device cuda")
     if args.one:  # a child process: one system, one preset
         print(json.dumps(time_steps(args.one, args.presets[0], args)))
         return 0
@@ -219,11 +252,13 @@ def main(argv=None):
                     [sys.executable, __file__, "--one", system, "--presets", preset,
                      "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
                      "--vocab-size", str(args.vocab_size), "--steps", str(args.steps),
-                     "--warmup", str(args.warmup), "--device", args.device],
+                     "--warmup", str(args.warmup), "--device", args.device,
+                     "--precision", args.precision],
                     check=True, capture_output=True, text=True).stdout
                 times[system] += json.loads(out.strip().splitlines()[-1])
         tokens = args.batch_size * args.seq_len
-        row = {"preset": preset, "device": args.device, "batch": args.batch_size,
+        row = {"preset": preset, "device": args.device, "precision": args.precision,
+               "batch": args.batch_size,
                "seq_len": args.seq_len, "vocab": args.vocab_size, "rounds": args.rounds,
                "steps_per_round": args.steps}
         for name, ts in times.items():

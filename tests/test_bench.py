@@ -2,6 +2,7 @@
 end on a small case and reports what it promises."""
 import json
 
+import numpy as np
 import pytest
 
 from helpers import load_bench as load
@@ -47,3 +48,25 @@ def test_bench_train_step_times_each_system_in_its_own_processes(tmp_path, capsy
             2 * 16 / row[f"{system}_s_per_step"], rel=1e-2)     # s/step kept to 4 digits
     assert row["ratio_minibert_over_transformers"] == pytest.approx(
         row["minibert_tokens_per_s"] / row["transformers_tokens_per_s"], abs=1e-3)
+
+
+def test_bench_train_step_fp16_steps_run_and_tf32_needs_a_gpu(capsys):
+    """The mixed-precision steps of both sides run (minibert's float16 with master weights
+    and loss scaling, PyTorch's autocast + GradScaler) and give finite losses; TF32 on the
+    CPU is refused with an error line."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from minibert import BertConfig
+    bench = load("bench_train_step")
+    config = BertConfig.from_preset("tiny", vocab_size=1100)   # make_batch draws ids >= 1000
+    hf_batch, batch = bench.make_batch(np.random.default_rng(0), 2, 16, 1100)
+    for step in (bench.minibert_step_fn(config, batch, "cpu", "fp16"),
+                 bench.torch_step_fn(config, hf_batch, "cpu", True, "fp16")):
+        losses = [step() for _ in range(2)]
+        assert all(np.isfinite(losses)) and losses[0] > 0
+    with pytest.raises(SystemExit):
+        bench.main(["--precision", "tf32"])
+    assert "error: --precision tf32 is a GPU setting" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+    assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
