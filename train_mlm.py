@@ -271,7 +271,13 @@ def fail(message: str):
 def fixed_batches(args, store, vocab, objective, seed: int, max_instances: int | None):
     """The same batches every time from ``store`` (held-out evaluation, pruning
     calibration): :func:`minibert.pretraining.make_eval_batches` with the run's data
-    options (batch size, length, masking)."""
+    options (batch size, length, masking).
+
+    Returns:
+        list of :class:`~minibert.pretraining.Batch`, each (B, T) with B = args.batch_size
+        and T = args.max_seq_length (the last may hold fewer rows), at most
+        ``max_instances`` sequences in all (None: the whole store).
+    """
     return make_eval_batches(store, vocab, args.batch_size, args.max_seq_length, seed=seed,
                              objective=objective, max_instances=max_instances,
                              short_seq_prob=args.short_seq_prob,

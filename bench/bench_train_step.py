@@ -258,9 +258,8 @@ def main(argv=None):
                 times[system] += json.loads(out.strip().splitlines()[-1])
         tokens = args.batch_size * args.seq_len
         row = {"preset": preset, "device": args.device, "precision": args.precision,
-               "batch": args.batch_size,
-               "seq_len": args.seq_len, "vocab": args.vocab_size, "rounds": args.rounds,
-               "steps_per_round": args.steps}
+               "batch": args.batch_size, "seq_len": args.seq_len, "vocab": args.vocab_size,
+               "rounds": args.rounds, "steps_per_round": args.steps}
         for name, ts in times.items():
             med = statistics.median(ts)
             row[f"{name}_s_per_step"] = round(med, 4)

@@ -382,40 +382,26 @@ def _thread_pool(threads: int):
     return _pool
 
 
-def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, block: int | None = None) -> list:
+def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
     """Run ``fn`` on row blocks of ``arrays`` at once, one block per :func:`cpu_threads`
     thread, and return the results in block order.
-
-    With ``block`` (elements, >= 1) each thread's rows are further cut into blocks of
-    about that many elements (at least one row), so that a chain of passes over a block
-    stays in cache (see :func:`parallel_blocks`); ``fn`` is then called once per block.
 
     ``fn(*blocks)`` gets ``a[lo:hi]`` of every array (views, split on axis 0; all arrays
     share that axis) and must only touch its own rows, e.g. a row-wise softmax writing
     into an ``out`` array passed among ``arrays``. For a row-wise computation the result is
     the same bits as one call on the whole arrays. One call, no threads, when the arrays
     are CuPy arrays, smaller than ``min_size`` elements, or have fewer rows than threads,
-    or when called from one of the pool's own threads (no nested waits on the pool).
+    or when called from one of the pool's own threads (a pool thread waiting on the pool
+    would deadlock it).
     """
     threads = cpu_threads()
     n = arrays[0].shape[0]
-    on_cpu = get_array_module(arrays[0]) is np
-
-    def run(*part):
-        if block is None or not on_cpu:
-            return [fn(*part)]
-        rows = max(1, block * n // max(arrays[0].size, 1))       # rows per block
-        return [fn(*(a[lo:lo + rows] for a in part))
-                for lo in range(0, max(len(part[0]), 1), rows)]
-
-    if (threads == 1 or not on_cpu or arrays[0].size < min_size or n < threads
-            or threading.current_thread().name.startswith(_POOL_PREFIX)):
-        chunks = [run(*arrays)]
-    else:
-        bounds = [n * i // threads for i in range(threads + 1)]
-        chunks = _thread_pool(threads).map(
-            lambda ab: run(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:]))
-    return [r for chunk in chunks for r in chunk]
+    if (threads == 1 or get_array_module(arrays[0]) is not np or arrays[0].size < min_size
+            or n < threads or threading.current_thread().name.startswith(_POOL_PREFIX)):
+        return [fn(*arrays)]
+    bounds = [n * i // threads for i in range(threads + 1)]
+    return list(_thread_pool(threads).map(
+        lambda ab: fn(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:])))
 
 
 _CACHE_BLOCK = 1 << 18          # elements per block of a chain of passes: 1 MiB of float32
@@ -445,7 +431,12 @@ def parallel_blocks(fn, *arrays, block: int | None = None) -> None:
             or not all(a.flags.c_contiguous for a in arrays)):
         fn(*arrays)
         return
-    parallel_rows(fn, *(a.reshape(-1) for a in arrays), min_size=2 * block, block=block)
+
+    def run(*part):  # one thread's share, block by block
+        for lo in range(0, max(part[0].size, 1), block):
+            fn(*(a[lo:lo + block] for a in part))
+
+    parallel_rows(run, *(a.reshape(-1) for a in arrays), min_size=2 * block)
 
 
 def erf(x, out=None):

@@ -392,3 +392,24 @@ def test_freed_memory_is_kept_for_the_next_allocation():
     for _ in range(3):
         np.ones(1 << 24, np.float32)
     assert faults() - before < 100
+
+
+def test_parallel_rows_called_from_a_pool_thread_runs_inline(monkeypatch):
+    """A row function that itself calls parallel_rows (as a GELU block calling erf once
+    did) runs the inner call on its own thread: two pool threads each waiting on the
+    two-thread pool would deadlock. Run from a helper thread, so a deadlock fails the test
+    at the timeout instead of hanging it."""
+    import threading
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    x = np.zeros((8, 4))
+
+    def outer(block):
+        return backend.parallel_rows(lambda b: len(b), block, min_size=1)
+
+    result = []
+    t = threading.Thread(target=lambda: result.append(backend.parallel_rows(outer, x,
+                                                                             min_size=1)))
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "nested parallel_rows deadlocked the pool"
+    assert result == [[[4], [4]]]        # two outer blocks, each inner call one block

@@ -8,16 +8,20 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.special import ndtr
 
+from minibert.backend import DropoutRNG
 from minibert.gradcheck import numerical_gradient
 from minibert.nn import (IGNORE_INDEX, Embedding, attention_backward, attention_forward,
                          cross_entropy_backward, cross_entropy_forward,
                          layernorm_backward, layernorm_forward, linear_backward, linear_forward,
                          softmax_backward, softmax_forward)
-from minibert.nn.activations import ACTIVATIONS
-from minibert.nn.dropout import dropout_backward, dropout_forward
+from minibert.nn.activations import ACTIVATIONS, normal_cdf
+from minibert.nn.dropout import dropout_backward, dropout_forward, keep_mask
 from minibert.testing import (assert_gradients_match, attention_inputs, float_arrays,
                               layer_shapes, seeds)
+
+from helpers import cpu_blocking
 
 SETTINGS = settings(max_examples=25, deadline=None)
 dims = st.integers(1, 5)
@@ -87,8 +91,6 @@ def test_float32_normal_cdf_is_within_its_bound_everywhere():
     """The rational float32 Phi (the CPU GELU's) against SciPy's in float64, on every
     float32 step of [-12, 12] at 2^-16 and at the extremes; a coefficient off in its 4th
     digit fails."""
-    from scipy.special import ndtr
-    from minibert.nn.activations import normal_cdf
     x = np.concatenate([np.arange(-12, 12, 2.0 ** -16), [-np.inf, -1e30, -8, 8, 1e30, np.inf],
                         np.geomspace(1e-30, 1e-3, 50), -np.geomspace(1e-30, 1e-3, 50)])
     x = x.astype(np.float32)
@@ -107,8 +109,6 @@ def test_float32_gelu_matches_the_exact_gelu_in_any_blocking(shape, seed, block,
     """Float32 GELU forward and backward (rational Phi, cache-sized blocks over threads)
     against the float64 exact formulas, for block sizes that split rows anywhere, any thread
     count and strided input; the results do not depend on the blocking at all."""
-    from scipy.special import ndtr
-    from helpers import cpu_blocking
     fwd, bwd = ACTIVATIONS["gelu"]
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
@@ -213,8 +213,6 @@ def test_dropout_keep_mask_is_bernoulli_and_replays(n, p, seed):
     """Raw-bit masks: the kept share within 5 standard deviations of 1 - p, the same mask
     from the same seed (a CPU DropoutRNG draws what a NumPy Generator does), and any size,
     odd ones too."""
-    from minibert.backend import DropoutRNG
-    from minibert.nn.dropout import keep_mask
     a = keep_mask(np.random.default_rng(seed), (n,), p)
     b = keep_mask(DropoutRNG("cpu").reseed(seed), (n,), p)
     assert a.shape == (n,) and a.dtype == bool
