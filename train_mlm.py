@@ -69,12 +69,12 @@ RESUME_FIXED = ("corpus", "vocab", "vocab_size", "vocab_algorithm", "lowercase",
                 "hidden_dropout_prob", "attention_probs_dropout_prob",
                 "max_position_embeddings", "position_embedding_type", "norm_position",
                 "teacher", "student_init", "temperature", "alpha_ce", "alpha_mlm", "alpha_cos",
-                "alpha_att", "generator_layers", "disc_weight")
+                "alpha_att", "alpha_pooled", "generator_layers", "disc_weight")
 
 # Options that only mean something with --teacher, and those --student-init
 # every-other-layer takes from the teacher instead.
 DISTILLATION_OPTIONS = ("student_init", "temperature", "alpha_ce", "alpha_mlm", "alpha_cos",
-                        "alpha_att")
+                        "alpha_att", "alpha_pooled")
 # Training sequences (the first, in corpus order) that --student-init pruned scores the
 # teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
 PRUNING_CALIBRATION_SEQUENCES = 256
@@ -190,6 +190,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--alpha-att", type=non_negative_float, default=0.0,
                    help="weight of MiniLM's last-layer attention transfer (needs the "
                         "teacher's number of heads)")
+    g.add_argument("--alpha-pooled", type=non_negative_float, default=0.0,
+                   help="weight of the cosine loss between the mean-pooled last hidden "
+                        "states (the sentence embedding of a sentence-transformers teacher "
+                        "such as all-MiniLM-L6-v2), through the same projection")
 
     g = p.add_argument_group("training")
     g.add_argument("--max-steps", type=positive_int, default=3000, help="optimizer steps")
@@ -386,7 +390,7 @@ def resolve_teacher(args, given: set[str]):
               "loss off (--alpha-ce 0)")
         args.alpha_ce = 0.0
     weights = DistillationWeights(args.temperature, args.alpha_ce, args.alpha_mlm,
-                                  args.alpha_cos, args.alpha_att)
+                                  args.alpha_cos, args.alpha_att, args.alpha_pooled)
     return teacher, weights
 
 
@@ -691,7 +695,7 @@ def main(argv=None) -> int:
               f"(T {w.temperature:g}) + {w.alpha_cos:g} x cosine"
               + (f" through a {config.hidden_size}->{tc.hidden_size} projection"
                  if hasattr(model, "hidden_projection") else "")
-              + f" + {w.alpha_att:g} x attention KL")
+              + f" + {w.alpha_pooled:g} x pooled cosine + {w.alpha_att:g} x attention KL")
     if comm.world_size > 1:
         print(distributed.describe(comm, args.batch_size))
 

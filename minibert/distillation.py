@@ -13,6 +13,12 @@ to the student's side only; the teacher's outputs are constants):
   torch's ``CosineEmbeddingLoss`` with target 1; when the widths differ the student's
   states first go through a learned projection W_h (TinyBERT, Jiao et al. 2020, eq. 8),
   the ``hidden_projection`` Linear of :class:`DistillationModel`;
+* :func:`pooled_cosine_loss_forward`: the same cosine loss between the mean-pooled states
+  of each sequence, the student's (projected) sentence embedding against the teacher's,
+  as in the sentence-embedding distillation of Reimers & Gurevych 2020 ("Making
+  Monolingual Sentence Embeddings Multilingual using Knowledge Distillation", section 2,
+  there with MSE; cosine here, since a sentence-transformers teacher such as
+  all-MiniLM-L6-v2 compares its mean-pooled embeddings by cosine);
 * :func:`attention_kl_forward`: MiniLM's self-attention distribution transfer (Wang et al.
   2020, "MiniLM", section 3.1, eq. 5): the KL between the teacher's and the student's
   last-layer attention probabilities, per head and query position (equal head counts).
@@ -23,7 +29,7 @@ to the student's side only; the teacher's outputs are constants):
 inference mode, and whose loss is
 
     alpha_mlm * (student MLM [+ NSP/SOP] loss) + alpha_ce * L_kl + alpha_cos * L_cos
-        + alpha_att * L_att
+        + alpha_pooled * L_pooled + alpha_att * L_att
 
 (DistilBERT's weights: alpha_ce 5, alpha_mlm 2, alpha_cos 1). Its ``backward(dloss)``
 fits :func:`minibert.training.train`. The teacher is not a sub-module: its parameters
@@ -60,7 +66,8 @@ __all__ = [
     "DistillationModel", "DistillationOutput", "DistillationWeights", "Teacher",
     "TeacherOutput", "attention_kl_backward", "attention_kl_forward", "cosine_loss_backward",
     "cosine_loss_forward", "every_other_layer_config", "every_other_layer_state",
-    "has_mlm_head", "load_teacher", "projected_embeddings_state", "release_caches",
+    "has_mlm_head", "load_teacher", "pooled_cosine_loss_backward", "pooled_cosine_loss_forward",
+    "projected_embeddings_state", "release_caches",
     "soft_target_kl_backward", "soft_target_kl_forward",
 ]
 
@@ -190,6 +197,60 @@ def cosine_loss_backward(dloss, cache):
     # forward: cos = <a, b> / sqrt(na2 nb2), na2 = |a|^2 + eps
     #   d cos / d a = b / sqrt(na2 nb2) - cos * a / na2
     da = dcos[..., None] * (b * inv[..., None] - (cos / na2)[..., None] * a)   # (B, T, C)
+    return da.astype(out_dtype, copy=False)
+
+
+def pooled_cosine_loss_forward(student_hidden, teacher_hidden, attention_mask,
+                               eps: float = COSINE_EPS):
+    """Mean over sequences of 1 - cos(mean-pooled student, mean-pooled teacher states).
+
+        m = attention_mask > 0, n_b = max(sum_t m[b, t], 1)                   (B,)
+        s_b = sum_t m[b, t] a[b, t] / n_b,  u_b = sum_t m[b, t] b[b, t] / n_b    (B, C)
+        loss = cosine_loss(s[:, None], u[:, None], mask = [n_real_b > 0])
+
+    i.e. :func:`cosine_loss_forward` on the pooled vectors, over the sequences that have a
+    real token. Mean pooling over the attention mask is the pooling of sentence-transformers
+    models (all-MiniLM-L6-v2's ``1_Pooling``: ``pooling_mode_mean_tokens``); Reimers &
+    Gurevych 2020, section 2, distil such sentence embeddings into a student (with MSE).
+
+    Args:
+        student_hidden: (B, T, C) float, the student's last hidden state (projected to the
+            teacher's width C when the widths differ).
+        teacher_hidden: (B, T, C) float, the teacher's (a constant).
+        attention_mask: (B, T) 1 for real tokens, 0 for padding.
+        eps: added to each squared norm, as :func:`cosine_loss_forward`.
+    Returns:
+        loss: 0-d array (mean 1 - cos over sequences, in [0, 2]) and a cache.
+    Raises:
+        ValueError: shapes that differ, or a mask that is not (B, T).
+    """
+    if student_hidden.ndim != 3 or tuple(teacher_hidden.shape) != tuple(student_hidden.shape):
+        raise ValueError(f"pooled_cosine_loss: student and teacher states must be the same "
+                         f"(B, T, C), got {tuple(student_hidden.shape)} and "
+                         f"{tuple(teacher_hidden.shape)}")
+    if tuple(attention_mask.shape) != tuple(student_hidden.shape[:2]):
+        raise ValueError(f"pooled_cosine_loss: attention_mask must be "
+                         f"{tuple(student_hidden.shape[:2])}, got {tuple(attention_mask.shape)}")
+    xp = get_array_module(student_hidden)
+    out_dtype = student_hidden.dtype
+    dtype = compute_dtype(out_dtype)
+    m = (attention_mask > 0).astype(dtype)                           # (B, T)
+    real = m.sum(axis=1)                                             # (B,)
+    w = m / xp.maximum(real, 1)[:, None]                             # (B, T) pooling weights
+    s = xp.einsum("bt,btc->bc", w, student_hidden.astype(dtype))     # (B, C)
+    u = xp.einsum("bt,btc->bc", w, teacher_hidden.astype(dtype))     # (B, C)
+    loss, cos_cache = cosine_loss_forward(s[:, None], u[:, None], (real > 0)[:, None], eps)
+    return loss, (cos_cache, w, out_dtype)
+
+
+def pooled_cosine_loss_backward(dloss, cache):
+    """d loss / d student_hidden of :func:`pooled_cosine_loss_forward`, times ``dloss``:
+    (B, T, C) in the dtype of the forward's student states."""
+    cos_cache, w, out_dtype = cache
+    # forward: loss = cosine_loss(s[:, None], u[:, None], ...)
+    ds = cosine_loss_backward(dloss, cos_cache)[:, 0]                # (B, C)
+    # forward: s_b = sum_t w[b, t] a[b, t]
+    da = w[..., None] * ds[:, None, :]                               # (B, T, C)
     return da.astype(out_dtype, copy=False)
 
 
@@ -489,11 +550,12 @@ class DistillationWeights:
     alpha_mlm: float = 2.0     # the student's own MLM (+ sentence task) loss
     alpha_cos: float = 1.0     # cosine loss on the last hidden states
     alpha_att: float = 0.0     # MiniLM last-layer attention transfer
+    alpha_pooled: float = 0.0  # cosine loss on the mean-pooled last hidden states
 
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
-        names = ("alpha_ce", "alpha_mlm", "alpha_cos", "alpha_att")
+        names = ("alpha_ce", "alpha_mlm", "alpha_cos", "alpha_att", "alpha_pooled")
         for n in names:
             v = getattr(self, n)
             if not (math.isfinite(v) and v >= 0):
@@ -508,22 +570,26 @@ class DistillationOutput(BertForPreTrainingOutput):
     the weighted total, and the terms (0-d arrays, None when their weight is 0):
     ``student_loss`` (the student's own pretraining loss, MLM + sentence task),
     ``kl_loss`` (T^2 * KL per counted masked position), ``cos_loss`` (mean 1 - cos per
-    real token), ``att_loss`` (attention KL per head and real query position)."""
+    real token), ``att_loss`` (attention KL per head and real query position),
+    ``pooled_loss`` (mean 1 - cos of the mean-pooled states per sequence)."""
 
     student_loss: Any = None
     kl_loss: Any = None
     cos_loss: Any = None
     att_loss: Any = None
+    pooled_loss: Any = None
 
 
 class DistillationModel(BertForPreTraining):
     """A student BertForPreTraining that learns from a :class:`Teacher` (see the module
     docstring for the loss).
 
-    Parameters: the student's (HF names ``bert.*``, ``cls.*``) and, when the cosine loss is
-    on and the hidden sizes differ, ``hidden_projection.weight`` (Ct, Cs), TinyBERT's W_h
-    (no bias, initialised N(0, initializer_range^2) from ``default_rng([seed, 1])``),
-    trained and saved with the student and unused by anything that loads the student.
+    Parameters: the student's (HF names ``bert.*``, ``cls.*``) and, when a cosine loss
+    (``alpha_cos`` or ``alpha_pooled``) is on and the hidden sizes differ,
+    ``hidden_projection.weight`` (Ct, Cs), TinyBERT's W_h (no bias, initialised
+    N(0, initializer_range^2) from ``default_rng([seed, 1])``), shared by both cosine
+    losses, trained and saved with the student and unused by anything that loads the
+    student.
 
     Args:
         config: the student's config; ``vocab_size`` must be the teacher's.
@@ -554,7 +620,8 @@ class DistillationModel(BertForPreTraining):
                          seq_relationship_head=seq_relationship_head)
         self.weights = weights
         self._teacher = teacher                   # not a Module: not a parameter owner here
-        if weights.alpha_cos > 0 and config.hidden_size != tc.hidden_size:
+        if (weights.alpha_cos > 0 or weights.alpha_pooled > 0) \
+                and config.hidden_size != tc.hidden_size:
             self.hidden_projection = Linear(config.hidden_size, tc.hidden_size, bias=False,
                                             rng=np.random.default_rng([seed, 1]),
                                             std=config.initializer_range, dtype=dtype)
@@ -581,8 +648,8 @@ class DistillationModel(BertForPreTraining):
         """The teacher's forward, then the student's, then the weighted loss.
 
         Args: as :meth:`BertForPreTraining.forward`. The soft-target term counts the slots
-        of ``masked_lm_weights`` > 0 (all when None); the cosine and attention terms the
-        real tokens of ``attention_mask``.
+        of ``masked_lm_weights`` > 0 (all when None); the cosine, pooled and attention
+        terms the real tokens of ``attention_mask``.
         Returns:
             :class:`DistillationOutput`; ``loss`` is None only when no term can be
             computed (no labels and only the student's loss weighted).
@@ -602,8 +669,8 @@ class DistillationModel(BertForPreTraining):
         terms = []                               # (weight, loss) of the total
         if out.loss is not None and w.alpha_mlm > 0:
             terms.append((w.alpha_mlm, out.loss))
-        kl = cos = att_loss = None
-        kl_cache = cos_cache = att_cache = None
+        kl = cos = att_loss = pooled = None
+        kl_cache = cos_cache = att_cache = pooled_cache = None
         if w.alpha_ce > 0:
             B, P, V = out.prediction_logits.shape
             slots = (masked_lm_weights.reshape(-1) if masked_lm_weights is not None
@@ -612,12 +679,17 @@ class DistillationModel(BertForPreTraining):
                                                   t.prediction_logits.reshape(B * P, V),
                                                   slots, w.temperature)
             terms.append((w.alpha_ce, kl))
-        if w.alpha_cos > 0:
+        if w.alpha_cos > 0 or w.alpha_pooled > 0:
             h = out.hidden_states                                        # (B, T, Cs)
             if hasattr(self, "hidden_projection"):
                 h = self.hidden_projection(h)                            # (B, T, Ct)
+        if w.alpha_cos > 0:
             cos, cos_cache = cosine_loss_forward(h, t.last_hidden_state, attention_mask)
             terms.append((w.alpha_cos, cos))
+        if w.alpha_pooled > 0:
+            pooled, pooled_cache = pooled_cosine_loss_forward(h, t.last_hidden_state,
+                                                              attention_mask)
+            terms.append((w.alpha_pooled, pooled))
         if att:
             att_loss, att_cache = attention_kl_forward(out.attentions[-1], t.last_attention,
                                                        attention_mask)
@@ -625,12 +697,14 @@ class DistillationModel(BertForPreTraining):
         total = None
         for a, term in terms:
             total = a * term if total is None else total + a * term
-        self._distill_cache = (kl_cache, cos_cache, att_cache, out.prediction_logits.shape)
+        self._distill_cache = (kl_cache, cos_cache, pooled_cache, att_cache,
+                               out.prediction_logits.shape)
         return DistillationOutput(
             total, out.mlm_loss, out.seq_relationship_loss, out.prediction_logits,
             out.seq_relationship_logits, out.hidden_states,
             out.attentions if output_attentions else None,
-            student_loss=out.loss, kl_loss=kl, cos_loss=cos, att_loss=att_loss)
+            student_loss=out.loss, kl_loss=kl, cos_loss=cos, att_loss=att_loss,
+            pooled_loss=pooled)
 
     def backward(self, dloss=1.0) -> None:
         """Add dloss * d(loss)/d(param) into the student's (and the projection's) ``grad``
@@ -641,7 +715,7 @@ class DistillationModel(BertForPreTraining):
         """
         if self._distill_cache is None:
             raise RuntimeError("backward() needs a preceding forward")
-        kl_cache, cos_cache, att_cache, logits_shape = self._distill_cache
+        kl_cache, cos_cache, pooled_cache, att_cache, logits_shape = self._distill_cache
         self._distill_cache = None
         w = self.weights
         d_logits = dh = None
@@ -652,9 +726,13 @@ class DistillationModel(BertForPreTraining):
         if cos_cache is not None:
             # forward: loss += alpha_cos * cosine_loss(projection(h), teacher's h)
             dh = cosine_loss_backward(dloss * w.alpha_cos, cos_cache)    # (B, T, Ct)
-            if hasattr(self, "hidden_projection"):
-                # forward: h = hidden_projection(hidden_states)
-                dh = self.hidden_projection.backward(dh)                 # (B, T, Cs)
+        if pooled_cache is not None:
+            # forward: loss += alpha_pooled * pooled_cosine_loss(projection(h), teacher's h)
+            dp = pooled_cosine_loss_backward(dloss * w.alpha_pooled, pooled_cache)
+            dh = dp if dh is None else dh + dp                           # (B, T, Ct)
+        if dh is not None and hasattr(self, "hidden_projection"):
+            # forward: h = hidden_projection(hidden_states)
+            dh = self.hidden_projection.backward(dh)                     # (B, T, Cs)
         if att_cache is not None:
             # forward: loss += alpha_att * attention_kl(last layer's probs, teacher's)
             last = self.bert.encoder.layer[len(self.bert.encoder.layer) - 1]
@@ -671,7 +749,7 @@ class DistillationModel(BertForPreTraining):
         """Per-batch device sums of the distillation terms (no host read): for each term
         whose weight is > 0, ``<term>_sum`` (its mean times its count) and
         ``<term>_count``: ``kl_loss`` over counted masked slots, ``cos_loss`` and
-        ``att_loss`` over real tokens."""
+        ``att_loss`` over real tokens, ``pooled_loss`` over sequences with a real token."""
         xp = get_array_module(inputs["input_ids"])
         sums = {}
         if out.kl_loss is not None:
@@ -683,15 +761,19 @@ class DistillationModel(BertForPreTraining):
         for name, v in (("cos_loss", out.cos_loss), ("att_loss", out.att_loss)):
             if v is not None:
                 sums[f"{name}_sum"], sums[name.replace("_loss", "_count")] = v * real, real
+        if out.pooled_loss is not None:
+            seqs = ((inputs["attention_mask"] > 0).any(axis=1).sum() if "attention_mask" in inputs
+                    else xp.asarray(inputs["input_ids"].shape[0]))
+            sums["pooled_loss_sum"], sums["pooled_count"] = out.pooled_loss * seqs, seqs
         return {k: xp.asarray(v) for k, v in sums.items()}
 
     @staticmethod
     def summarize(totals: dict) -> dict:
-        """Host means of :meth:`stats` sums: ``kl_loss``, ``cos_loss``, ``att_loss`` (those
-        present; nan where the count is 0)."""
+        """Host means of :meth:`stats` sums: ``kl_loss``, ``cos_loss``, ``att_loss``,
+        ``pooled_loss`` (those present; nan where the count is 0)."""
         out = {}
         for name, count in (("kl_loss", "kl_count"), ("cos_loss", "cos_count"),
-                            ("att_loss", "att_count")):
+                            ("att_loss", "att_count"), ("pooled_loss", "pooled_count")):
             if count in totals:
                 n = totals[count]
                 out[name] = totals[f"{name}_sum"] / n if n else math.nan

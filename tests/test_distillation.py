@@ -19,7 +19,8 @@ from minibert.distillation import (DistillationModel, DistillationWeights, Teach
                                    attention_kl_backward, attention_kl_forward,
                                    cosine_loss_backward, cosine_loss_forward,
                                    every_other_layer_config, every_other_layer_state,
-                                   load_teacher, projected_embeddings_state,
+                                   load_teacher, pooled_cosine_loss_backward,
+                                   pooled_cosine_loss_forward, projected_embeddings_state,
                                    soft_target_kl_backward, soft_target_kl_forward)
 from minibert.gradcheck import check_tensor
 from minibert.nn import attention_backward, attention_forward, softmax_forward
@@ -119,6 +120,34 @@ def test_cosine_loss_matches_torch_cosine_embedding_loss():
     np.testing.assert_allclose(grad, at.grad.numpy(), rtol=1e-9, atol=1e-14)
 
 
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), B=st.integers(1, 3), T=st.integers(1, 5), C=st.integers(1, 6), seed=seeds)
+def test_pooled_cosine_loss_gradient_and_properties(data, B, T, C, seed):
+    rng = np.random.default_rng(seed)
+    # every entry at least 0.5 away from 0, and each sequence's tokens of one sign per
+    # channel, so the pooled vectors are far from the cosine's eps
+    a, b = (np.abs(x) + 0.5 for x in
+            (data.draw(float_arrays((B, T, C))), data.draw(float_arrays((B, T, C)))))
+    a *= rng.choice([-1.0, 1.0], (B, 1, C))
+    mask = data.draw(padding_masks(B, T))
+    dloss = rng.standard_normal()
+    loss, cache = pooled_cosine_loss_forward(a, b, mask)
+    grad = pooled_cosine_loss_backward(dloss, cache)
+    check(lambda: dloss * float(pooled_cosine_loss_forward(a, b, mask)[0]), a, grad, "student")
+    assert 0 <= float(loss) <= 2
+    assert not grad[mask == 0].any()                             # padding counts nothing
+    # the cosine loss of the masked means, one row per sequence with a real token
+    m = mask > 0
+    means = [(x * m[..., None]).sum(1) / np.maximum(m.sum(1), 1)[:, None] for x in (a, b)]
+    ref, _ = cosine_loss_forward(means[0][:, None], means[1][:, None], m.any(1)[:, None])
+    np.testing.assert_allclose(float(loss), float(ref), rtol=1e-12, atol=1e-15)
+    # the order of the tokens does not matter; a tokenwise perfect student scores 0
+    order = rng.permutation(T)
+    shuffled, _ = pooled_cosine_loss_forward(a[:, order], b[:, order], mask[:, order])
+    np.testing.assert_allclose(float(shuffled), float(loss), rtol=1e-10, atol=1e-14)
+    assert abs(float(pooled_cosine_loss_forward(3.0 * b, b, mask)[0])) < 1e-8
+
+
 def _probs(rng, B, NH, T, mask):
     scores = rng.standard_normal((B, NH, T, T))   # moderate: d/dps = -pt/ps, whose
     # central difference carries an error ~ h^2 / ps^3 where a probability is tiny
@@ -181,7 +210,8 @@ def teacher_config(student: BertConfig, hidden_per_head: int, layers: int) -> Be
        layers=st.integers(1, 2), head=st.booleans(), nsp=st.booleans(), seed=seeds)
 def test_student_gradients_of_the_total_loss(data, dropout, hs, layers, head, nsp, seed):
     """Every student parameter, and the projection W_h, against central differences of the
-    weighted total (soft targets, student MLM/NSP, cosine through W_h, attention transfer),
+    weighted total (soft targets, student MLM/NSP, cosine and pooled cosine through W_h,
+    attention transfer),
     with fixed student dropout masks; the teacher (with dropout in its config) is frozen
     in inference mode."""
     config = data.draw(bert_configs(max_hidden=8, max_layers=2, max_positions=6,
@@ -193,7 +223,7 @@ def test_student_gradients_of_the_total_loss(data, dropout, hs, layers, head, ns
               else BertModel(tcfg, add_pooling_layer=False, seed=seed % 997, dtype=np.float64))
     weights = DistillationWeights(temperature=float(rng.choice([1.0, 2.0])),
                                   alpha_ce=1.3 if head else 0.0, alpha_mlm=0.7,
-                                  alpha_cos=1.1, alpha_att=0.9)
+                                  alpha_cos=1.1, alpha_att=0.9, alpha_pooled=0.8)
     model = DistillationModel(config, Teacher(tmodel), weights, seed=seed % 1000,
                               dtype=np.float64, seq_relationship_head=nsp)
     assert hasattr(model, "hidden_projection") == (tcfg.hidden_size != config.hidden_size)
@@ -228,20 +258,23 @@ def test_each_term_alone_and_the_output_parts(data, seed):
                                          seq_relationship_head=False))
     batch = data.draw(token_batches(config, max_batch=2))
     kw = {k: v for k, v in batch.model_inputs().items() if k != "next_sentence_label"}
-    full = DistillationModel(config, teacher, DistillationWeights(2.0, 5.0, 2.0, 1.0, 0.5),
+    full = DistillationModel(config, teacher,
+                             DistillationWeights(2.0, 5.0, 2.0, 1.0, 0.5, 0.7),
                              seed=0, dtype=np.float64, seq_relationship_head=False)
     out = full(**kw)
     total = (2.0 * out.student_loss + 5.0 * out.kl_loss + 1.0 * out.cos_loss
-             + 0.5 * out.att_loss)
+             + 0.5 * out.att_loss + 0.7 * out.pooled_loss)
     np.testing.assert_allclose(float(out.loss), float(total), rtol=1e-12)
     assert out.mlm_loss is not None and out.student_loss == out.mlm_loss
-    for term in ("alpha_ce", "alpha_mlm", "alpha_cos", "alpha_att"):
+    for term in ("alpha_ce", "alpha_mlm", "alpha_cos", "alpha_att", "alpha_pooled"):
         w = DistillationWeights(**{"temperature": 2.0, "alpha_ce": 0.0, "alpha_mlm": 0.0,
-                                   "alpha_cos": 0.0, "alpha_att": 0.0, term: 1.5})
+                                   "alpha_cos": 0.0, "alpha_att": 0.0, "alpha_pooled": 0.0,
+                                   term: 1.5})
         model = DistillationModel(config, teacher, w, seed=0, dtype=np.float64,
                                   seq_relationship_head=False)
         o = model(**kw)
-        parts = {"alpha_ce": o.kl_loss, "alpha_cos": o.cos_loss, "alpha_att": o.att_loss}
+        parts = {"alpha_ce": o.kl_loss, "alpha_cos": o.cos_loss, "alpha_att": o.att_loss,
+                 "alpha_pooled": o.pooled_loss}
         for k, v in parts.items():
             assert (v is not None) == (k == term), (term, k)
         model.zero_grad()
@@ -254,6 +287,8 @@ def test_weights_and_construction_errors():
         DistillationWeights(temperature=0.0)
     with pytest.raises(ValueError, match="alpha_cos"):
         DistillationWeights(alpha_cos=-1.0)
+    with pytest.raises(ValueError, match="alpha_pooled"):
+        DistillationWeights(alpha_pooled=math.nan)
     with pytest.raises(ValueError, match="nothing to learn"):
         DistillationWeights(alpha_ce=0, alpha_mlm=0, alpha_cos=0, alpha_att=0)
     cfg = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
@@ -369,7 +404,8 @@ def records(out, kind):
 
 
 STUDENT = ("--teacher", None, "--hidden-size", "16", "--num-attention-heads", "2",
-           "--num-hidden-layers", "1", "--alpha-att", "1.0", "--lr", "3e-3")
+           "--num-hidden-layers", "1", "--alpha-att", "1.0", "--alpha-pooled", "0.5",
+           "--lr", "3e-3")
 
 
 def student_args(corpus, out, teacher, *extra):
@@ -388,14 +424,14 @@ def test_a_student_learns_from_a_run_teacher(student_run, teacher_run, capsys):
     assert [r["step"] for r in train] == list(range(1, 13))
     for r in train:
         assert all(math.isfinite(r[k]) for k in ("loss", "mlm_loss", "kl_loss", "cos_loss",
-                                                  "att_loss"))
+                                                  "att_loss", "pooled_loss"))
     first, last = np.mean([r["loss"] for r in train[:3]]), np.mean([r["loss"] for r in train[-3:]])
     assert last < first, (first, last)
     assert train[-1]["kl_loss"] < train[0]["kl_loss"]
     evals = records(student_run, "eval")
     assert [r["step"] for r in evals] == [6, 12]
-    assert all({"mlm_loss", "kl_loss", "cos_loss", "att_loss", "teacher_mlm_loss"} <= set(r)
-               for r in evals)
+    assert all({"mlm_loss", "kl_loss", "cos_loss", "att_loss", "pooled_loss",
+                "teacher_mlm_loss"} <= set(r) for r in evals)
     summary = json.loads((student_run / "summary.json").read_text())
     assert summary["teacher"] == str(teacher_run) and "eval_kl_loss" in summary
     # the student shares the teacher's vocab; its checkpoint holds W_h (16 -> 32)
@@ -578,6 +614,7 @@ def test_pruned_student_starts_as_a_cut_of_its_teacher(corpus, teacher_run, tmp_
      "nothing to learn from"),
     (["--alpha-cos", "2"], "--alpha-cos: distillation options, only with --teacher"),
     (["--teacher", "{run}", "--temperature", "0"], "--temperature: expected a number > 0"),
+    (["--teacher", "{run}", "--alpha-pooled", "-1"], "--alpha-pooled: expected"),
     (["--teacher", "{run}", "--alpha-mlm", "-1"], "--alpha-mlm: expected a number >= 0"),
 ])
 def test_bad_distillation_options_give_one_error_line(corpus, teacher_run, bare_teacher,
