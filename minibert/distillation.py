@@ -145,6 +145,16 @@ def soft_target_kl_backward(dloss, cache):
 # Cosine loss on the last hidden states (DistilBERT's L_cos)
 # ---------------------------------------------------------------------------------------
 
+def _check_states(name: str, student_hidden, teacher_hidden, attention_mask) -> None:
+    """Raise ValueError unless both states are the same (B, T, C) and the mask is (B, T)."""
+    if student_hidden.ndim != 3 or tuple(teacher_hidden.shape) != tuple(student_hidden.shape):
+        raise ValueError(f"{name}: student and teacher states must be the same (B, T, C), "
+                         f"got {tuple(student_hidden.shape)} and {tuple(teacher_hidden.shape)}")
+    if tuple(attention_mask.shape) != tuple(student_hidden.shape[:2]):
+        raise ValueError(f"{name}: attention_mask must be {tuple(student_hidden.shape[:2])}, "
+                         f"got {tuple(attention_mask.shape)}")
+
+
 def cosine_loss_forward(student_hidden, teacher_hidden, attention_mask, eps: float = COSINE_EPS):
     """Mean over real tokens of 1 - cos(student_hidden, teacher_hidden).
 
@@ -166,12 +176,7 @@ def cosine_loss_forward(student_hidden, teacher_hidden, attention_mask, eps: flo
     Raises:
         ValueError: shapes that differ, or a mask that is not (B, T).
     """
-    if student_hidden.ndim != 3 or tuple(teacher_hidden.shape) != tuple(student_hidden.shape):
-        raise ValueError(f"cosine_loss: student and teacher states must be the same (B, T, C), "
-                         f"got {tuple(student_hidden.shape)} and {tuple(teacher_hidden.shape)}")
-    if tuple(attention_mask.shape) != tuple(student_hidden.shape[:2]):
-        raise ValueError(f"cosine_loss: attention_mask must be {tuple(student_hidden.shape[:2])}, "
-                         f"got {tuple(attention_mask.shape)}")
+    _check_states("cosine_loss", student_hidden, teacher_hidden, attention_mask)
     xp = get_array_module(student_hidden)
     out_dtype = student_hidden.dtype
     dtype = compute_dtype(out_dtype)
@@ -224,13 +229,7 @@ def pooled_cosine_loss_forward(student_hidden, teacher_hidden, attention_mask,
     Raises:
         ValueError: shapes that differ, or a mask that is not (B, T).
     """
-    if student_hidden.ndim != 3 or tuple(teacher_hidden.shape) != tuple(student_hidden.shape):
-        raise ValueError(f"pooled_cosine_loss: student and teacher states must be the same "
-                         f"(B, T, C), got {tuple(student_hidden.shape)} and "
-                         f"{tuple(teacher_hidden.shape)}")
-    if tuple(attention_mask.shape) != tuple(student_hidden.shape[:2]):
-        raise ValueError(f"pooled_cosine_loss: attention_mask must be "
-                         f"{tuple(student_hidden.shape[:2])}, got {tuple(attention_mask.shape)}")
+    _check_states("pooled_cosine_loss", student_hidden, teacher_hidden, attention_mask)
     xp = get_array_module(student_hidden)
     out_dtype = student_hidden.dtype
     dtype = compute_dtype(out_dtype)

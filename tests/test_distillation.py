@@ -148,6 +148,16 @@ def test_pooled_cosine_loss_gradient_and_properties(data, B, T, C, seed):
     assert abs(float(pooled_cosine_loss_forward(3.0 * b, b, mask)[0])) < 1e-8
 
 
+@pytest.mark.parametrize("loss", [cosine_loss_forward, pooled_cosine_loss_forward])
+def test_cosine_losses_reject_mismatched_shapes(loss):
+    a = np.ones((2, 3, 4))
+    with pytest.raises(ValueError, match=r"must be the same \(B, T, C\), got \(2, 3, 4\) and "
+                                         r"\(2, 3, 5\)"):
+        loss(a, np.ones((2, 3, 5)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"attention_mask must be \(2, 3\), got \(2, 4\)"):
+        loss(a, a, np.ones((2, 4)))
+
+
 def _probs(rng, B, NH, T, mask):
     scores = rng.standard_normal((B, NH, T, T))   # moderate: d/dps = -pt/ps, whose
     # central difference carries an error ~ h^2 / ps^3 where a probability is tiny
