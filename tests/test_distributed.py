@@ -315,15 +315,18 @@ def test_two_hosts_over_tcp_in_network_namespaces(tmp_path):
              "-np", "2", "--mca", "plm_rsh_agent", str(agent), "--mca", "btl", "tcp,self",
              "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
              *(a for v in MPI_ENV for a in ("-x", v)), "-x", "PATH",
-             sys.executable, "-c", "import os, subprocess, sys; print('rank', "
-             "os.environ['OMPI_COMM_WORLD_RANK'], subprocess.run(['ip', '-o', '-4', 'addr'], "
-             "capture_output=True, text=True).stdout.count('" + ip_b + "')); "
+             sys.executable, "-c", "import os, pathlib, subprocess, sys; pathlib.Path("
+             + repr(str(tmp_path)) + ", 'rank' + os.environ['OMPI_COMM_WORLD_RANK'])"
+             ".write_text(str(subprocess.run(['ip', '-o', '-4', 'addr'], capture_output=True,"
+             " text=True).stdout.count('" + ip_b + "'))); "
              "sys.argv = sys.argv[1:]; exec(open(sys.argv[0]).read())",
              str(WORKER), "train", str(two), "float64", "6", "7"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        # rank 1 ran where the second "machine's" address lives, rank 0 did not
-        assert sorted(proc.stdout.split("\n")[:2]) == ["rank 0 0", "rank 1 1"], proc.stdout
+        # rank 1 ran where the second "machine's" address lives, rank 0 did not (each rank
+        # writes its own file: the two ranks' stdout lines can interleave mid-line)
+        where = [(tmp_path / f"rank{r}").read_text() for r in (0, 1)]
+        assert where == ["0", "1"], where
         assert json.loads((two / "ranks.json").read_text())["max_rank_difference"] == 0.0
         a, b = np.load(one / "params.npy"), np.load(two / "params.npy")
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-10)
