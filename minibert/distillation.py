@@ -60,7 +60,7 @@ from .backend import compute_dtype, get_array_module
 from .hf import HFFormatError, load_pretrained_weights
 from .modeling import (BertConfig, BertForPreTraining, BertForPreTrainingOutput, BertModel,
                        _check_inputs)
-from .nn import Linear
+from .nn import Linear, mean_pooling_backward, mean_pooling_forward
 
 __all__ = [
     "DistillationModel", "DistillationOutput", "DistillationWeights", "Teacher",
@@ -230,15 +230,12 @@ def pooled_cosine_loss_forward(student_hidden, teacher_hidden, attention_mask,
         ValueError: shapes that differ, or a mask that is not (B, T).
     """
     _check_states("pooled_cosine_loss", student_hidden, teacher_hidden, attention_mask)
-    xp = get_array_module(student_hidden)
     out_dtype = student_hidden.dtype
     dtype = compute_dtype(out_dtype)
-    m = (attention_mask > 0).astype(dtype)                           # (B, T)
-    real = m.sum(axis=1)                                             # (B,)
-    w = m / xp.maximum(real, 1)[:, None]                             # (B, T) pooling weights
-    s = xp.einsum("bt,btc->bc", w, student_hidden.astype(dtype))     # (B, C)
-    u = xp.einsum("bt,btc->bc", w, teacher_hidden.astype(dtype))     # (B, C)
-    loss, cos_cache = cosine_loss_forward(s[:, None], u[:, None], (real > 0)[:, None], eps)
+    s, w = mean_pooling_forward(student_hidden.astype(dtype), attention_mask)   # (B, C)
+    u, _ = mean_pooling_forward(teacher_hidden.astype(dtype), attention_mask)   # (B, C)
+    real = (attention_mask > 0).any(axis=1)                          # (B,)
+    loss, cos_cache = cosine_loss_forward(s[:, None], u[:, None], real[:, None], eps)
     return loss, (cos_cache, w, out_dtype)
 
 
@@ -248,9 +245,8 @@ def pooled_cosine_loss_backward(dloss, cache):
     cos_cache, w, out_dtype = cache
     # forward: loss = cosine_loss(s[:, None], u[:, None], ...)
     ds = cosine_loss_backward(dloss, cos_cache)[:, 0]                # (B, C)
-    # forward: s_b = sum_t w[b, t] a[b, t]
-    da = w[..., None] * ds[:, None, :]                               # (B, T, C)
-    return da.astype(out_dtype, copy=False)
+    # forward: s, w = mean_pooling_forward(a, attention_mask)
+    return mean_pooling_backward(ds, w).astype(out_dtype, copy=False)   # (B, T, C)
 
 
 # ---------------------------------------------------------------------------------------

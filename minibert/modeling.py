@@ -25,7 +25,8 @@ from .backend import get_array_module
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
                  cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
-                 linear_backward, linear_forward, scatter_add_rows)
+                 linear_backward, linear_forward, mean_pooling_backward, mean_pooling_forward,
+                 scatter_add_rows)
 from .nn.activations import tanh_backward, tanh_forward
 
 # (num_hidden_layers, hidden_size) of the compact models of Turc et al. 2019
@@ -947,11 +948,7 @@ class BertForSequenceClassification(_BertWithClassifier):
         h = out.last_hidden_state                                        # (B, T, C)
         mean_weights = None
         if self.config.classifier_pooling == "mean":
-            m = (attention_mask if attention_mask is not None
-                 else get_array_module(h).ones(h.shape[:2])).astype(h.dtype)   # (B, T)
-            # forward: pooled = sum_t m_t h_t / sum_t m_t, per row
-            mean_weights = m / m.sum(axis=1, keepdims=True).clip(1, None)      # (B, T)
-            pooled = (mean_weights[:, :, None] * h).sum(axis=1)                # (B, C)
+            pooled, mean_weights = mean_pooling_forward(h, attention_mask)   # (B, C)
         else:
             pooled = out.pooler_output                                   # (B, C)
         logits = self.classifier(self.dropout(pooled))                   # (B, K)
@@ -1005,8 +1002,8 @@ class BertForSequenceClassification(_BertWithClassifier):
         if mean_weights is None:
             self.bert.backward(None, d_pooled)                           # (B, C) upstream
         else:
-            # forward: pooled = sum_t mean_weights[:, t] h_t  ->  d h_t = mean_weights_t d_pooled
-            self.bert.backward(mean_weights[:, :, None] * d_pooled[:, None, :], None)
+            # forward: pooled, mean_weights = mean_pooling_forward(h, attention_mask)
+            self.bert.backward(mean_pooling_backward(d_pooled, mean_weights), None)
 
 
 # ---------------------------------------------------------------------------------------

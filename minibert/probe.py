@@ -16,6 +16,7 @@ import scipy.optimize
 import scipy.sparse
 
 from .backend import to_numpy
+from .nn import mean_pooling_forward
 from .tokenization.basic import BasicTokenizer
 
 
@@ -158,7 +159,7 @@ def mean_pooled_features(model, tokenizer, texts: Sequence, max_seq_length: int,
                 ids[r, :n], tt[r, :n], mask[r, :n] = e["input_ids"], e["token_type_ids"], 1
             h = to_numpy(model(xp.asarray(ids), xp.asarray(tt), xp.asarray(mask))
                          .last_hidden_state).astype(np.float64)              # (B, T, C)
-            out[s:s + len(chunk)] = (h * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+            out[s:s + len(chunk)] = mean_pooling_forward(h, mask)[0]
     finally:
         model.train(was_training)
     return out

@@ -18,8 +18,9 @@ from minibert.nn import (IGNORE_INDEX, Embedding, attention_backward, attention_
                          softmax_backward, softmax_forward)
 from minibert.nn.activations import ACTIVATIONS, normal_cdf
 from minibert.nn.dropout import dropout_backward, dropout_forward, keep_mask
+from minibert.nn.pooling import mean_pooling_backward, mean_pooling_forward
 from minibert.testing import (assert_gradients_match, attention_inputs, float_arrays,
-                              layer_shapes, seeds)
+                              layer_shapes, padding_masks, seeds)
 
 from helpers import cpu_blocking
 
@@ -239,3 +240,32 @@ def test_embedding_gradient_with_repeated_ids(v, c, lead, padding, seed):
         if not (padding and i == 0):
             expected[i] += g
     np.testing.assert_allclose(emb.weight.grad, expected, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), B=st.integers(1, 3), T=st.integers(1, 5), C=st.integers(1, 4),
+       seed=st.integers(0, 2**32 - 1))
+def test_mean_pooling_gradient_and_mask(data, B, T, C, seed):
+    """float64 gradient of the masked mean against central differences, with a random
+    upstream gradient; padding neither counts nor gets a gradient; None means all real."""
+    rng = np.random.default_rng(seed)
+    h = data.draw(float_arrays((B, T, C)))
+    mask = data.draw(padding_masks(B, T))
+    dpooled = rng.standard_normal((B, C))
+    pooled, weights = mean_pooling_forward(h, mask)
+    dh = mean_pooling_backward(dpooled, weights)
+    numeric = numerical_gradient(lambda: float((mean_pooling_forward(h, mask)[0] * dpooled)
+                                               .sum()), h)
+    np.testing.assert_allclose(dh, numeric, rtol=1e-6, atol=1e-8)
+    assert not dh[mask == 0].any()
+    real = mask > 0
+    for b in range(B):
+        np.testing.assert_allclose(pooled[b], h[b][real[b]].mean(axis=0), rtol=1e-12,
+                                   atol=1e-12)
+    empty = mask.copy()
+    empty[0] = 0                                    # a row without a real token pools to 0
+    assert not mean_pooling_forward(h, empty)[0][0].any()
+    np.testing.assert_allclose(mean_pooling_forward(h, None)[0], h.mean(axis=1), rtol=1e-12,
+                               atol=1e-12)
+    with pytest.raises(ValueError, match=r"attention_mask must be"):
+        mean_pooling_forward(h, np.ones((B, T + 1)))

@@ -9,6 +9,7 @@ from .layernorm import LayerNorm, layernorm_backward, layernorm_forward
 from .linear import Linear, linear_backward, linear_forward
 from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
 from .module import Module, ModuleList, Parameter
+from .pooling import mean_pooling_backward, mean_pooling_forward
 
 __all__ = [
     "ACTIVATIONS", "Activation", "AttentionCache", "Dropout", "Embedding", "FlatParameters",
@@ -16,5 +17,5 @@ __all__ = [
     "LayerNorm", "Linear", "Module", "ModuleList", "Parameter", "attention_backward",
     "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
     "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",
-    "linear_forward", "scatter_add_rows", "softmax_backward", "softmax_forward",
+    "linear_forward", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows", "softmax_backward", "softmax_forward",
 ]
