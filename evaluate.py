@@ -13,7 +13,10 @@ movie_reviews, sms_spam, trec_questions (English) and product_reviews (Chinese),
 data/classify/ (default: the English ones, or the Chinese one for a start whose vocab is
 mostly CJK characters). A budget N trains on N rows drawn at random from the train split
 (a fresh draw per seed; ``all`` = the whole split); dev picks the best epoch (fine-tuning)
-or the L2 weight (probes); the reported number is test accuracy.
+or the L2 weight (probes); the reported number is test accuracy. Given several ``--lr``,
+each start fine-tunes at every one of them and reports, per task and budget, the rate
+with the best mean dev accuracy over seeds (the protocol of Devlin et al. 2019, §4.1), so
+that a pretrained start and a random one are each compared at their own best rate.
 
 For every (task, budget, seed): ``finetune.py`` for each start (in this process, its log in
 OUTPUT_DIR/runs/.../finetune.log), a softmax-regression probe on each start's frozen,
@@ -84,7 +87,9 @@ def parse_args(argv=None):
                    metavar="N|all", help="train rows per run")
     p.add_argument("--seeds", type=positive_int, default=3, help="seeds 0 .. N-1")
     p.add_argument("--epochs", type=positive_int, default=3)
-    p.add_argument("--lr", type=float_in(0.0, low_open=True), default=5e-5)
+    p.add_argument("--lr", nargs="+", type=float_in(0.0, low_open=True), default=[5e-5],
+                   metavar="LR", help="fine-tuning learning rates; with several, each start "
+                   "reports the one with the best mean dev accuracy per task and budget")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--max-seq-length", type=int_at_least(3), default=128)
     p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
@@ -151,19 +156,21 @@ def write_subset(path: Path, examples, idx: np.ndarray) -> Path:
     return path
 
 
-def name_of(start: str) -> str:
-    return hashlib.sha1(start.encode()).hexdigest()[:10]
+def name_of(start: str, lr: float) -> str:
+    """The run directory name of a start fine-tuned at a learning rate."""
+    return f"{hashlib.sha1(start.encode()).hexdigest()[:10]}-lr{lr:g}"
 
 
-def run_finetune(args, start: str, pre_path: str, random_init: bool, train: Path, task: Path,
-                 seed: int, out: Path) -> float:
-    """Test accuracy of one finetune.py run (reused when its summary.json exists)."""
+def run_finetune(args, pre_path: str, random_init: bool, train: Path, task: Path, seed: int,
+                 lr: float, out: Path) -> tuple[float, float]:
+    """(dev, test) accuracy of one finetune.py run at its best dev epoch (reused when its
+    summary.json exists)."""
     import finetune
     summary = out / "summary.json"
     if not summary.is_file():
         argv = ["--init", pre_path, "--train", str(train), "--dev", str(task / "dev.tsv"),
                 "--test", str(task / "test.tsv"), "--output-dir", str(out), "--overwrite",
-                "--seed", str(seed), "--epochs", str(args.epochs), "--lr", str(args.lr),
+                "--seed", str(seed), "--epochs", str(args.epochs), "--lr", str(lr),
                 "--batch-size", str(args.batch_size), "--max-seq-length",
                 str(args.max_seq_length), "--pooling", args.pooling, "--group-by-length",
                 "--no-progress",
@@ -178,7 +185,8 @@ def run_finetune(args, start: str, pre_path: str, random_init: bool, train: Path
                 code = e.code
         if code not in (0, None):
             fail(f"finetune.py {' '.join(argv)} failed (exit {code}); its log: {log}")
-    return float(json.loads(summary.read_text())["test"]["accuracy"])
+    result = json.loads(summary.read_text())
+    return float(result["dev"]["accuracy"]), float(result["test"]["accuracy"])
 
 
 def encoder(start_pre, random_init: bool, device: str):
@@ -197,16 +205,38 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summarize(records: list[dict]) -> list[dict]:
-    """Mean and std of test accuracy per (task, budget, start, kind), with margins."""
-    groups: dict[tuple, list[float]] = {}
+def best_lr_runs(records: list[dict]) -> list[dict]:
+    """The records without the fine-tuning runs of every learning rate but the one with the
+    best mean dev accuracy over seeds, per (task, budget, start); a tie goes to the rate
+    given first. Probe and bag-of-words records pass through."""
+    dev: dict[tuple, dict[float, list[float]]] = {}
     for r in records:
-        groups.setdefault((r["task"], r["budget"], r["start"], r["kind"]), []).append(r["accuracy"])
+        if r["kind"] == "finetune":
+            key = (r["task"], r["budget"], r["start"])
+            dev.setdefault(key, {}).setdefault(r["lr"], []).append(r["dev_accuracy"])
+    best = {key: max(by_lr, key=lambda lr: statistics.fmean(by_lr[lr]))
+            for key, by_lr in dev.items()}
+    return [r for r in records if r["kind"] != "finetune"
+            or r["lr"] == best[(r["task"], r["budget"], r["start"])]]
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Mean and std of test accuracy per (task, budget, start, kind), with margins; the
+    fine-tuning rows at each start's best learning rate (``best_lr_runs``)."""
+    groups: dict[tuple, list[float]] = {}
+    lrs = {}
+    for r in best_lr_runs(records):
+        key = (r["task"], r["budget"], r["start"], r["kind"])
+        groups.setdefault(key, []).append(r["accuracy"])
+        if "lr" in r:
+            lrs[key] = r["lr"]
     rows = []
     for (task, b, start, kind), accs in groups.items():
         m, s = mean_std(accs)
         row = {"task": task, "budget": b, "start": start, "kind": kind, "mean": m, "std": s,
                "seeds": len(accs)}
+        if (task, b, start, kind) in lrs:
+            row["lr"] = lrs[(task, b, start, kind)]
         rand = groups.get((task, b, "random:" + start, kind))
         if rand:
             row["margin_over_random"] = m - statistics.fmean(rand)
@@ -219,14 +249,15 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'task':<16}{'labels':>7}  {'start':<44}{'kind':<10}{'test acc':>16}"
+    print(f"{'task':<16}{'labels':>7}  {'start':<44}{'kind':<10}{'lr':>8}{'test acc':>16}"
           f"{'vs random':>11}{'vs BoW':>9}")
     for r in sorted(rows, key=lambda r: (r["task"], r["budget"] or 10 ** 9, r["kind"] == "bow",
                                          r["start"], r["kind"])):
         b = "all" if r["budget"] is None else r["budget"]
         vr = f"{100 * r['margin_over_random']:+.1f}" if "margin_over_random" in r else ""
         vb = f"{100 * r['margin_over_bow']:+.1f}" if "margin_over_bow" in r else ""
-        print(f"{r['task']:<16}{b:>7}  {r['start'][-44:]:<44}{r['kind']:<10}"
+        lr = f"{r['lr']:g}" if "lr" in r else ""
+        print(f"{r['task']:<16}{b:>7}  {r['start'][-44:]:<44}{r['kind']:<10}{lr:>8}"
               f"{100 * r['mean']:>9.1f} ± {100 * r['std']:<4.1f}{vr:>11}{vb:>9}")
 
 
@@ -317,11 +348,13 @@ def main(argv=None) -> int:
                 tag = f"{task}/{'all' if b is None else b}/seed{seed}"
                 subset = write_subset(out / "runs" / tag / "train.tsv", train, idx)
                 for s, (pre, rnd) in starts.items():
-                    if args.finetune:
-                        acc = run_finetune(args, s, s.removeprefix("random:"), rnd, subset, d,
-                                           seed, out / "runs" / tag / name_of(s))
+                    for lr in args.lr if args.finetune else ():
+                        dev_acc, acc = run_finetune(args, s.removeprefix("random:"), rnd,
+                                                    subset, d, seed, lr,
+                                                    out / "runs" / tag / name_of(s, lr))
                         records.append({"task": task, "budget": b, "seed": seed, "start": s,
-                                        "kind": "finetune", "accuracy": acc})
+                                        "kind": "finetune", "lr": lr, "dev_accuracy": dev_acc,
+                                        "accuracy": acc})
                     if args.probe:
                         f = feats[s]
                         probe, _ = fit_probe(f["train"][idx], y["train"][idx], f["dev"],
@@ -339,8 +372,9 @@ def main(argv=None) -> int:
                 records.append({"task": task, "budget": b, "seed": seed, "start": BOW,
                                 "kind": "bow",
                                 "accuracy": float((probe.predict(Xt) == y["test"]).mean())})
-                print(f"{tag}: " + ", ".join(f"{r['start'][-30:]} {r['kind']} "
-                                             f"{r['accuracy']:.3f}" for r in records
+                print(f"{tag}: " + ", ".join(f"{r['start'][-30:]} {r['kind']}"
+                                             + (f" lr {r['lr']:g}" if "lr" in r else "")
+                                             + f" {r['accuracy']:.3f}" for r in records
                                              if r["task"] == task and r["budget"] == b
                                              and r["seed"] == seed), flush=True)
     rows = summarize(records)

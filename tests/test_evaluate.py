@@ -107,7 +107,7 @@ def test_evaluate_end_to_end(start_and_task, tmp_path, capsys):
     run, task = start_and_task
     out = tmp_path / "eval"
     argv = [str(run), f"random:{run}", "--task-dir", f"toy={task}", "--tasks", "toy",
-            "--budgets", "10", "all", "--seeds", "2", "--epochs", "2", "--lr", "1e-3",
+            "--budgets", "10", "all", "--seeds", "2", "--epochs", "2", "--lr", "1e-3", "3e-3",
             "--batch-size", "8", "--max-seq-length", "12", "--pooling", "mean",
             "--output-dir", str(out)]
     assert evaluate.main(argv) == 0
@@ -115,14 +115,27 @@ def test_evaluate_end_to_end(start_and_task, tmp_path, capsys):
     assert configs and all(c["classifier_pooling"] == "mean" for c in configs)
     result = json.loads((out / "results.json").read_text())
     runs = result["runs"]
-    # 2 budgets x 2 seeds x (2 starts x (finetune + probe) + bag of words)
-    assert len(runs) == 2 * 2 * 5
+    # 2 budgets x 2 seeds x (2 starts x (2 rates x finetune + probe) + bag of words)
+    assert len(runs) == 2 * 2 * 7
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in runs)
     assert {r["kind"] for r in runs} == {"finetune", "probe", "bow"}
+    assert len(list(out.glob("runs/**/summary.json"))) == 2 * 2 * 2 * 2
     summary = {(r["budget"], r["start"], r["kind"]): r for r in result["summary"]}
+
+    def tuned(start, budget):
+        """(test accuracies, rate) at the rate whose mean dev accuracy is best."""
+        by_lr = {lr: [r for r in runs if r["budget"] == budget and r["kind"] == "finetune"
+                      and r["start"] == start and r["lr"] == lr] for lr in (1e-3, 3e-3)}
+        lr = max(by_lr, key=lambda lr: np.mean([r["dev_accuracy"] for r in by_lr[lr]]))
+        return [r["accuracy"] for r in by_lr[lr]], lr
+
+    for budget in (10, None):
+        for start in (str(run), f"random:{run}"):
+            accs, lr = tuned(start, budget)
+            row = summary[(budget, start, "finetune")]
+            assert row["lr"] == lr and row["mean"] == pytest.approx(np.mean(accs))
     mine = summary[(10, str(run), "finetune")]
-    rand = [r["accuracy"] for r in runs if r["budget"] == 10 and r["kind"] == "finetune"
-            and r["start"] == f"random:{run}"]
+    rand, _ = tuned(f"random:{run}", 10)
     assert mine["margin_over_random"] == pytest.approx(mine["mean"] - np.mean(rand))
     assert "margin_over_bow" in mine and mine["seeds"] == 2
     # the budget-10 runs trained on 10 drawn rows, different per seed
@@ -142,6 +155,27 @@ def test_evaluate_end_to_end(start_and_task, tmp_path, capsys):
     assert "holds a harness run with other settings" in capsys.readouterr().err
 
 
+def test_best_lr_is_chosen_on_dev_not_test():
+    def ft(start, lr, seed, dev, test):
+        return {"task": "t", "budget": None, "seed": seed, "start": start, "kind": "finetune",
+                "lr": lr, "dev_accuracy": dev, "accuracy": test}
+    # rate 1e-4 wins on mean dev (0.8 vs 0.75) though 1e-3 wins on test
+    records = [ft("a", 1e-4, 0, 0.9, 0.6), ft("a", 1e-4, 1, 0.7, 0.6),
+               ft("a", 1e-3, 0, 0.75, 0.9), ft("a", 1e-3, 1, 0.75, 0.9),
+               # a tie on dev goes to the rate given first
+               ft("b", 2e-4, 0, 0.7, 0.5), ft("b", 5e-4, 0, 0.7, 0.8),
+               {"task": "t", "budget": None, "seed": 0, "start": "a", "kind": "probe",
+                "accuracy": 0.5}]
+    kept = evaluate.best_lr_runs(records)
+    assert [r for r in kept if r["start"] == "a" and r["kind"] == "finetune"] == records[:2]
+    assert [r for r in kept if r["start"] == "b"] == [records[4]]
+    assert records[-1] in kept
+    rows = {(r["start"], r["kind"]): r for r in evaluate.summarize(records)}
+    assert rows[("a", "finetune")]["lr"] == 1e-4
+    assert rows[("a", "finetune")]["mean"] == pytest.approx(0.6)
+    assert "lr" not in rows[("a", "probe")]
+
+
 def test_bad_start_and_task_are_error_lines(start_and_task, tmp_path, capsys):
     run, task = start_and_task
     with pytest.raises(SystemExit):
@@ -150,3 +184,6 @@ def test_bad_start_and_task_are_error_lines(start_and_task, tmp_path, capsys):
     with pytest.raises(SystemExit):
         evaluate.main([str(run), "--tasks", "nonesuch"])
     assert "unknown task 'nonesuch'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main([str(run), "--lr", "1e-3", "nan"])
+    assert "argument --lr: expected a finite number" in capsys.readouterr().err
