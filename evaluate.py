@@ -104,6 +104,7 @@ def parse_args(argv=None):
                    help="start afresh in an OUTPUT_DIR that holds a run with other settings")
     p.add_argument("--device", choices=list(backend.DEVICES), default=None)
     args = p.parse_args(argv)
+    args.lr = list(dict.fromkeys(args.lr))  # a rate named twice runs once
     args.task_dirs = dict(TASKS)
     for item in args.task_dir:
         name, sep, d = item.partition("=")

@@ -184,6 +184,7 @@ def test_bad_start_and_task_are_error_lines(start_and_task, tmp_path, capsys):
     with pytest.raises(SystemExit):
         evaluate.main([str(run), "--tasks", "nonesuch"])
     assert "unknown task 'nonesuch'" in capsys.readouterr().err
+    assert evaluate.parse_args([str(run), "--lr", "1e-3", "2e-4", "0.001"]).lr == [1e-3, 2e-4]
     with pytest.raises(SystemExit):
         evaluate.main([str(run), "--lr", "1e-3", "nan"])
     assert "argument --lr: expected a finite number" in capsys.readouterr().err
