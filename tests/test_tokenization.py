@@ -170,6 +170,26 @@ def test_hypothesis_greek_matches_reference(text, lower, strip_accents):
     assert ours.tokenize(text) == ref.tokenize(text)
 
 
+NORMALISED_INTO_NEVER_SPLIT = ["\u0301[CL\x00S]", "a \u0301[CL\x00S] b", "[CL\x00S]\u0308",
+                               "\u0301[FOO]", "x\u0301[FOO]\u0308 y", "[FO\u0301O]", "[foo]"]
+
+
+@pytest.mark.parametrize("strip_accents", [None, True, False])
+@pytest.mark.parametrize("lower", [True, False])
+def test_word_that_normalises_into_never_split_stays_whole(strip_accents, lower):
+    # hypothesis found "\u0301[CL\x00S]": with accents stripped the word becomes "[CLS]",
+    # which the reference keeps whole (it checks never_split again before the punctuation split)
+    kw = dict(do_lower_case=lower, strip_accents=strip_accents, never_split=["[FOO]"])
+    ours, ref = BertTokenizer(EN_VOCAB, **kw), reference_class()(str(EN_VOCAB), **kw)
+    plain = BasicTokenizer(do_lower_case=lower, strip_accents=strip_accents)
+    for text in NORMALISED_INTO_NEVER_SPLIT:
+        assert ours.tokenize(text) == ref.tokenize(text), text
+        assert ours.text_to_ids(text) == ref.convert_tokens_to_ids(ref.tokenize(text)), text
+        # a never_split given for one call only
+        assert plain.tokenize(text, never_split=["[FOO]"]) == \
+            ref.basic_tokenizer.tokenize(text, never_split=["[FOO]"]), text
+
+
 @pytest.mark.parametrize("strip_accents", [None, True, False])
 @pytest.mark.parametrize("lower", [True, False])
 def test_basic_tokenizer_switches_parity(strip_accents, lower):

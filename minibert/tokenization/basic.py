@@ -11,8 +11,9 @@ Semantics follow ``BasicTokenizer`` in Hugging Face transformers' ``tokenization
    :func:`is_cjk_codepoint`), so each one becomes a word of its own;
 3. NFC-normalise the text and split it on whitespace (Python's ``str.split()``);
 4. per word (unless it is in ``never_split``): lower-case (``str.lower``), strip accents
-   (NFD, then drop ``Mn`` characters) and cut it before and after every punctuation
-   character (ASCII non-alphanumerics and Unicode ``P*``);
+   (NFD, then drop ``Mn`` characters) and, unless the result is in ``never_split``, cut it
+   before and after every punctuation character (ASCII non-alphanumerics and Unicode
+   ``P*``);
 5. split on whitespace once more (which also drops words that became empty).
 
 Steps 4-5 depend on the word alone, so their result is cached per word; steps 1-3 run
@@ -195,15 +196,24 @@ class BasicTokenizer:
             self._cache[word] = out
         return out
 
-    def _split_word_uncached(self, word: str) -> tuple[str, ...]:
-        if word in self.never_split:
-            return (word,)
+    def _normalize_word(self, word: str) -> str:
+        """Step 4's lower-casing and accent stripping of one word (as switched on)."""
         if self.do_lower_case:
             word = word.lower()
         if self._strip and not word.isascii():
             word = "".join(
                 c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn"
             )
+        return word
+
+    def _split_word_uncached(self, word: str) -> tuple[str, ...]:
+        if word in self.never_split:
+            return (word,)
+        word = self._normalize_word(word)
+        # The reference checks never_split again before the punctuation split, so a word
+        # that becomes one once normalised ("\u0301[CLS]" with accents stripped) stays whole.
+        if word in self.never_split:
+            return (word,)
         if self.do_split_on_punc:
             pieces = []
             start = 0
@@ -237,6 +247,8 @@ class BasicTokenizer:
             for w in words:
                 if w in extra:
                     out.append(w)
+                elif w not in self.never_split and (n := self._normalize_word(w)) in extra:
+                    out.append(n)
                 else:
                     out.extend(self.split_word(w))
             return out
