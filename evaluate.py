@@ -25,7 +25,8 @@ softmax regression. Prints mean ± std over seeds per task and budget, the margi
 random init (for a start S when ``random:S`` is among the starts) and over the bag of words;
 writes OUTPUT_DIR/results.json (every run and the summary) and OUTPUT_DIR/accuracy_vs_labels.png.
 A finished fine-tuning run (its summary.json present) is reused when the harness is run
-again with the same settings in the same OUTPUT_DIR.
+again with the same settings in the same OUTPUT_DIR; ``--lr`` may differ between such runs
+(a rate added later fine-tunes only at that rate; the report covers the rates named).
 """
 from __future__ import annotations
 
@@ -313,7 +314,9 @@ def main(argv=None) -> int:
                                                "lr", "batch_size", "max_seq_length", "pooling")}
     settings["task_dirs"] = {t: str(args.task_dirs[t]) for t in args.tasks}
     cfg_path = out / "settings.json"
-    if cfg_path.is_file() and json.loads(cfg_path.read_text()) != settings:
+    # each rate has run directories of its own, so rates may be added or left out
+    if cfg_path.is_file() and {k: v for k, v in json.loads(cfg_path.read_text()).items()
+                               if k != "lr"} != {k: v for k, v in settings.items() if k != "lr"}:
         if not args.overwrite:
             fail(f"--output-dir {out} holds a harness run with other settings "
                  f"({cfg_path}); pass --overwrite or another --output-dir")

@@ -149,6 +149,14 @@ def test_evaluate_end_to_end(start_and_task, tmp_path, capsys):
     first = sorted(p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json"))
     assert evaluate.main(argv) == 0
     assert sorted(p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json")) == first
+    # rates may be left out (or added) in the same directory: the runs at 1e-3 are reused
+    # and the report covers 1e-3 alone
+    lr_at = argv.index("--lr")
+    assert evaluate.main(argv[:lr_at + 2] + argv[lr_at + 3:]) == 0
+    assert sorted(p.stat().st_mtime_ns for p in out.glob("runs/**/summary.json")) == first
+    again = json.loads((out / "results.json").read_text())
+    assert {r["lr"] for r in again["runs"] if r["kind"] == "finetune"} == {1e-3}
+    assert all(r["lr"] == 1e-3 for r in again["summary"] if r["kind"] == "finetune")
     # other settings in the same directory: an error line, unless --overwrite
     with pytest.raises(SystemExit):
         evaluate.main(argv[:-2] + ["--seeds", "1", "--output-dir", str(out)])
