@@ -225,25 +225,22 @@ def best_lr_runs(records: list[dict]) -> list[dict]:
 def summarize(records: list[dict]) -> list[dict]:
     """Mean and std of test accuracy per (task, budget, start, kind), with margins; the
     fine-tuning rows at each start's best learning rate (``best_lr_runs``)."""
-    groups: dict[tuple, list[float]] = {}
-    lrs = {}
+    groups: dict[tuple, list[dict]] = {}
     for r in best_lr_runs(records):
-        key = (r["task"], r["budget"], r["start"], r["kind"])
-        groups.setdefault(key, []).append(r["accuracy"])
-        if "lr" in r:
-            lrs[key] = r["lr"]
+        groups.setdefault((r["task"], r["budget"], r["start"], r["kind"]), []).append(r)
+    accs = {key: [r["accuracy"] for r in rs] for key, rs in groups.items()}
     rows = []
-    for (task, b, start, kind), accs in groups.items():
-        m, s = mean_std(accs)
+    for (task, b, start, kind), rs in groups.items():
+        m, s = mean_std(accs[task, b, start, kind])
         row = {"task": task, "budget": b, "start": start, "kind": kind, "mean": m, "std": s,
-               "seeds": len(accs)}
-        if (task, b, start, kind) in lrs:
-            row["lr"] = lrs[(task, b, start, kind)]
-        rand = groups.get((task, b, "random:" + start, kind))
+               "seeds": len(rs)}
+        if "lr" in rs[0]:  # one rate per fine-tuning group, after best_lr_runs
+            row["lr"] = rs[0]["lr"]
+        rand = accs.get((task, b, "random:" + start, kind))
         if rand:
             row["margin_over_random"] = m - statistics.fmean(rand)
             row["random_std"] = mean_std(rand)[1]
-        bow = groups.get((task, b, BOW, "bow"))
+        bow = accs.get((task, b, BOW, "bow"))
         if bow and kind != "bow":
             row["margin_over_bow"] = m - statistics.fmean(bow)
         rows.append(row)
@@ -315,8 +312,8 @@ def main(argv=None) -> int:
     settings["task_dirs"] = {t: str(args.task_dirs[t]) for t in args.tasks}
     cfg_path = out / "settings.json"
     # each rate has run directories of its own, so rates may be added or left out
-    if cfg_path.is_file() and {k: v for k, v in json.loads(cfg_path.read_text()).items()
-                               if k != "lr"} != {k: v for k, v in settings.items() if k != "lr"}:
+    if cfg_path.is_file() and {**json.loads(cfg_path.read_text()), "lr": None} != \
+            {**settings, "lr": None}:
         if not args.overwrite:
             fail(f"--output-dir {out} holds a harness run with other settings "
                  f"({cfg_path}); pass --overwrite or another --output-dir")

@@ -17,5 +17,6 @@ __all__ = [
     "LayerNorm", "Linear", "Module", "ModuleList", "Parameter", "attention_backward",
     "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
     "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",
-    "linear_forward", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows", "softmax_backward", "softmax_forward",
+    "linear_forward", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows",
+    "softmax_backward", "softmax_forward",
 ]

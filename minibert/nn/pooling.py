@@ -36,6 +36,7 @@ def mean_pooling_forward(hidden, attention_mask):
 
 
 def mean_pooling_backward(dpooled, weights):
-    """d/d hidden of :func:`mean_pooling_forward`: (B, T, C) from ``dpooled`` (B, C)."""
+    """d/d hidden of :func:`mean_pooling_forward`: (B, T, C) from ``dpooled`` (B, C) and
+    the forward's cache ``weights`` (B, T); in their common dtype."""
     # forward: pooled[b] = sum_t weights[b, t] hidden[b, t]
     return weights[:, :, None] * dpooled[:, None, :]

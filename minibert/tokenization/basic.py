@@ -190,29 +190,24 @@ class BasicTokenizer:
         """
         out = self._cache.get(word)
         if out is None:
-            out = self._split_word_uncached(word)
+            out = self._split_word_uncached(word, self.never_split)
             if len(self._cache) >= self.max_cache_size:
                 self._cache.clear()
             self._cache[word] = out
         return out
 
-    def _normalize_word(self, word: str) -> str:
-        """Step 4's lower-casing and accent stripping of one word (as switched on)."""
+    def _split_word_uncached(self, word: str, never_split) -> tuple[str, ...]:
+        if word in never_split:
+            return (word,)
         if self.do_lower_case:
             word = word.lower()
         if self._strip and not word.isascii():
             word = "".join(
                 c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn"
             )
-        return word
-
-    def _split_word_uncached(self, word: str) -> tuple[str, ...]:
-        if word in self.never_split:
-            return (word,)
-        word = self._normalize_word(word)
         # The reference checks never_split again before the punctuation split, so a word
         # that becomes one once normalised ("\u0301[CLS]" with accents stripped) stays whole.
-        if word in self.never_split:
+        if word in never_split:
             return (word,)
         if self.do_split_on_punc:
             pieces = []
@@ -241,17 +236,9 @@ class BasicTokenizer:
             list of str tokens; never contains whitespace or empty strings.
         """
         words = self.pre_split(text)
-        if never_split:
-            extra = set(never_split) - self.never_split
-            out: list[str] = []
-            for w in words:
-                if w in extra:
-                    out.append(w)
-                elif w not in self.never_split and (n := self._normalize_word(w)) in extra:
-                    out.append(n)
-                else:
-                    out.extend(self.split_word(w))
-            return out
+        if never_split:  # words kept whole for this call only: not cached
+            keep = self.never_split | set(never_split)
+            return [t for w in words for t in self._split_word_uncached(w, keep)]
         split_word = self.split_word
         out = []
         for w in words:
