@@ -1,4 +1,5 @@
-"""Gradient flow: per-layer gradient norms and update-to-weight ratios, and their plot.
+"""Gradient flow: per-layer gradient norms and update-to-weight ratios (their plot:
+:func:`minibert.viz.plot_grad_flow`).
 
 What people look at when a deep network's gradients vanish or explode: for each layer
 (``embeddings``, ``encoder.layer.N``, ``encoder.ln``, ``pooler``, ``cls.predictions``,
@@ -26,6 +27,7 @@ import numpy as np
 
 from .backend import get_array_module, to_numpy
 from .optim import AdamW, decays
+from .viz import plot_grad_flow
 
 
 def layer_of(name: str) -> str:
@@ -169,66 +171,6 @@ def read_grad_flow(path: str | Path) -> list[dict]:
     return records
 
 
-def _layer_order(name: str):
-    head = ("embeddings", "encoder.layer", "encoder.ln", "pooler", "cls.predictions",
-            "cls.seq_relationship")
-    rank = next((i for i, h in enumerate(head) if name.startswith(h)), len(head))
-    n = int(name.split(".")[2]) if name.startswith("encoder.layer.") else 0
-    return rank, n, name
-
-
-def plot_grad_flow(metrics_path: str | Path, png_path: str | Path, title: str | None = None,
-                   dpi: int = 100) -> Path:
-    """Plot per-layer gradient norms and update/weight ratios against the step (PNG).
-
-    Two panels sharing the step axis, log-scaled y, one line per layer coloured from the
-    embeddings (dark) to the heads (light), a dotted reference line at ratio 1e-3 (cs231n).
-
-    Args:
-        metrics_path: a metrics.jsonl with ``grad_flow`` records (see :func:`read_grad_flow`).
-        png_path: output file; parent directories are created.
-        title: figure title (default: the metrics file's parent directory).
-        dpi: resolution (the figure is 9 x 6.5 inches).
-    Returns:
-        The PNG path.
-    Raises:
-        As :func:`read_grad_flow`; ImportError without matplotlib.
-    """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = read_grad_flow(metrics_path)
-    steps = [r["step"] for r in records]
-    panels = [("grad_norm", "gradient L2 norm")]
-    if any("update_ratio" in r for r in records):
-        panels.append(("update_ratio", "update / weight ratio  ||dθ|| / ||θ||"))
-    layers = sorted({k for r in records for k in r["grad_norm"]}, key=_layer_order)
-    cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 6.5), sharex=True, squeeze=False)
-    for ax, (key, label) in zip(axes[:, 0], panels):
-        for i, layer in enumerate(layers):
-            ys = [r.get(key, {}).get(layer, float("nan")) for r in records]
-            ax.plot(steps, ys, label=layer, color=cmap(i / max(1, len(layers) - 1)),
-                    marker="." if len(steps) < 40 else None)
-        ax.set_yscale("log")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        if key == "update_ratio":
-            ax.axhline(1e-3, color="grey", linestyle=":", label="1e-3 (rule of thumb)")
-    axes[-1, 0].set_xlabel("step")
-    axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    if len(panels) > 1:
-        axes[1, 0].legend(handles=axes[1, 0].get_lines()[-1:], loc="lower left", fontsize=8)
-    fig.suptitle(title or f"gradient flow: {Path(metrics_path).parent.name}")
-    fig.tight_layout()
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=dpi)
-    plt.close(fig)
-    return png_path
-
-
 def main(argv=None) -> int:
     """``python -m minibert.gradflow METRICS.jsonl -o OUT.png``."""
     p = argparse.ArgumentParser(prog="python -m minibert.gradflow",
@@ -241,7 +183,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = args.output or str(Path(args.metrics).with_name("grad_flow.png"))
     try:
-        path = plot_grad_flow(args.metrics, out, args.title, args.dpi)
+        path = plot_grad_flow(read_grad_flow(args.metrics), out,
+                              args.title or f"gradient flow: {Path(args.metrics).parent.name}",
+                              args.dpi)
     except (OSError, ValueError) as e:
         print(f"gradflow: error: {e}", file=sys.stderr)
         return 2

@@ -5,9 +5,15 @@
   columns = key position, as in Clark et al. 2019, "What Does BERT Look At?").
 * :func:`plot_cls_attention` -- per layer, a bar chart of what [CLS] attends to, averaged
   over heads (``attn[:, 0, :]`` of each layer).
+* :func:`plot_attention` -- both of the above for a text run through a model.
 * :func:`plot_training_curves` -- training loss per step and the dev metrics per evaluation.
+* :func:`plot_grad_flow` -- per-layer gradient norms and update/weight ratios per step
+  (the records of :mod:`minibert.gradflow`).
+* :func:`plot_accuracy_vs_labels` -- the evaluation harness's test accuracy against the
+  number of train labels.
 
-Files are written atomically (temporary file, then rename).
+Every picture of the project is drawn here and written atomically (temporary file, then
+rename).
 """
 from __future__ import annotations
 
@@ -182,4 +188,129 @@ def plot_training_curves(train: Sequence[Mapping], evals: Sequence[Mapping],
     a2.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    return _save(fig, path, dpi)
+
+
+def _layer_order(name: str):
+    head = ("embeddings", "encoder.layer", "encoder.ln", "pooler", "cls.predictions",
+            "cls.seq_relationship")
+    rank = next((i for i, h in enumerate(head) if name.startswith(h)), len(head))
+    n = int(name.split(".")[2]) if name.startswith("encoder.layer.") else 0
+    return rank, n, name
+
+
+def plot_grad_flow(records: Sequence[Mapping], png_path: str | os.PathLike,
+                   title: str | None = None, dpi: int = 100) -> Path:
+    """Plot per-layer gradient norms and update/weight ratios against the step (PNG).
+
+    Two panels sharing the step axis, log-scaled y, one line per layer coloured from the
+    embeddings (dark) to the heads (light), a dotted reference line at ratio 1e-3 (cs231n).
+
+    Args:
+        records: ``grad_flow`` records in step order, each with ``step`` and ``grad_norm``
+            (layer -> norm) and optionally ``update_ratio`` (layer -> ratio), as
+            :func:`minibert.gradflow.read_grad_flow` returns them.
+        png_path: output file; parent directories are created.
+        title: figure title.
+        dpi: resolution (the figure is 9 x 6.5 inches).
+    Returns:
+        The PNG path.
+    Raises:
+        ImportError without matplotlib.
+    """
+    plt = _pyplot()
+    steps = [r["step"] for r in records]
+    panels = [("grad_norm", "gradient L2 norm")]
+    if any("update_ratio" in r for r in records):
+        panels.append(("update_ratio", "update / weight ratio  ||dθ|| / ||θ||"))
+    layers = sorted({k for r in records for k in r["grad_norm"]}, key=_layer_order)
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 6.5), sharex=True, squeeze=False)
+    for ax, (key, label) in zip(axes[:, 0], panels):
+        for i, layer in enumerate(layers):
+            ys = [r.get(key, {}).get(layer, float("nan")) for r in records]
+            ax.plot(steps, ys, label=layer, color=cmap(i / max(1, len(layers) - 1)),
+                    marker="." if len(steps) < 40 else None)
+        ax.set_yscale("log")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        if key == "update_ratio":
+            ax.axhline(1e-3, color="grey", linestyle=":", label="1e-3 (rule of thumb)")
+    axes[-1, 0].set_xlabel("step")
+    axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    if len(panels) > 1:
+        axes[1, 0].legend(handles=axes[1, 0].get_lines()[-1:], loc="lower left", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, png_path, dpi)
+
+
+def plot_attention(model, tokenizer, texts: Sequence[str], max_len: int, xp,
+                   out: str | os.PathLike) -> list[Path]:
+    """Run ``texts`` (one text or a pair) through ``model`` (eval mode, attention
+    probabilities kept) and write OUT/attention.png (:func:`plot_attention_grid`, layers x
+    heads) and OUT/attention_cls.png (:func:`plot_cls_attention`).
+
+    Args:
+        model: a minibert BERT model whose forward takes ``output_attentions=True`` and
+            returns ``attentions``, (1, NH, T, T) per layer.
+        tokenizer: its BertTokenizer; the pair is truncated to ``max_len`` tokens.
+        xp: the array module of the model's device.
+    Returns:
+        the two paths written.
+    """
+    enc = tokenizer(texts[0], texts[1] if len(texts) > 1 else None, truncation=True,
+                    max_length=max_len, return_tensors="np")
+    ids, tt = enc["input_ids"][None], enc["token_type_ids"][None]       # (1, T)
+    model.eval()
+    out_ = model(xp.asarray(ids), xp.asarray(tt), xp.asarray(np.ones_like(ids)),
+                 output_attentions=True)
+    from .backend import to_numpy
+    maps = [to_numpy(a) for a in out_.attentions]
+    tokens = tokenizer.convert_ids_to_tokens([int(i) for i in ids[0]])
+    title = " | ".join(texts)
+    out = Path(out)
+    return [plot_attention_grid(maps, tokens, out / "attention.png", title=title),
+            plot_cls_attention(maps, tokens, out / "attention_cls.png",
+                               title=f"what [CLS] attends to, mean over heads: {title}")]
+
+
+def plot_accuracy_vs_labels(rows: Sequence[Mapping], sizes: Mapping[str, int],
+                            path: str | os.PathLike, dpi: int = 110) -> Path:
+    """Test accuracy against the number of train labels: one panel per task, one line per
+    start and kind (fine-tuning solid, probe dashed, bag of words dotted), error bars one
+    standard deviation over seeds.
+
+    Args:
+        rows: summary rows of the evaluation harness, each with ``task``, ``budget``
+            (labels, None = all), ``start``, ``kind`` ("finetune" | "probe" | "bow"),
+            ``mean`` and ``std`` (accuracy in [0, 1]).
+        sizes: task -> rows of its full train split (the x of budget None).
+        path: the PNG to write.
+    Returns:
+        the path written.
+    """
+    plt = _pyplot()
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    style = {"finetune": "-", "probe": "--", "bow": ":"}
+    for ax, task in zip(axes[0], tasks):
+        lines: dict[tuple, list] = {}
+        for r in rows:
+            if r["task"] == task:
+                n = r["budget"] if r["budget"] is not None else sizes[task]
+                lines.setdefault((r["start"], r["kind"]), []).append((n, r["mean"], r["std"]))
+        for (start, kind), pts in sorted(lines.items()):
+            pts.sort()
+            x, y, e = zip(*pts)
+            ax.errorbar(x, y, yerr=e, linestyle=style[kind], marker="o", capsize=3,
+                        label=f"{start[-30:]} ({kind})" if kind != "bow" else start)
+        ax.set_xscale("log")
+        ax.set_title(task)
+        ax.set_xlabel("train labels")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
     return _save(fig, path, dpi)

@@ -1,0 +1,402 @@
+"""The pretraining job (``train_mlm.py``): from its parsed options to a model, its data and
+the :class:`PretrainTask` that :func:`minibert.training.train` runs, and the summary.
+
+The script is the table of contents; each step is one function here:
+
+1. :func:`check_options` (before anything is written): the starting point
+   (``--init-checkpoint``), the teacher and the student's architecture (``--teacher``,
+   :mod:`minibert.distillation`), options that only mean something with others;
+2. :func:`prepare_data`: the corpus, the vocab (given, the run's own, or learned), the
+   token store, the held-out documents;
+3. :func:`model_config` and :func:`build_model`: the architecture and the model (the
+   objective's, or a distillation student), its starting weights;
+4. :class:`PretrainTask`: batches, forward and held-out evaluation for the loop, with the
+   baselines of :func:`reference_losses` beside every evaluation;
+5. :func:`write_summary`: ``summary.json``.
+
+Shape legend: B = sequences per batch, T = ``--max-seq-length``, P = masked positions per
+sequence (``--max-predictions-per-seq``).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import distillation
+from ..atomic import atomic_copy, atomic_write_json
+from ..checkpoint import check_same_config
+from ..hf import load_pretrained_weights
+from ..modeling import BertConfig
+from ..objectives import get_objective
+from ..runs import RunError, load_start
+from ..tokenization import BertTokenizer, train_wordpiece
+from .batches import iterate_batches, make_eval_batches
+from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_documents,
+                     resolve_corpus_files, split_documents, token_counts,
+                     unigram_cross_entropy)
+from .masking import VocabInfo
+
+# Training sequences (the first, in corpus order) that --student-init pruned scores the
+# teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
+PRUNING_CALIBRATION_SEQUENCES = 256
+ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
+
+
+def _flags(names) -> str:
+    return ", ".join("--" + n.replace("_", "-") for n in names)
+
+
+@dataclass
+class Start:
+    """What :func:`check_options` resolved: the ``--init-checkpoint`` start (a
+    :class:`~minibert.runs.Pretrained`, or None), the ``--teacher`` (Pretrained or None),
+    the :class:`~minibert.distillation.DistillationWeights` and the student's
+    :class:`~minibert.modeling.BertConfig` (None unless distilling)."""
+
+    init: Any = None
+    teacher: Any = None
+    weights: Any = None
+    config: BertConfig | None = None
+
+
+def check_options(args, given: set[str], resumed: dict | None) -> Start:
+    """Check the options that depend on each other and on the starting points, before
+    anything is written; sets ``args.vocab`` to the vocab the weights were trained with.
+
+    Raises:
+        RunError: a bad ``--init-checkpoint`` or ``--teacher``, one whose vocab or
+            lower-casing contradicts the options, distillation or ELECTRA options without
+            ``--teacher`` / ``--objective electra``, ``--batch-size-ramp`` without
+            accumulation. CheckpointError, HFFormatError: unreadable weights.
+    """
+    start = Start()
+    if resumed is None and args.init_checkpoint:
+        start.init = init = load_start(args.init_checkpoint, "--init-checkpoint")
+        lower = init.tokenizer_options.get("do_lower_case", True)
+        if lower != args.lowercase:
+            raise RunError(f"--init-checkpoint {args.init_checkpoint} was trained with "
+                           f"lowercase={lower}; this run has lowercase={args.lowercase} (add "
+                           "or drop --no-lowercase)")
+        if args.vocab and Path(args.vocab).read_bytes() != init.vocab_file.read_bytes():
+            raise RunError(f"--vocab {args.vocab} differs from {init.vocab_file}, the "
+                           f"vocab the weights of --init-checkpoint were trained with")
+        args.vocab = str(init.vocab_file)
+    if args.teacher:
+        start.teacher, start.weights = distillation.resolve_teacher(args, given)
+        start.config = distillation.student_config(
+            args, start.teacher, resumed, start.init, model_config(args, start.teacher.config.vocab_size))
+    elif stray := [n for n in distillation.OPTIONS if n in given]:
+        raise RunError(_flags(stray) + ": distillation options, only with --teacher")
+    if args.objective == "electra" and args.teacher:
+        raise RunError("--teacher works with the BERT objectives, not --objective electra")
+    if args.objective != "electra" and (stray := [n for n in ELECTRA_OPTIONS if n in given]):
+        raise RunError(_flags(stray) + ": ELECTRA options, only with --objective electra")
+    if args.batch_size_ramp > 0 and args.gradient_accumulation_steps < 2:
+        raise RunError(f"--batch-size-ramp {args.batch_size_ramp:g} ramps the micro-batches "
+                       "per step up to --gradient-accumulation-steps, which is 1: give it "
+                       ">= 2 (the full batch is --batch-size x that)")
+    return start
+
+
+def model_config(args, vocab_size: int) -> BertConfig:
+    """The architecture the model options ask for: ``--preset`` with ``--num-hidden-layers``,
+    ``--hidden-size`` (then by default hidden/64 heads and 4 x hidden feed-forward),
+    ``--num-attention-heads``, ``--intermediate-size`` and the other model options."""
+    overrides = {k: getattr(args, k) for k in ("num_hidden_layers", "hidden_size",
+                 "num_attention_heads", "intermediate_size") if getattr(args, k) is not None}
+    if "hidden_size" in overrides:
+        overrides.setdefault("num_attention_heads", max(1, overrides["hidden_size"] // 64))
+        overrides.setdefault("intermediate_size", 4 * overrides["hidden_size"])
+    return BertConfig.from_preset(
+        args.preset, vocab_size=vocab_size, hidden_act=args.hidden_act,
+        hidden_dropout_prob=args.hidden_dropout_prob,
+        attention_probs_dropout_prob=args.attention_probs_dropout_prob,
+        max_position_embeddings=args.max_position_embeddings,
+        position_embedding_type=args.position_embedding_type,
+        norm_position=args.norm_position, **overrides)
+
+
+def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer:
+    """The run's tokenizer: its own vocab.txt when ``reuse`` (a resumed run, or a rank
+    other than 0, which reads what rank 0 wrote), else ``--vocab`` copied into the run
+    directory (so the run is self-contained for finetune.py), else a WordPiece vocab
+    learned from the corpus files.
+
+    Raises:
+        CorpusError: ``--vocab`` missing; an empty corpus, or fewer documents than the
+            objective needs (checked before any time goes into learning a vocab).
+    """
+    if reuse and run.vocab.is_file():
+        pass
+    elif args.vocab:
+        if not Path(args.vocab).is_file():
+            raise CorpusError(f"--vocab {args.vocab}: no such file")
+        atomic_copy(args.vocab, run.vocab)
+    else:
+        documents = sum(1 for _ in iter_documents(files))
+        where = ", ".join(map(str, files))
+        if documents == 0:
+            raise CorpusError(f"{where}: the corpus is empty (no non-blank line)")
+        if documents < objective.min_documents:
+            raise CorpusError(f"{where}: {documents} document(s); --objective "
+                              f"{objective.name} needs at least {objective.min_documents} "
+                              "(separate documents with a blank line)")
+        print(f"learning a {args.vocab_size}-token WordPiece vocab from {where}")
+        t0 = time.time()
+        algorithm = {"algorithm": args.vocab_algorithm} if args.vocab_algorithm else {}
+        train_wordpiece([str(f) for f in files], vocab_size=args.vocab_size,
+                        lowercase=args.lowercase, output=str(run.vocab),
+                        show_progress=args.progress, **algorithm)
+        print(f"vocab written to {run.vocab} in {time.time() - t0:.1f} s")
+    return BertTokenizer(str(run.vocab), do_lower_case=args.lowercase)
+
+
+@dataclass
+class PretrainData:
+    """The objective, tokenizer, :class:`~.masking.VocabInfo` and the training and
+    held-out :class:`~.corpus.TokenStore` of a run (:func:`prepare_data`)."""
+
+    objective: Any
+    tokenizer: BertTokenizer
+    vocab: VocabInfo
+    train: TokenStore
+    held_out: TokenStore
+
+
+def prepare_data(args, run, reuse_vocab: bool) -> PretrainData:
+    """Corpus files, tokenizer (:func:`prepare_tokenizer`), the token store cached in
+    ``RUN/cache`` and the held-out documents (``--eval-fraction``).
+
+    Raises:
+        CorpusError: unreadable, empty or too small corpus; a bad ``--vocab``.
+    """
+    objective = get_objective(args.objective)
+    files = resolve_corpus_files(args.corpus)
+    tokenizer = prepare_tokenizer(args, run, files, objective, reuse_vocab)
+    store = build_or_load_store(files, tokenizer, cache_dir=run.path / "cache",
+                                show_progress=args.progress,
+                                min_documents=objective.min_documents)
+    train, held_out = split_documents(store, eval_fraction=args.eval_fraction, seed=args.seed,
+                                      min_documents=objective.min_documents)
+    return PretrainData(objective, tokenizer, VocabInfo.from_tokenizer(tokenizer), train,
+                        held_out)
+
+
+def check_corpus_shape(data: PretrainData) -> None:
+    """Warn on stderr when most training documents hold a single sentence under NSP:
+    google-research/bert pairs a one-sentence chunk only with a random B, so such
+    documents give NSP nothing but "random next" examples."""
+    if data.objective.sentence_task != "nsp":
+        return
+    single = float(np.mean(data.train.sentences_per_document() == 1))
+    if single > 0.5:
+        print(f"warning: {single:.0%} of the {data.train.num_documents} training "
+              "documents hold a single sentence, so their NSP pairs are always random "
+              "and NSP is nearly a constant task; the corpus format is one sentence per "
+              "line with a blank line between documents, not between sentences",
+              file=sys.stderr)
+
+
+def run_config(args, start: Start, resumed: dict | None, vocab_size: int) -> BertConfig:
+    """The model's architecture: the student's (distillation), the resumed run's when it
+    took one over from ``--init-checkpoint``, the start's, else :func:`model_config`.
+
+    Raises:
+        RunError: a vocab larger than the model's embeddings, or ``--max-seq-length``
+            beyond its positions.
+    """
+    if start.config is not None:
+        config = start.config
+    elif resumed is not None and args.init_checkpoint:
+        config = resumed["config"]
+    elif start.init is not None:
+        config = start.init.config
+    else:
+        config = model_config(args, vocab_size)
+    if config.vocab_size < vocab_size:
+        raise RunError(f"the model's vocab_size {config.vocab_size} is smaller than the "
+                       f"vocab's {vocab_size} tokens")
+    if args.max_seq_length > config.max_position_embeddings:
+        raise RunError(f"--max-seq-length {args.max_seq_length} exceeds "
+                       f"max_position_embeddings {config.max_position_embeddings}")
+    return config
+
+
+def fixed_batches(args, store: TokenStore, vocab: VocabInfo, objective, seed: int,
+                  max_instances: int | None):
+    """The same batches every time from ``store`` (held-out evaluation, pruning
+    calibration): :func:`~.batches.make_eval_batches` with the run's data options.
+
+    Returns:
+        list of :class:`~.batches.Batch`, each (B, T) with B = ``args.batch_size`` and
+        T = ``args.max_seq_length`` (the last may hold fewer rows), at most
+        ``max_instances`` sequences in all (None: the whole store).
+    """
+    return make_eval_batches(store, vocab, args.batch_size, args.max_seq_length, seed=seed,
+                             objective=objective, max_instances=max_instances,
+                             short_seq_prob=args.short_seq_prob,
+                             masked_lm_prob=args.masked_lm_prob,
+                             max_predictions_per_seq=args.max_predictions_per_seq,
+                             whole_word_mask=args.whole_word_mask)
+
+
+def build_model(args, config: BertConfig, data: PretrainData, start: Start,
+                resumed: dict | None, checkpoint: str = "checkpoint"):
+    """The model the run trains, with its starting weights: a
+    :class:`~minibert.distillation.DistillationModel` (with ``--teacher``; a new student
+    initialised as ``--student-init`` says) or the objective's model; then
+    ``--init-checkpoint``'s weights, then the resumed ``checkpoint``'s (named in errors).
+
+    Raises:
+        CheckpointError: the resumed checkpoint's config differs. HFFormatError, KeyError,
+            ValueError: weights that do not fit the model.
+    """
+    model_kw = dict(seed=args.seed, dtype=np.dtype(args.dtype),
+                    label_smoothing=args.label_smoothing)
+    objective = data.objective
+    if start.teacher is not None:
+        model = distillation.DistillationModel(
+            config, distillation.load_teacher(start.teacher, np.dtype(args.dtype)),
+            start.weights, seq_relationship_head=objective.sentence_task is not None,
+            **model_kw)
+        if resumed is None:
+            calibration = [] if args.student_init != "pruned" else fixed_batches(
+                args, data.train, data.vocab, objective, args.seed + 2,
+                PRUNING_CALIBRATION_SEQUENCES)
+            distillation.init_student(model, args.student_init, start.teacher, calibration)
+    else:
+        if objective.name == "electra":
+            model_kw.update(generator_layers=args.generator_layers,
+                            disc_weight=args.disc_weight)
+        model = objective.build_model(config, **model_kw)
+    if start.init is not None:
+        report = load_pretrained_weights(model, start.init.state, start.init.source)
+        print(f"weights from {start.init.source}; new: {report['new'] or 'none'}; "
+              f"not used: {report['unused'] or 'none'}")
+    if resumed is not None:
+        check_same_config(resumed["config"], config, checkpoint)
+        model.load_state_dict(resumed["model"])
+    return model
+
+
+def reference_losses(args, data: PretrainData, eval_batches, model, xp) -> dict[str, float]:
+    """Baselines printed beside every evaluation (nats per masked token; accuracies):
+    the unigram baseline (every masked token predicted from training-token frequencies),
+    the majority share of the sentence task's labels and, with a teacher that has an MLM
+    head, the teacher's held-out MLM loss. Empty without held-out batches."""
+    if not eval_batches:
+        return {}
+    counts = token_counts(data.train, model.config.vocab_size)
+    reference = {"unigram_baseline": unigram_cross_entropy(
+        counts, [b.masked_lm_ids for b in eval_batches],
+        [b.masked_lm_weights for b in eval_batches])}
+    if task := data.objective.sentence_task:
+        # always guessing the commoner label: at short max_seq_length most NSP chunks hold
+        # one segment, which the reference always pairs with a random B
+        share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
+        reference[f"{task}_majority"] = max(share, 1.0 - share)
+    if args.teacher and model.teacher.has_mlm_head:
+        total, count = model.teacher.mlm_loss_sums(eval_batches, xp)
+        reference["teacher_mlm_loss"] = total / count if count else float("nan")
+    return reference
+
+
+def describe(args, model, data: PretrainData, eval_batches, reference: dict) -> str:
+    """The log lines that say what is trained on what (model, data, baselines, teacher)."""
+    config = model.config
+    arch = (f"config of {args.init_checkpoint}" if args.init_checkpoint
+            else f"every other layer of {args.teacher}"
+            if args.teacher and args.student_init == "every-other-layer"
+            else f"{args.teacher} pruned to its sizes"
+            if args.teacher and args.student_init == "pruned"
+            else f"{args.preset} preset")
+    line = (f"model: {arch}, {model.num_parameters():,} parameters, vocab "
+            f"{config.vocab_size}; objective {data.objective.name}; train documents "
+            f"{data.train.num_documents}, tokens {data.train.num_tokens:,}; held-out documents "
+            f"{data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
+            "sequences" + "".join(f"; {k.replace('_', ' ')} {v:.3f}"
+                                  for k, v in reference.items()))
+    if args.teacher:
+        line += "\n" + distillation.describe_teacher(model, args.teacher)
+    return line
+
+
+class PretrainTask:
+    """The pretraining job for :func:`minibert.training.train`: batches of the training
+    store, the objective's forward statistics (with a distillation model, its terms too)
+    and, when there are held-out batches, an evaluation on them with the ``reference``
+    baselines beside it."""
+
+    def __init__(self, args, data: PretrainData, eval_batches, reference: dict, model, xp):
+        self.args, self.objective, self.store, self.vocab = (args, data.objective, data.train,
+                                                             data.vocab)
+        self.reference = reference
+        self.eval_batches, self.model, self.xp = eval_batches, model, xp
+        self.evaluate = self._evaluate if eval_batches else None
+        self.data_kw = dict(masking=args.masking, dupe_factor=args.dupe_factor,
+                            short_seq_prob=args.short_seq_prob,
+                            masked_lm_prob=args.masked_lm_prob,
+                            max_predictions_per_seq=args.max_predictions_per_seq,
+                            whole_word_mask=args.whole_word_mask)
+
+    def batches(self, epoch: int, start_batch: int):
+        return iterate_batches(self.store, self.vocab, self.args.batch_size,
+                               self.args.max_seq_length, epoch=epoch, seed=self.args.seed,
+                               start_batch=start_batch, objective=self.objective,
+                               **self.data_kw)
+
+    def forward(self, model, batch):
+        inputs = {k: self.xp.asarray(v) for k, v in batch.model_inputs().items()}
+        out = model(**inputs)
+        sums = self.objective.stats(out, inputs)
+        if isinstance(model, distillation.DistillationModel):
+            sums.update(model.stats(out, inputs))
+        return out.loss, sums
+
+    def summarize(self, totals: dict) -> dict:
+        return {**self.objective.summarize(totals),
+                **distillation.DistillationModel.summarize(totals)}
+
+    def _evaluate(self, step: int) -> dict:
+        self.model.eval()
+        sums: dict = {}
+        for b in self.eval_batches:   # summed on the device, read once
+            for k, v in self.forward(self.model, b)[1].items():
+                sums[k] = sums.get(k, 0) + v
+        return {**self.summarize({k: float(v) for k, v in sums.items()}), **self.reference}
+
+    def trainer_record(self) -> dict:
+        return {"job": "pretrain", "args": vars(self.args),
+                "tokenizer": {"do_lower_case": self.args.lowercase}}
+
+
+def write_summary(args, run, task: PretrainTask, state, last_eval: dict | None,
+                  seconds: float) -> dict:
+    """Write ``summary.json`` (steps, time, size, baselines and the last evaluation's
+    metrics as ``eval_*``), print it and the held-out MLM loss against the unigram
+    baseline, and return it. A finished run resumed again is evaluated here once."""
+    if last_eval is None and task.evaluate is not None:
+        last_eval = {"step": state.step, **task.evaluate(state.step)}
+    reference, model = task.reference, task.model
+    summary = {"objective": task.objective.name,
+               **({"teacher": args.teacher} if args.teacher else {}), "steps": state.step,
+               "epochs_started": state.epoch + 1, "seconds_this_run": round(seconds, 1),
+               "seconds_total": round(state.elapsed_s, 1),
+               "parameters": model.num_parameters(), "vocab_size": model.config.vocab_size,
+               **reference,
+               **{"eval_" + k: v for k, v in (last_eval or {}).items()
+                  if k not in ("kind", "step", "elapsed_s") and k not in reference},
+               "checkpoint": str(run.checkpoint)}
+    atomic_write_json(run.summary, summary)
+    print("summary: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in summary.items()))
+    if last_eval and "unigram_baseline" in reference:
+        base = reference["unigram_baseline"]
+        print(f"held-out MLM loss {last_eval['mlm_loss']:.3f} nats vs unigram baseline "
+              f"{base:.3f} ({base - last_eval['mlm_loss']:+.3f} better)")
+    return summary
