@@ -773,3 +773,8 @@ class DistillationModel(BertForPreTraining):
                 n = totals[count]
                 out[name] = totals[f"{name}_sum"] / n if n else math.nan
         return out
+
+
+from .distill_options_tmp import (OPTIONS, TASK_OPTIONS, add_arguments,  # noqa: E402
+                                  add_task_arguments, describe_teacher, init_student,
+                                  resolve_teacher, soft_targets, student_config)

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from minibert import BertConfig, BertForPreTraining
 from minibert.checkpoint import save_checkpoint
 from minibert.modeling import BertModel
-from minibert.probe import (bag_of_words, fit_probe, mean_pooled_features,
+from minibert.evaluation.probe import (bag_of_words, fit_probe, mean_pooled_features,
                             softmax_regression_loss)
 from minibert.testing import assert_gradients_match
 from minibert.tokenization import BertTokenizer

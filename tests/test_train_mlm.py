@@ -12,6 +12,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 import train_mlm  # noqa: E402
 from minibert.checkpoint import load_checkpoint  # noqa: E402
+from minibert.modeling import BertForPreTraining  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_resume_refuses_a_different_model_or_data_setting(corpus, tmp_path, caps
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         corpus, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    real_forward = train_mlm.BertForPreTraining.forward
+    real_forward = BertForPreTraining.forward
     calls = {"n": 0}
 
     def forward(self, *a, **kw):
@@ -116,7 +117,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
                 result.loss = result.loss * np.nan
         return result
 
-    monkeypatch.setattr(train_mlm.BertForPreTraining, "forward", forward)
+    monkeypatch.setattr(BertForPreTraining, "forward", forward)
     with pytest.raises(SystemExit) as e:
         train_mlm.main(args_for(corpus, out, "--max-nonfinite-steps", "2"))
     assert e.value.code == 2

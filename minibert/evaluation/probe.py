@@ -15,9 +15,9 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
-from .backend import to_numpy
-from .nn import mean_pooling_forward
-from .tokenization.basic import BasicTokenizer
+from ..backend import to_numpy
+from ..nn import mean_pooling_forward
+from ..tokenization.basic import BasicTokenizer
 
 
 def softmax_regression_loss(params: np.ndarray, X, y: np.ndarray, K: int, l2: float
