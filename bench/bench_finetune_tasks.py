@@ -46,9 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import finetune  # noqa: E402
 from bench_finetune import add_recipe_arguments  # noqa: E402
 from minibert.finetuning import iterate_batches  # noqa: E402
+from minibert.finetuning.job import split_paths  # noqa: E402
 from minibert.finetuning.tasks import TASKS, make_task  # noqa: E402
 from minibert.optim import decays, linear_schedule_with_warmup  # noqa: E402
 from minibert.runs import load_start  # noqa: E402
@@ -108,13 +108,13 @@ def run(args) -> dict:
     torch.manual_seed(args.seed)
     task = make_task(args.task, args)
     if args.data is None:
-        args.data = str(finetune.DATA_ROOT / task.data_subdir)
+        args.data = str(ROOT / "data" / task.data_subdir)
     if args.max_seq_length is None:
         args.max_seq_length = task.default_max_seq_length
     pre = load_start(args.init)
     tok = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     max_len = min(args.max_seq_length, pre.config.max_position_embeddings)
-    data = task.read(finetune.split_paths(args, task), tok, max_len, args.max_train_examples)
+    data = task.read(split_paths(args, task), tok, max_len, args.max_train_examples)
     task.resolve_metric(args.metric, data.labels)
     arch, head = HEADS[args.task]
     kw = {"num_labels": len(data.labels)} if data.labels else {}

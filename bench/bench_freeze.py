@@ -8,7 +8,7 @@ Usage::
 
 A setting is ``N`` (``--freeze-layers N``) or ``eN`` (``--freeze-embeddings
 --freeze-layers N``). Each trains as ``finetune.py`` does (the task's forward,
-``finetune.make_optimizer`` over the trainable parameters, ``minibert.training.train_step``)
+``minibert.finetuning.job.make_optimizer`` over the trainable parameters, ``minibert.training.train_step``)
 on the same batches of the same split (sequence classification, ``--group-by-length``
 batches). Reported per setting: trainable parameters, seconds of training steps (batch
 building not timed) for the epoch, and the ratio to the first setting. One JSON line per
@@ -29,10 +29,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import finetune  # noqa: E402
 from minibert.backend import DropoutRNG  # noqa: E402
 from minibert.finetuning import iterate_batches  # noqa: E402
-from minibert.finetuning.tasks import FinetuneTask, make_task  # noqa: E402
+from minibert.finetuning.job import make_optimizer, split_paths  # noqa: E402
+from minibert.finetuning.tasks import TASKS, FinetuneTask, make_task  # noqa: E402
 from minibert.optim import linear_schedule_with_warmup  # noqa: E402
 from minibert.runs import load_start  # noqa: E402
 from minibert.tokenization import BertTokenizer  # noqa: E402
@@ -46,7 +46,7 @@ def parse_setting(text: str) -> tuple[bool, int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--init", required=True)
-    p.add_argument("--data", default=str(finetune.DEFAULT_DATA))
+    p.add_argument("--data", default=str(ROOT / "data" / TASKS["sequence-classification"].data_subdir))
     p.add_argument("--settings", default="0,e3,e6")
     p.add_argument("--max-train-examples", type=int, default=2000)
     p.add_argument("--max-seq-length", type=int, default=64)
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     task = make_task("sequence-classification", ft)
     pre = load_start(args.init)
     tok = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
-    data = task.read(finetune.split_paths(SimpleNamespace(data=args.data, train=None,
+    data = task.read(split_paths(SimpleNamespace(data=args.data, train=None,
                                                           dev=None, test="none"), task),
                      tok, args.max_seq_length, args.max_train_examples)
     systems = []
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         emb, layers = parse_setting(text)
         model, _ = task.build_model(pre, data.labels, seed=args.seed)
         model.freeze(embeddings=emb, layers=layers)
-        opt = finetune.make_optimizer(model, ft)
+        opt = make_optimizer(model, ft)
         loop = FinetuneTask(ft, None, model, data.train, data.dev, data.labels, pre, np,
                             task=task)
         systems.append(SimpleNamespace(name=text, model=model, opt=opt, loop=loop, secs=0.0,

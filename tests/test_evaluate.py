@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from minibert import BertConfig, BertForPreTraining
 from minibert.checkpoint import save_checkpoint
 from minibert.modeling import BertModel
+from minibert.evaluation import harness
 from minibert.evaluation.probe import (bag_of_words, fit_probe, mean_pooled_features,
                             softmax_regression_loss)
 from minibert.testing import assert_gradients_match
@@ -174,11 +175,11 @@ def test_best_lr_is_chosen_on_dev_not_test():
                ft("b", 2e-4, 0, 0.7, 0.5), ft("b", 5e-4, 0, 0.7, 0.8),
                {"task": "t", "budget": None, "seed": 0, "start": "a", "kind": "probe",
                 "accuracy": 0.5}]
-    kept = evaluate.best_lr_runs(records)
+    kept = harness.best_lr_runs(records)
     assert [r for r in kept if r["start"] == "a" and r["kind"] == "finetune"] == records[:2]
     assert [r for r in kept if r["start"] == "b"] == [records[4]]
     assert records[-1] in kept
-    rows = {(r["start"], r["kind"]): r for r in evaluate.summarize(records)}
+    rows = {(r["start"], r["kind"]): r for r in harness.summarize(records)}
     assert rows[("a", "finetune")]["lr"] == 1e-4
     assert rows[("a", "finetune")]["mean"] == pytest.approx(0.6)
     assert "lr" not in rows[("a", "probe")]

@@ -466,13 +466,14 @@ def test_group_by_length_end_to_end(pretrained_run, tmp_path, capsys, monkeypatc
         run_ft("--resume", tmp_path / "plain", "--group-by-length")
     assert "--group-by-length: checkpoint False, now True" in capsys.readouterr().err
     # a checkpoint from before the option (no group_by_length saved) ran unsorted
-    real_load = finetune.load_checkpoint
+    import minibert.checkpoint  # the job's prologue (minibert.cli.start_job) reads it there
+    real_load = minibert.checkpoint.load_checkpoint
 
     def old_checkpoint(path, *a, **kw):
         ck = real_load(path, *a, **kw)
         ck["trainer"]["args"].pop("group_by_length", None)
         return ck
-    monkeypatch.setattr(finetune, "load_checkpoint", old_checkpoint)
+    monkeypatch.setattr(minibert.checkpoint, "load_checkpoint", old_checkpoint)
     with pytest.raises(SystemExit):
         run_ft("--resume", tmp_path / "plain", "--group-by-length")
     assert "--group-by-length: checkpoint False, now True" in capsys.readouterr().err
