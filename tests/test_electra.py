@@ -1,13 +1,13 @@
-"""ELECTRA's replaced-token detection (minibert.electra): float64 gradient checks of the
-discriminator head (random upstream gradient) and of the whole loss (fixed dropout and
-sampling draws), the shared embeddings, the corruption and its labels."""
+"""ELECTRA's replaced-token detection (minibert.objectives.electra): float64 gradient checks
+of the discriminator head (random upstream gradient) and of the whole loss (fixed dropout
+and sampling draws), the shared embeddings, the corruption and its labels."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibert.electra import ElectraDiscriminatorPredictions, ElectraForPreTraining
 from minibert.modeling import masked_lm_from_labels
+from minibert.objectives.electra import ElectraDiscriminatorPredictions, ElectraForPreTraining
 from minibert.testing import (assert_module_gradients, assert_parameter_gradients,
                               bert_configs, seeds, token_batches)
 
@@ -125,7 +125,12 @@ def test_objective_builds_the_model_and_sums_the_metrics():
                   masked_lm_positions=positions, masked_lm_ids=mids, masked_lm_weights=weights)
     model.set_dropout_rng(np.random.default_rng(0))
     out = model(**inputs)
-    s = {k: float(v) for k, v in obj.stats(out, inputs).items()}
+    sums = obj.stats(out, inputs)
+    # the generator's sums are the MLM objective's, bit for bit; the rtd_* terms come on top
+    mlm = get_objective("mlm").stats(out, inputs)
+    assert list(sums) == [*mlm, "rtd_loss_sum", "rtd_correct", "rtd_count", "rtd_replaced"]
+    assert all(sums[k].dtype == v.dtype and sums[k] == v for k, v in mlm.items())
+    s = {k: float(v) for k, v in sums.items()}
     real = mask > 0
     assert s["rtd_count"] == real.sum() and s["mlm_count"] == 3
     assert s["rtd_correct"] == (((out.rtd_logits > 0) == (out.rtd_labels == 1)) & real).sum()

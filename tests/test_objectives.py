@@ -370,3 +370,21 @@ def test_stats_count_only_real_slots(name):
     assert summary["mlm_loss"] == 2.0 and summary["mlm_acc"] == 2 / 3
     if obj.sentence_task:
         assert summary[f"{obj.sentence_task}_loss"] == 0.5 and summary[f"{obj.sentence_task}_acc"] == 0.5
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_metric_tasks_name_the_summarized_means(name):
+    obj = get_objective(name)
+    want = {"mlm+nsp": ("mlm", "nsp"), "mlm+sop": ("mlm", "sop"), "mlm": ("mlm",),
+            "electra": ("mlm", "rtd")}[name]
+    assert obj.metric_tasks == want
+    # each task's mean is its own sum over its own count
+    totals = {}
+    for i, t in enumerate(want):
+        totals |= {f"{t}_loss_sum": 6.0 * (i + 1), f"{t}_correct": 2.0, f"{t}_count": 4.0}
+    totals["rtd_replaced"] = 1.0                       # ELECTRA's extra sum (others ignore it)
+    summary = obj.summarize(totals)
+    for i, t in enumerate(want):
+        assert summary[f"{t}_loss"] == 1.5 * (i + 1) and summary[f"{t}_acc"] == 0.5
+    extra = {"rtd_replaced"} if name == "electra" else set()
+    assert set(summary) == {f"{t}_{m}" for t in want for m in ("loss", "acc")} | extra

@@ -147,18 +147,25 @@ class Objective(abc.ABC):
             out[f"{t}_count"] = label.shape[0]
         return {k: xp.asarray(v) for k, v in out.items()}  # NumPy reductions give scalars
 
+    @property
+    def metric_tasks(self) -> tuple[str, ...]:
+        """The prefixes ``t`` whose ``t_loss_sum``, ``t_correct`` and ``t_count`` sums
+        :meth:`stats` gives and :meth:`summarize` turns into ``t_loss`` and ``t_acc``:
+        ``"mlm"``, then the sentence task if there is one."""
+        return ("mlm",) + ((self.sentence_task,) if self.sentence_task else ())
+
     def summarize(self, totals: dict) -> dict:
         """Host means from summed :meth:`stats`.
 
         Inputs:
             totals: the ``stats`` keys summed over batches, as Python floats.
         Returns:
-            ``mlm_loss`` (nats per prediction), ``mlm_acc`` and, for a sentence task ``t``,
-            ``t_loss`` (nats per sequence) and ``t_acc``; nan where the count is 0.
+            for each ``t`` of :attr:`metric_tasks`, ``t_loss`` (nats per counted item:
+            prediction for ``mlm``, sequence for a sentence task) and ``t_acc``; nan where
+            the count is 0.
         """
-        tasks = ["mlm"] + ([self.sentence_task] if self.sentence_task else [])
         out = {}
-        for t in tasks:
+        for t in self.metric_tasks:
             n = totals[f"{t}_count"]
             out[f"{t}_loss"] = totals[f"{t}_loss_sum"] / n if n else math.nan
             out[f"{t}_acc"] = totals[f"{t}_correct"] / n if n else math.nan
