@@ -80,52 +80,6 @@ def parse_args(argv=None):
     p.add_argument("--lr", nargs="+", type=float_in(0.0, low_open=True), default=[5e-5],
                    metavar="LR", help="fine-tuning learning rates; with several, each start "
                    "reports the one with the best mean dev accuracy per task and budget")
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument("--max-seq-length", type=int_at_least(3), default=128)
-    p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
-                   help="what the fine-tuned classifier reads: the pooled [CLS] vector or the "
-                        "mean of the last hidden states (finetune.py --pooling)")
-    p.add_argument("--no-finetune", dest="finetune", action="store_false",
-                   help="probes and bag of words only")
-    p.add_argument("--no-probe", dest="probe", action="store_false",
-                   help="fine-tuning and bag of words only")
-    p.add_argument("--output-dir", default="runs/evaluate")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start afresh in an OUTPUT_DIR that holds a run with other settings")
-    p.add_argument("--device", choices=list(backend.DEVICES), default=None)
-    args = p.parse_args(argv)
-    args.lr = list(dict.fromkeys(args.lr))  # a rate named twice runs once
-    args.task_dirs = dict(TASKS)
-    for item in args.task_dir:
-        name, sep, d = item.partition("=")
-        if not sep or not name or not d:
-            p.error(f"--task-dir: expected NAME=DIR, got {item!r}")
-        args.task_dirs[name] = Path(d)
-    for t in args.tasks or ():
-        if t not in args.task_dirs:
-            p.error(f"--tasks: unknown task {t!r} (expected one of "
-                    f"{', '.join(args.task_dirs)}, or add it with --task-dir {t}=DIR)")
-    return args
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("starts", nargs="+", metavar="START",
-                   help="run dir, checkpoint, finetune.py output, HF BERT dir, or random:START")
-    p.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
-                   help=f"of {', '.join(TASKS)} and any --task-dir; default: the English "
-                        "tasks, or product_reviews for a Chinese vocab")
-    p.add_argument("--task-dir", action="append", default=[], metavar="NAME=DIR",
-                   help="another task (or another directory for a shipped one): DIR holds "
-                        "train.tsv, dev.tsv and test.tsv as finetune.py reads them")
-    p.add_argument("--budgets", nargs="+", type=budget, default=[500, 2000, None],
-                   metavar="N|all", help="train rows per run")
-    p.add_argument("--seeds", type=positive_int, default=3, help="seeds 0 .. N-1")
-    p.add_argument("--epochs", type=positive_int, default=3)
-    p.add_argument("--lr", nargs="+", type=float_in(0.0, low_open=True), default=[5e-5],
-                   metavar="LR", help="fine-tuning learning rates; with several, each start "
-                   "reports the one with the best mean dev accuracy per task and budget")
     add_options(p, batch_size=32)
     p.add_argument("--max-seq-length", type=int_at_least(3), default=128)
     p.add_argument("--pooling", choices=["cls", "mean"], default="cls",

@@ -204,21 +204,18 @@ class NCCLCommunicator(MPICommunicator):  # pragma: no cover - needs GPUs and NC
         return buf
 
 
+def _launcher_value(names, default: int) -> int:
+    """The first of the environment variables ``names`` an MPI launcher set to a number."""
+    for var in names:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return default
+
+
 def launched_world_size() -> int:
     """The world size an MPI launcher announced in the environment (1 when none did)."""
-    for var in _LAUNCHER_SIZE_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 1
-
-
-def _launcher_local_rank() -> int:
-    for var in _LAUNCHER_LOCAL_RANK_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    return _launcher_value(_LAUNCHER_SIZE_VARS, 1)
 
 
 _current: Communicator = Communicator()
@@ -255,7 +252,8 @@ def init_distributed(kind: str = "auto", device: str = "cpu", *,
         raise DistributedError("--distributed nccl needs --device cuda (use mpi on the CPU)")
     if device == "cuda" and kind != "none":  # pragma: no cover - GPU only
         import cupy
-        cupy.cuda.Device(_launcher_local_rank() % cupy.cuda.runtime.getDeviceCount()).use()
+        local_rank = _launcher_value(_LAUNCHER_LOCAL_RANK_VARS, 0)
+        cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
     if kind == "none":
         _current = Communicator()
     elif kind == "mpi":

@@ -33,20 +33,6 @@ from tqdm.auto import tqdm
 from ..atomic import atomic_write
 from ..nn.losses import IGNORE_INDEX
 
-__all__ = [
-    "CorpusError",
-    "TokenStore",
-    "resolve_corpus_files",
-    "iter_documents",
-    "build_store",
-    "save_store",
-    "load_store",
-    "build_or_load_store",
-    "split_documents",
-    "token_counts",
-    "unigram_cross_entropy",
-]
-
 _TAG_SPLIT = 404  # first word of the SeedSequence entropy of the held-out split
 _STORE_FORMAT = 1
 
