@@ -15,13 +15,7 @@ Tasks (--task): sequence-classification (default), token-classification and
 question-answering; their file formats and metrics: minibert/finetuning/job.py.
 Splits: --train/--dev/--test, or --data DIR with train/dev/test files (default: the
 embedded sample of each task). The label (tag) set comes from the train split and is saved
-with the model. Start: --init a train_mlm.py run directory or checkpoint, a finetune.py
-output, or a Hugging Face BERT directory (the head is new unless it is the same task's
-head with the same labels). --freeze-embeddings / --freeze-layers N train only the layers
-above. --pooling mean: the sentence classifier reads the mean of the last hidden states
-instead of the pooled [CLS]. --teacher DIR (task distillation): a fine-tuned classifier's
-soft labels join the gold ones (--distill-alpha, --temperature; --transfer-data adds
-unlabelled rows that only the teacher labels; minibert/finetuning/distill.py).
+with the model; --help describes every option.
 Training, checkpoints and what is written: minibert/finetuning/job.py.
 """
 from __future__ import annotations
@@ -37,22 +31,15 @@ from minibert.cli import (add_options, dropout_probability, explicit_options, fa
                           float_in, int_at_least, positive_float, positive_int, start_job)
 from minibert.finetuning import job as finetuning
 from minibert.finetuning.tasks import TASKS, FinetuneTask
-from minibert.training import TrainingConfig, TrainingError, TrainState, resume_state, train
+from minibert.training import TrainingConfig, TrainingError, train
 
 DATA_ROOT = Path(__file__).resolve().parent / "data"
-# Arguments a resumed run may change; every other one must match the checkpoint's run.
-RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
-               "cuda_aware_mpi", "progress", "log_every", "max_nonfinite_steps",
-               "eval_batch_size", "model", "predict", "plot_attention", "export_hf", "test",
-               "pooling", "teacher", "distill_alpha", "temperature", "transfer_data")
 
 fail = partial(_fail, "finetune.py")  # PROG: error: MESSAGE, exit status 2
 
 
-def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
-    """The arguments, and the names of those given on the command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_data_arguments(p) -> None:
+    """The task, its files and how its texts become sequences."""
     g = p.add_argument_group("data")
     g.add_argument("--task", choices=list(TASKS), default="sequence-classification",
                    help="what to fine-tune for: a label per sentence (pair), a tag per word "
@@ -81,6 +68,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="question-answering: start and end candidates per window")
     g.add_argument("--max-answer-length", type=positive_int, default=30,
                    help="question-answering: longest answer, in tokens")
+
+
+def add_model_arguments(p) -> None:
+    """The starting point, the head and what is frozen."""
     g = p.add_argument_group("model")
     g.add_argument("--init", default="runs/pretrain",
                    help="train_mlm.py run dir / checkpoint .npz, finetune.py output dir, or "
@@ -101,6 +92,14 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--freeze-layers", type=int_at_least(0), default=0, metavar="N",
                    help="do not train the lowest N encoder layers (0 to num_hidden_layers); "
                         "with --freeze-embeddings too, no backward runs below layer N")
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
+    """The arguments, and the names of those given on the command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_data_arguments(p)
+    add_model_arguments(p)
     distillation.add_task_arguments(
         p.add_argument_group("task distillation (sequence classification)"))
     g = p.add_argument_group("training")
@@ -127,13 +126,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                 seed=0, device=None, tf32=False,
                 dtype=dict(default="float32", choices=["float32", "float16"]))
     g.add_argument("--metric", choices=finetuning.METRICS, default="auto",
-                   help="dev metric that picks the best checkpoint; auto: accuracy "
-                        "(sequence-classification; token-classification with tags that are "
-                        "not entity tags, e.g. part of speech), entity f1 "
-                        "(token-classification with O / B-X / I-X tags), f1 "
-                        "(question-answering). accuracy, macro_f1, mcc: "
-                        "sequence-classification; accuracy, f1, precision, recall: "
-                        "token-classification; exact_match, f1: question-answering")
+                   help="dev metric that picks the best checkpoint; auto: entity f1 for O / "
+                        "B-X / I-X tags, f1 for question-answering, else accuracy. Also "
+                        "macro_f1, mcc (sequence-classification); f1, precision, recall "
+                        "(token-classification); exact_match (question-answering)")
     distributed.add_arguments(g)
     g = p.add_argument_group("output")
     add_options(g, output_dir="runs/finetune", overwrite=False, resume=None, log_every=10,
@@ -154,6 +150,12 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     given = explicit_options(p, argv)
     if args.resume:
         args.output_dir = args.resume
+    check_args(p, args, given)
+    return args, given
+
+
+def check_args(p, args, given: set[str]) -> None:
+    """Options that only mean something together (argparse's error exit otherwise)."""
     if not args.teacher and (stray := [n for n in distillation.TASK_OPTIONS if n in given]):
         p.error(f"--{stray[0].replace('_', '-')} goes with --teacher")
     if args.teacher and args.task != "sequence-classification":
@@ -166,24 +168,27 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
             p.error(f"--{name.replace('_', '-')} takes one text or a pair of texts")
     if args.export_hf and Path(args.export_hf).exists() and not Path(args.export_hf).is_dir():
         p.error(f"--export-hf {args.export_hf}: is a file, not a directory")
-    return args, given
+
+
+def use_model(args, given) -> int:
+    """--model DIR: predict, plot or export with a fine-tuned model, no training."""
+    if (job := start_job(args, given, "finetune.py")).comm.world_size > 1:
+        fail("--model (predict / plot / export) runs in one process; start it without mpirun")
+    out = Path(args.output_dir) if args.output_dir != "runs/finetune" else Path(args.model)
+    try:
+        task, model, tokenizer, pre = finetuning.load_model(args, given)
+        finetuning.use_model(args, task, model, tokenizer, pre.labels, pre, job.xp, out)
+    except ValueError as e:
+        fail(str(e))
+    return 0
 
 
 def main(argv=None) -> int:
     args, given = parse_args(argv)
-    if args.model:  # predict, plot or export with a fine-tuned model, no training
-        if (job := start_job(args, given, "finetune.py")).comm.world_size > 1:
-            fail("--model (predict / plot / export) runs in one process; start it without "
-                 "mpirun")
-        out = Path(args.output_dir) if args.output_dir != "runs/finetune" else Path(args.model)
-        try:
-            task, model, tokenizer, pre = finetuning.load_model(args, given)
-            finetuning.use_model(args, task, model, tokenizer, pre.labels, pre, job.xp, out)
-        except ValueError as e:
-            fail(str(e))
-        return 0
+    if args.model:
+        return use_model(args, given)
     job = start_job(args, given, "finetune.py", "finetune",
-                    resume_fixed=[k for k in vars(args) if k not in RESUME_FREE],
+                    resume_fixed=[k for k in vars(args) if k not in finetuning.RESUME_FREE],
                     resume_defaults=finetuning.RESUME_DEFAULTS,
                     check=lambda _: finetuning.load_init(args))
     comm, run, resumed, (pre, tokenizer) = job.comm, job.run, job.resumed, job.checked
@@ -204,17 +209,9 @@ def main(argv=None) -> int:
         finetuning.write_run_files(args, run, pre, data.labels, model)
     per_epoch, total = finetuning.schedule(args, len(train_split))
     opt = finetuning.make_optimizer(model, args)
-    state, best = TrainState(), None
-    if resumed is not None:
-        try:
-            state = resume_state(resumed, opt)
-        except TrainingError as e:
-            fail(f"checkpoint {run.checkpoint}: {e}")
-        best = resumed["trainer"].get("best")
-        print(f"resuming {run.checkpoint} at step {state.step}")
-        if note := distributed.resume_notice(state.world_size, comm):
-            print(note)
-        resumed = job.resumed = None
+    best = resumed["trainer"].get("best") if resumed is not None else None
+    state = job.train_state(opt, "finetune.py")
+    resumed = None
     loop_task = FinetuneTask(args, run, model, train_split, data.dev, data.labels, pre,
                              job.xp, best, task, soft)
     cfg = TrainingConfig(max_steps=total, lr=args.lr,

@@ -38,25 +38,16 @@ from minibert.pretraining import CorpusError, default_max_predictions
 from minibert.pretraining import job as pretraining
 from minibert.runs import write_args
 from minibert.tokenization.trainer import ALGORITHMS
-from minibert.training import TrainingConfig, TrainingError, TrainState, resume_state, train
+from minibert.training import TrainingConfig, TrainingError, train
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
 DEFAULT_OBJECTIVE = "mlm+nsp"
-# Arguments a resumed run may change; every other one decides the data stream, the
-# schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
-RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
-               "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
-               "eval_instances", "save_every", "max_nonfinite_steps")
 
 fail = partial(_fail, "train_mlm.py")  # PROG: error: MESSAGE, exit status 2
 
 
-def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
-    """The arguments, and the names of those given on the command line."""
-    presets = ", ".join(f"{k} ({l} layers x {h} hidden)" for k, (l, h) in PRESETS.items())
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_data_arguments(p) -> None:
+    """The corpus, vocab and objective, and how sequences are cut and masked."""
     g = p.add_argument_group("data")
     g.add_argument("--corpus", nargs="+", default=[str(DEFAULT_CORPUS)],
                    help="text files or directories (their *.txt): one sentence per line, "
@@ -104,6 +95,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--eval-instances", type=positive_int, default=1024,
                    help="held-out sequences evaluated each time")
 
+
+
+def add_model_arguments(p) -> None:
+    """The architecture: a preset, sizes that override it, activation, dropout, positions."""
+    presets = ", ".join(f"{k} ({l} layers x {h} hidden)" for k, (l, h) in PRESETS.items())
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                    help=f"model size (Turc et al. 2019 sizes): {presets}")
@@ -126,6 +122,15 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     g.add_argument("--norm-position", choices=["post", "pre"], default="post",
                    help="LayerNorm after the residual sum (BERT) or before each sub-layer")
 
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
+    """The arguments, and the names of those given on the command line."""
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_data_arguments(p)
+    add_model_arguments(p)
     distillation.add_arguments(p.add_argument_group("distillation (docs/distillation.md)"))
     g = p.add_argument_group("training")
     add_options(g, max_steps=3000, batch_size=128, gradient_accumulation_steps=1)
@@ -172,7 +177,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
 def main(argv=None) -> int:
     args, given = parse_args(argv)
     job = start_job(args, given, "train_mlm.py", "pretrain",
-                    resume_fixed=[k for k in vars(args) if k not in RESUME_FREE],
+                    resume_fixed=[k for k in vars(args) if k not in pretraining.RESUME_FREE],
                     check=lambda resumed: pretraining.check_options(args, given, resumed))
     comm, run, resumed, start = job.comm, job.run, job.resumed, job.checked
     try:
@@ -192,17 +197,8 @@ def main(argv=None) -> int:
     model.to(job.device)
     optimizer = AdamW(model.named_parameters(), lr=args.lr, weight_decay=args.weight_decay,
                       correct_bias=args.correct_bias)
-    state = TrainState()
-    if resumed is not None:
-        try:
-            state = resume_state(resumed, optimizer)
-        except TrainingError as e:
-            fail(f"checkpoint {run.checkpoint}: {e}")
-        print(f"resuming {run.checkpoint} at step {state.step} (epoch {state.epoch}, batch "
-              f"{state.batch_in_epoch})")
-        if note := distributed.resume_notice(state.world_size, comm):
-            print(note)
-        resumed = job.resumed = None
+    state = job.train_state(optimizer, "train_mlm.py")
+    resumed = None
     if comm.is_leader:
         atomic_write_bytes(run.config, config.to_json().encode())
         write_args(run, vars(args))

@@ -55,6 +55,11 @@ from .data import DatasetError
 from .tasks import make_task, task_for_model
 
 DEFAULT_INIT = "runs/pretrain"
+# Arguments a resumed run may change; every other one must match the checkpoint's run.
+RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
+               "cuda_aware_mpi", "progress", "log_every", "max_nonfinite_steps",
+               "eval_batch_size", "model", "predict", "plot_attention", "export_hf", "test",
+               "pooling", "teacher", "distill_alpha", "temperature", "transfer_data")
 METRICS = ("auto", "accuracy", "macro_f1", "mcc", "f1", "precision", "recall", "exact_match")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted

@@ -45,6 +45,11 @@ from .masking import VocabInfo
 # teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
 PRUNING_CALIBRATION_SEQUENCES = 256
 ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
+# Arguments a resumed run may change; every other one decides the data stream, the
+# schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
+RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
+               "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
+               "eval_instances", "save_every", "max_nonfinite_steps")
 
 
 def _flags(names) -> str:
