@@ -65,7 +65,7 @@ def test_token_gradients_random_upstream_fixed_dropout(data, num_labels, dropout
 
     logits()
     model.zero_grad()
-    model.backward(G)
+    model.backward(d_logits=G)
     assert_parameter_gradients(model, lambda: float((logits() * G).sum()), rng, "upstream",
                                full=lambda n: n.startswith("classifier"))
 
@@ -107,7 +107,7 @@ def test_qa_gradients_random_upstream_fixed_dropout(data, dropout, seed):
 
     f()
     model.zero_grad()
-    model.backward(Gs, Ge)
+    model.backward(d_logits=(Gs, Ge))
     assert_parameter_gradients(model, f, rng, "upstream", full=lambda n: n.startswith("qa_"))
 
 
@@ -184,7 +184,7 @@ def test_errors_names_and_shapes():
     with pytest.raises(RuntimeError, match="labels"):
         tok.backward()
     with pytest.raises(ValueError, match="d_logits"):
-        tok.backward(np.zeros((2, 4, 2)))
+        tok.backward(d_logits=np.zeros((2, 4, 2)))
     with pytest.raises(ValueError, match="labels: expected shape"):
         tok(ids, labels=np.zeros(2, dtype=np.int64))
     with pytest.raises(ValueError, match="labels must be in"):
@@ -203,9 +203,9 @@ def test_errors_names_and_shapes():
     with pytest.raises(RuntimeError, match="positions"):
         qa.backward()
     with pytest.raises(ValueError, match="both or neither"):
-        qa.backward(np.zeros((2, 4)))
+        qa.backward(d_logits=(np.zeros((2, 4)), None))
     with pytest.raises(ValueError, match="d_end_logits: expected shape"):
-        qa.backward(np.zeros((2, 4)), np.zeros((2, 3)))
+        qa.backward(d_logits=(np.zeros((2, 4)), np.zeros((2, 3))))
     with pytest.raises(ValueError, match="both or neither"):
         qa(ids, start_positions=np.zeros(2, dtype=np.int64))
     with pytest.raises(ValueError, match="end_positions: expected shape"):
