@@ -204,16 +204,16 @@ class BertForSequenceClassification(_BertWithClassifier):
         return SequenceClassifierOutput(loss, logits, pooled, out.attentions)
 
     def backward(self, dloss=1.0, *, d_logits=None) -> None:
-        """Add dloss * d(loss)/d(param) for the loss of the last forward, plus the
-        back-propagation of ``d_logits``, into every trainable parameter's ``grad``.
+        """Gradients of ``dloss * loss + sum(logits * d_logits)`` into every trainable
+        parameter's ``grad`` (the shared signature of the module docstring).
 
         Args:
-            dloss: a float or 0-d array (e.g. 1/k under gradient accumulation); unused
-                when the last forward had no labels.
-            d_logits: (B, K) upstream gradient of ``logits``, added to the loss's.
+            dloss: float or 0-d array scaling the last forward's loss (cross-entropy or
+                squared error), e.g. 1/k under gradient accumulation; unused without labels.
+            d_logits: (B, K) upstream gradient of ``logits``, or None.
         Raises:
             RuntimeError: no forward came before, or it had no labels and d_logits is None.
-            ValueError: d_logits of the wrong shape, dloss not 0-d.
+            ValueError: d_logits not (B, K), dloss not 0-d.
         """
         shape, dtype, loss_cache, mean_weights = _take_cache(self, dloss,
                                                              {"d_logits": d_logits}, "labels")
@@ -289,16 +289,13 @@ class BertForTokenClassification(_BertWithClassifier):
         return TokenClassifierOutput(loss, logits, out.attentions)
 
     def backward(self, dloss=1.0, *, d_logits=None) -> None:
-        """Add dloss * d(loss)/d(param) for the loss of the last forward, plus the
-        back-propagation of ``d_logits``, into every trainable parameter's ``grad``.
+        """Gradients of ``dloss * loss + sum(logits * d_logits)`` into every trainable
+        parameter's ``grad``; ``dloss`` (float or 0-d array) is unused without labels and
+        ``d_logits`` is (B, T, K) or None (the shared signature of the module docstring).
 
-        Args:
-            dloss: a float or 0-d array (e.g. 1/k under gradient accumulation); unused
-                when the last forward had no labels.
-            d_logits: (B, T, K) upstream gradient of ``logits``, added to the loss's.
         Raises:
             RuntimeError: no forward came before, or it had no labels and d_logits is None.
-            ValueError: d_logits of the wrong shape, dloss not 0-d.
+            ValueError: d_logits not (B, T, K), dloss not 0-d.
         """
         shape, dtype, ce, _ = _take_cache(self, dloss, {"d_logits": d_logits}, "labels")
         if ce is not None:
@@ -422,14 +419,11 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         return QuestionAnsweringModelOutput(loss, start_logits, end_logits, out.attentions)
 
     def backward(self, dloss=1.0, *, d_logits=None) -> None:
-        """Add dloss * d(loss)/d(param) for the loss of the last forward, plus the
-        back-propagation of ``d_logits``, into every trainable parameter's ``grad``.
+        """Gradients of ``dloss * loss + sum(start_logits * d_start_logits + end_logits
+        * d_end_logits)`` into every trainable parameter's ``grad`` (the shared signature
+        of the module docstring, with ``d_logits`` the pair (d_start_logits, d_end_logits),
+        (B, T) each, or None). ``dloss``, a float or 0-d array, is unused without positions.
 
-        Args:
-            dloss: a float or 0-d array (e.g. 1/k under gradient accumulation); unused
-                when the last forward had no positions.
-            d_logits: the pair (d_start_logits, d_end_logits), (B, T) upstream gradients
-                of ``start_logits`` and ``end_logits``, added to the loss's.
         Raises:
             RuntimeError: no forward came before, or it had no positions and d_logits is
                 None.

@@ -13,9 +13,9 @@ The fine-tuning heads (sequence and token classification, question answering) ar
 :mod:`minibert.heads`.
 
 Shape legend: B = batch, T = sequence length, C = hidden size, NH = heads,
-HS = C // NH, I = intermediate size, V = vocab size, P = masked-LM slots per sequence
-(the width of ``masked_lm_positions``; T when none are given), N = B * P rows that go
-through the MLM head.
+HS = C // NH, I = intermediate size, V = vocab size, L = layers, P = masked-LM slots
+per sequence (the width of ``masked_lm_positions``; T when none are given), N = B * P
+rows that go through the MLM head.
 
 Every module caches in ``forward`` what its ``backward`` needs, so a forward must be
 followed by at most one backward before the next forward.
