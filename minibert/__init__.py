@@ -1,9 +1,9 @@
 """minibert: BERT from scratch on NumPy and CuPy, every backward pass written by hand."""
+from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
+                    BertForTokenClassification, QuestionAnsweringModelOutput,
+                    SequenceClassifierOutput, TokenClassifierOutput)
 from .modeling import (PRESETS, BertConfig, BertForPreTraining, BertForPreTrainingOutput,
-                       BertForQuestionAnswering, BertForSequenceClassification,
-                       BertForTokenClassification, BertModel, BertModelOutput,
-                       QuestionAnsweringModelOutput, SequenceClassifierOutput,
-                       TokenClassifierOutput)
+                       BertModel, BertModelOutput)
 
 __all__ = ["PRESETS", "BertConfig", "BertForPreTraining", "BertForPreTrainingOutput",
            "BertForQuestionAnswering", "BertForSequenceClassification",

@@ -6,12 +6,14 @@ Layout of the archive (NumPy ``.npz``, no pickles):
     ``meta``          UTF-8 JSON: {"format", "config", "trainer"} as a uint8 array.
 
 Files are written atomically (:mod:`minibert.atomic`), so a crash mid-write never damages
-the last good checkpoint.
+the last good checkpoint. Pre-LN checkpoints written before the pre-LN LayerNorms took
+Megatron-BERT's names load through :func:`rename_old_pre_ln_keys`.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,10 @@ from .atomic import atomic_write
 from .modeling import BertConfig
 
 FORMAT = "minibert-checkpoint-1"
+
+# a pre-LN LayerNorm under its old name: the one before self-attention was kept in
+# attention.output, the one before the feed-forward block in the layer's output
+_OLD_PRE_LN = re.compile(r"(^|\.)encoder\.layer\.(\d+)\.(attention\.)?output\.LayerNorm\.")
 
 
 class CheckpointError(ValueError):
@@ -72,12 +78,26 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"checkpoint {path}: damaged 'meta' entry ({e})") from None
-    return {
-        "config": config,
-        "model": {k[6:]: v for k, v in files.items() if k.startswith("model/")},
-        "optim": {k[6:]: v for k, v in files.items() if k.startswith("optim/")},
-        "trainer": trainer,
-    }
+    model = {k[6:]: v for k, v in files.items() if k.startswith("model/")}
+    optim = {k[6:]: v for k, v in files.items() if k.startswith("optim/")}
+    if config.norm_position == "pre":
+        model, optim = rename_old_pre_ln_keys(model), rename_old_pre_ln_keys(optim)
+    return {"config": config, "model": model, "optim": optim, "trainer": trainer}
+
+
+def rename_old_pre_ln_keys(state: dict[str, Any]) -> dict[str, Any]:
+    """A pre-LN model's state under the names of :mod:`minibert.modeling`, whose pre-LN
+    LayerNorms are named by what they normalise (Hugging Face's Megatron-BERT), from a
+    state saved before that with the post-LN names:
+
+        ...encoder.layer.N.attention.output.LayerNorm.*  ->  ...encoder.layer.N.attention.ln.*
+        ...encoder.layer.N.output.LayerNorm.*            ->  ...encoder.layer.N.ln.*
+
+    Keys may carry a prefix (``bert.``, or the optimizer's ``m.`` / ``v.`` / ``master.``);
+    every other key, and a key already new, is kept as it is, so the map may run on any
+    pre-LN state. Never apply it to a post-LN state, where those names are HF's and right.
+    Returns a new dict with the same values."""
+    return {_OLD_PRE_LN.sub(r"\1encoder.layer.\2.\3ln.", k): v for k, v in state.items()}
 
 
 def check_same_config(saved: BertConfig, current: BertConfig, source: str) -> None:

@@ -2,11 +2,20 @@
 
 The module tree and parameter names are those of Hugging Face ``modeling_bert.py``
 (``bert.encoder.layer.0.attention.self.query.weight`` ...), so ``state_dict`` lines up
-with ``transformers.BertForPreTraining.state_dict()`` key for key.
+with ``transformers.BertForPreTraining.state_dict()`` key for key. Pre-LN models
+(``norm_position="pre"``, which HF BERT does not have) name each LayerNorm by what it
+normalises, as Hugging Face's Megatron-BERT: ``attention.ln`` before self-attention,
+``layer.N.ln`` before the feed-forward block, ``encoder.ln`` after the last layer.
+
+The file reads top to bottom: the config, the embeddings, the encoder layers, the
+pooler, :class:`BertModel`, then the pretraining heads and :class:`BertForPreTraining`.
+The fine-tuning heads (sequence and token classification, question answering) are in
+:mod:`minibert.heads`.
 
 Shape legend: B = batch, T = sequence length, C = hidden size, NH = heads,
-HS = C // NH, I = intermediate size, V = vocab size, N = masked positions in the batch,
-P = max_position_embeddings.
+HS = C // NH, I = intermediate size, V = vocab size, L = layers, P = masked-LM slots
+per sequence (the width of ``masked_lm_positions``; T when none are given), N = B * P
+rows that go through the MLM head.
 
 Every module caches in ``forward`` what its ``backward`` needs, so a forward must be
 followed by at most one backward before the next forward.
@@ -25,8 +34,7 @@ from .backend import get_array_module
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
                  cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
-                 linear_backward, linear_forward, mean_pooling_backward, mean_pooling_forward,
-                 scatter_add_rows)
+                 linear_backward, linear_forward, scatter_add_rows)
 from .nn.activations import tanh_backward, tanh_forward
 
 # (num_hidden_layers, hidden_size) of the compact models of Turc et al. 2019
@@ -59,7 +67,7 @@ class BertConfig:
     hidden_act: str = "gelu"              # "gelu" (exact erf), "gelu_new" (tanh), "relu"
     hidden_dropout_prob: float = 0.1      # dropout on embeddings and sub-layer outputs
     attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
-    max_position_embeddings: int = 512    # P: longest sequence, in tokens
+    max_position_embeddings: int = 512    # longest sequence T, in tokens
     type_vocab_size: int = 2              # segment ids (sentence A / B)
     initializer_range: float = 0.02       # std of the normal weight initialisation
     layer_norm_eps: float = 1e-12         # LayerNorm epsilon
@@ -252,47 +260,51 @@ class BertSelfAttention(Module):
 
 
 class BertOutput(Module):
-    """dense -> dropout -> + residual (-> LayerNorm when post-LN).
+    """dense -> dropout -> + residual, then LayerNorm when post-LN.
 
     HF has two classes of this shape, ``BertSelfOutput`` (after attention, in = C) and
-    ``BertOutput`` (after the feed-forward, in = I); one class serves both here. In
-    pre-LN mode its LayerNorm normalises the *input* of the sub-layer instead (applied by
-    the caller), and the residual sum is returned as is.
+    ``BertOutput`` (after the feed-forward, in = I); one class serves both here. Pre-LN has
+    no LayerNorm here: the parent normalises the sub-layer's *input* with its own ``ln``
+    and the residual sum is returned as is (Megatron-BERT's ``MegatronBertSelfOutput`` /
+    ``MegatronBertOutput``).
     """
 
     def __init__(self, in_features: int, config: BertConfig, rng: np.random.Generator,
                  dtype=np.float32):
         C = config.hidden_size
         self.dense = Linear(in_features, C, rng=rng, std=config.initializer_range, dtype=dtype)
-        self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
+        if config.norm_position == "post":
+            self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
         self.dropout = Dropout(config.hidden_dropout_prob)
-        self.pre_ln = config.norm_position == "pre"
 
     def forward(self, h, residual):
         """h: (B, T, in_features); residual: (B, T, C) -> (B, T, C)."""
         y = self.dropout(self.dense(h)) + residual                       # (B, T, C)
-        return y if self.pre_ln else self.LayerNorm(y)
+        return self.LayerNorm(y) if hasattr(self, "LayerNorm") else y
 
     def backward(self, dout):
         """dout: (B, T, C) -> (dh (B, T, in_features), dresidual (B, T, C))."""
-        # forward: return y if pre_ln else LayerNorm(y)
-        dy = dout if self.pre_ln else self.LayerNorm.backward(dout)      # (B, T, C)
+        # forward: return LayerNorm(y) if post-LN else y
+        dy = self.LayerNorm.backward(dout) if hasattr(self, "LayerNorm") else dout  # (B,T,C)
         # forward: y = dropout(dense(h)) + residual
         dh = self.dense.backward(self.dropout.backward(dy))              # (B, T, in_features)
         return dh, dy
 
 
 class BertAttention(Module):
-    """Self-attention sub-layer with its residual connection and LayerNorm."""
+    """Self-attention sub-layer with its residual connection. Post-LN normalises the sum
+    (``output.LayerNorm``); pre-LN normalises the input instead, with ``ln`` (Megatron-BERT's
+    ``MegatronBertAttention.ln``)."""
 
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
         self.self = BertSelfAttention(config, rng, dtype)
         self.output = BertOutput(config.hidden_size, config, rng, dtype)
-        self.pre_ln = config.norm_position == "pre"
+        if config.norm_position == "pre":
+            self.ln = LayerNorm(config.hidden_size, config.layer_norm_eps, dtype=dtype)
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C) -> (B, T, C)."""
-        h = self.output.LayerNorm(x) if self.pre_ln else x               # (B, T, C)
+        h = self.ln(x) if hasattr(self, "ln") else x                     # (B, T, C)
         ctx = self.self(h, mask_add, output_attentions)                  # (B, T, C)
         return self.output(ctx, x)
 
@@ -302,8 +314,8 @@ class BertAttention(Module):
         dctx, dx = self.output.backward(dout)                            # (B, T, C) each
         # forward: ctx = self(h, mask_add)
         dh = self.self.backward(dctx)                                    # (B, T, C)
-        # forward: h = LayerNorm(x) if pre_ln else x  ->  x fans out: sum with the residual
-        return dx + (self.output.LayerNorm.backward(dh) if self.pre_ln else dh)
+        # forward: h = ln(x) if pre-LN else x  ->  x fans out: sum with the residual
+        return dx + (self.ln.backward(dh) if hasattr(self, "ln") else dh)
 
 
 class BertIntermediate(Module):
@@ -325,18 +337,21 @@ class BertIntermediate(Module):
 
 
 class BertLayer(Module):
-    """One Transformer encoder block: attention sub-layer, then feed-forward sub-layer."""
+    """One Transformer encoder block: attention sub-layer, then feed-forward sub-layer.
+    Pre-LN normalises the feed-forward input with ``ln`` (Megatron-BERT's
+    ``MegatronBertLayer.ln``); post-LN normalises its output sum in ``output.LayerNorm``."""
 
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
         self.attention = BertAttention(config, rng, dtype)
         self.intermediate = BertIntermediate(config, rng, dtype)
         self.output = BertOutput(config.intermediate_size, config, rng, dtype)
-        self.pre_ln = config.norm_position == "pre"
+        if config.norm_position == "pre":
+            self.ln = LayerNorm(config.hidden_size, config.layer_norm_eps, dtype=dtype)
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """(B, T, C) -> (B, T, C)."""
         a = self.attention(x, mask_add, output_attentions)               # (B, T, C)
-        h = self.output.LayerNorm(a) if self.pre_ln else a               # (B, T, C)
+        h = self.ln(a) if hasattr(self, "ln") else a                     # (B, T, C)
         i = self.intermediate(h)                                         # (B, T, I)
         return self.output(i, a)                                         # (B, T, C)
 
@@ -346,14 +361,15 @@ class BertLayer(Module):
         di, da = self.output.backward(dout)                              # (B,T,I), (B,T,C)
         # forward: i = intermediate(h)
         dh = self.intermediate.backward(di)                              # (B, T, C)
-        # forward: h = LayerNorm(a) if pre_ln else a  ->  a fans out: sum with the residual
-        da = da + (self.output.LayerNorm.backward(dh) if self.pre_ln else dh)
+        # forward: h = ln(a) if pre-LN else a  ->  a fans out: sum with the residual
+        da = da + (self.ln.backward(dh) if hasattr(self, "ln") else dh)
         # forward: a = attention(x, mask_add)
         return self.attention.backward(da)                               # (B, T, C)
 
 
 class BertEncoder(Module):
-    """A stack of BertLayer; with pre-LN, a final LayerNorm ``ln`` (as Megatron-BERT)."""
+    """A stack of BertLayer; with pre-LN, a final LayerNorm ``ln`` on the last layer's
+    output (Megatron-BERT's ``MegatronBertEncoder.ln``)."""
 
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
         self.layer = ModuleList([BertLayer(config, rng, dtype)
@@ -838,408 +854,3 @@ class BertForPreTraining(BertPreTrainedModel):
             # forward: seq_loss = cross_entropy(seq_relationship(pooler_output), label)
             d_pooled = self.cls.seq_relationship.backward(cross_entropy_backward(dloss, seq_cache))
         self.bert.backward(dh.reshape(B, T, C), d_pooled)
-
-
-# ---------------------------------------------------------------------------------------
-# Sequence classification (fine-tuning)
-# ---------------------------------------------------------------------------------------
-
-@dataclass
-class SequenceClassifierOutput:
-    """Outputs of :class:`BertForSequenceClassification`.
-
-    loss: 0-d array (mean nats per sequence for classification, mean squared error for
-        regression) or None when no labels were given.
-    logits: (B, K) scores before the softmax, K = num_labels.
-    pooler_output: (B, C) the pooled [CLS] representation the head reads.
-    attentions: one (B, NH, T, T) array per layer when asked for, else None.
-    """
-
-    loss: Any
-    logits: Any
-    pooler_output: Any = None
-    attentions: list | None = None
-
-
-class _BertWithClassifier(BertPreTrainedModel):
-    """The construction shared by the classification heads: ``bert`` (with a pooler when
-    the subclass's ``uses_pooler(config)`` says so), ``dropout`` (``config.classifier_dropout``
-    or, when None, ``hidden_dropout_prob``, as HF) and ``classifier`` (K, C), drawn from
-    the NumPy generator of ``seed`` (encoder first, then the classifier).
-
-    Raises:
-        ValueError: ``config.num_labels`` < 1, or a classifier dropout outside [0, 1).
-    """
-
-    @staticmethod
-    def uses_pooler(config: BertConfig) -> bool:
-        """Whether the head reads ``bert.pooler``'s output (else the encoder has no pooler)."""
-        raise NotImplementedError
-
-    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
-        if int(config.num_labels) < 1:
-            raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, add_pooling_layer=self.uses_pooler(config), rng=rng,
-                              dtype=dtype)
-        p = (config.classifier_dropout if config.classifier_dropout is not None
-             else config.hidden_dropout_prob)
-        self.dropout = Dropout(p)
-        self.classifier = Linear(config.hidden_size, config.num_labels, rng=rng,
-                                 std=config.initializer_range, dtype=dtype)
-        self._cache = None
-
-    @property
-    def num_labels(self) -> int:
-        return int(self.config.num_labels)
-
-
-class BertForSequenceClassification(_BertWithClassifier):
-    """BERT with a classification head on the pooled [CLS] vector (Devlin et al. 2019,
-    section 4.1; HF ``BertForSequenceClassification``; google-research/bert
-    ``run_classifier.py create_model``):
-
-        logits = dropout(pooled) @ W^T + b               W: (K, C), b: (K,)
-        pooled = pooler_output                           (classifier_pooling "cls")
-               = sum_t m_t h_t / sum_t m_t               (classifier_pooling "mean")
-        loss   = mean cross-entropy(logits, labels)      (num_labels >= 2)
-               = mean (logits[:, 0] - labels)^2          (num_labels == 1, regression)
-
-    With ``config.classifier_pooling == "mean"`` the head reads the mean of the last hidden
-    states h over the real tokens (attention mask m), as sentence-transformers' mean
-    pooling (Reimers & Gurevych 2019) and ModernBERT's ``classifier_pooling="mean"``; the
-    encoder then has no pooler (a checkpoint's pooler weights are reported unused) and
-    transformers' BertForSequenceClassification cannot load the model.
-
-    Parameter names are HF's: ``bert.*`` and ``classifier.weight`` / ``classifier.bias``.
-    The dropout probability is ``config.classifier_dropout``, or ``hidden_dropout_prob``
-    when that is None (as HF).
-
-    Args:
-        config: the hyper-parameters; ``config.num_labels`` = K >= 1.
-        seed: seed of the NumPy generator that draws the initial weights (the encoder
-            first, then the classifier, N(0, initializer_range^2), bias 0).
-        dtype: parameter dtype (float32 to train, float64 to check gradients).
-    Raises:
-        ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
-    """
-
-    @staticmethod
-    def uses_pooler(config: BertConfig) -> bool:
-        return config.classifier_pooling == "cls"   # "mean" reads the hidden states
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_attentions: bool = False) -> SequenceClassifierOutput:
-        """Classify a batch.
-
-        Args:
-            input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
-            labels: (B,) int class ids in [0, K) (or -100 to ignore a row) when K >= 2;
-                (B,) float targets when K == 1; None for no loss.
-            output_attentions: also return per-layer attention probabilities.
-        Returns:
-            :class:`SequenceClassifierOutput`.
-        Raises:
-            ValueError: bad input shapes or values (see BertModel.forward), labels not (B,),
-                or a class id outside [0, K) (checked on the CPU only).
-        """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
-        h = out.last_hidden_state                                        # (B, T, C)
-        mean_weights = None
-        if self.config.classifier_pooling == "mean":
-            pooled, mean_weights = mean_pooling_forward(h, attention_mask)   # (B, C)
-        else:
-            pooled = out.pooler_output                                   # (B, C)
-        logits = self.classifier(self.dropout(pooled))                   # (B, K)
-        loss = loss_cache = None
-        if labels is not None:
-            B = input_ids.shape[0]
-            if tuple(labels.shape) != (B,):
-                raise ValueError(f"labels: expected shape {(B,)}, got {tuple(labels.shape)}")
-            if self.num_labels == 1:
-                # forward: loss = mean_i (logits[i, 0] - y_i)^2     (torch MSELoss)
-                diff = logits[:, 0] - labels.astype(logits.dtype)        # (B,)
-                loss = (diff * diff).mean()
-                loss_cache = ("mse", diff)
-            else:
-                loss, ce = cross_entropy_forward(logits, labels)
-                loss_cache = ("ce", ce)
-        self._cache = (logits.shape, logits.dtype, loss_cache, mean_weights)
-        return SequenceClassifierOutput(loss, logits, pooled, out.attentions)
-
-    def backward(self, d_logits=None, dloss=1.0) -> None:
-        """Add gradients into every parameter's ``grad``.
-
-        Args:
-            d_logits: (B, K) upstream gradient of the logits; None means d(loss)/d(logits)
-                of the loss of the last forward (which then needs labels).
-            dloss: upstream gradient of the loss when d_logits is None (float or 0-d
-                array, e.g. 1/k under gradient accumulation).
-        Raises:
-            RuntimeError: no forward came before, or d_logits is None and that forward
-                had no labels.
-            ValueError: d_logits of the wrong shape.
-        """
-        if self._cache is None:
-            raise RuntimeError("backward() needs a preceding forward")
-        shape, dtype, loss_cache, mean_weights = self._cache
-        if d_logits is None:
-            if loss_cache is None:
-                raise RuntimeError("backward() without d_logits needs a forward with labels")
-            kind, c = loss_cache
-            if kind == "ce":
-                d_logits = cross_entropy_backward(dloss, c)                 # (B, K)
-            else:
-                # forward: loss = mean (logits[:, 0] - y)^2  ->  d = 2 (logits - y) / B
-                d_logits = (dloss * 2.0 / c.shape[0]) * c[:, None]       # (B, 1)
-        elif tuple(d_logits.shape) != tuple(shape):
-            raise ValueError(f"d_logits: expected shape {tuple(shape)}, "
-                             f"got {tuple(d_logits.shape)}")
-        self._cache = None
-        # forward: logits = dropout(pooled) @ W^T + b
-        d_pooled = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
-        if mean_weights is None:
-            self.bert.backward(None, d_pooled)                           # (B, C) upstream
-        else:
-            # forward: pooled, mean_weights = mean_pooling_forward(h, attention_mask)
-            self.bert.backward(mean_pooling_backward(d_pooled, mean_weights), None)
-
-
-# ---------------------------------------------------------------------------------------
-# Token classification and extractive question answering (fine-tuning)
-# ---------------------------------------------------------------------------------------
-
-@dataclass
-class TokenClassifierOutput:
-    """Outputs of :class:`BertForTokenClassification`.
-
-    loss: 0-d array, mean nats per labelled token (label != -100), or None when no labels
-        were given; 0 when every label of the batch is -100.
-    logits: (B, T, K) scores before the softmax, K = num_labels.
-    attentions: one (B, NH, T, T) array per layer when asked for, else None.
-    """
-
-    loss: Any
-    logits: Any
-    attentions: list | None = None
-
-
-class BertForTokenClassification(_BertWithClassifier):
-    """BERT with a classifier on every token's final hidden state, for tagging tasks such
-    as named-entity recognition (Devlin et al. 2019, section 5.3; HF
-    ``BertForTokenClassification``):
-
-        logits = dropout(last_hidden_state) @ W^T + b     W: (K, C), b: (K,)   (B, T, K)
-        loss   = mean over tokens with label != -100 of cross-entropy(logits, label)
-
-    Parameter names are HF's: ``bert.*`` (no pooler, as HF's ``add_pooling_layer=False``)
-    and ``classifier.weight`` / ``classifier.bias``. The dropout probability is
-    ``config.classifier_dropout``, or ``hidden_dropout_prob`` when that is None (as HF).
-
-    The loss is torch's ``CrossEntropyLoss()`` over the flattened (B*T, K) logits, as HF's,
-    with one difference: a batch whose labels are all -100 gives loss 0 (and zero
-    gradients) where torch gives nan (0 / 0), so such a batch cannot poison a training run.
-    Padding is not masked by ``attention_mask``: give -100 at padded positions (and at
-    word-piece continuations, when only the first piece of a word is labelled).
-
-    Args:
-        config: the hyper-parameters; ``config.num_labels`` = K >= 1.
-        seed: seed of the NumPy generator that draws the initial weights (the encoder
-            first, then the classifier, N(0, initializer_range^2), bias 0).
-        dtype: parameter dtype (float32 to train, float64 to check gradients).
-    Raises:
-        ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
-    """
-
-    @staticmethod
-    def uses_pooler(config: BertConfig) -> bool:
-        return False   # the head reads every token's state, as HF's add_pooling_layer=False
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_attentions: bool = False) -> TokenClassifierOutput:
-        """Tag every token of a batch.
-
-        Args:
-            input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
-            labels: (B, T) int class ids in [0, K), or -100 for a token without a label;
-                None for no loss.
-            output_attentions: also return per-layer attention probabilities.
-        Returns:
-            :class:`TokenClassifierOutput`.
-        Raises:
-            ValueError: bad input shapes or values (see BertModel.forward), labels not
-                (B, T), or a label outside [0, K) and not -100 (checked on the CPU only).
-        """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
-        h = out.last_hidden_state                                        # (B, T, C)
-        logits = self.classifier(self.dropout(h))                        # (B, T, K)
-        loss = ce = None
-        if labels is not None:
-            if tuple(labels.shape) != tuple(input_ids.shape):
-                raise ValueError(f"labels: expected shape {tuple(input_ids.shape)}, "
-                                 f"got {tuple(labels.shape)}")
-            # forward: loss = CE(logits viewed as (B*T, K), labels (B*T,), ignore -100)
-            loss, ce = cross_entropy_forward(logits.reshape(-1, self.num_labels),
-                                             labels.reshape(-1))
-        self._cache = (logits.shape, logits.dtype, ce)
-        return TokenClassifierOutput(loss, logits, out.attentions)
-
-    def backward(self, d_logits=None, dloss=1.0) -> None:
-        """Add gradients into every trainable parameter's ``grad``.
-
-        Args:
-            d_logits: (B, T, K) upstream gradient of the logits; None means d(loss)/d(logits)
-                of the loss of the last forward (which then needs labels).
-            dloss: upstream gradient of the loss when d_logits is None (float or 0-d
-                array, e.g. 1/k under gradient accumulation).
-        Raises:
-            RuntimeError: no forward came before, or d_logits is None and that forward
-                had no labels.
-            ValueError: d_logits of the wrong shape.
-        """
-        if self._cache is None:
-            raise RuntimeError("backward() needs a preceding forward")
-        shape, dtype, ce = self._cache
-        if d_logits is None:
-            if ce is None:
-                raise RuntimeError("backward() without d_logits needs a forward with labels")
-            d_logits = cross_entropy_backward(dloss, ce).reshape(shape)  # (B, T, K)
-        elif tuple(d_logits.shape) != tuple(shape):
-            raise ValueError(f"d_logits: expected shape {tuple(shape)}, "
-                             f"got {tuple(d_logits.shape)}")
-        self._cache = None
-        # forward: logits = dropout(h) @ W^T + b
-        dh = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
-        self.bert.backward(dh)                                           # (B, T, C)
-
-
-@dataclass
-class QuestionAnsweringModelOutput:
-    """Outputs of :class:`BertForQuestionAnswering`.
-
-    loss: 0-d array, (mean start-position nats + mean end-position nats) / 2 over the
-        counted examples, or None when no positions were given.
-    start_logits, end_logits: (B, T) scores of each token being the first / last token of
-        the answer span (a softmax over T gives the distribution).
-    attentions: one (B, NH, T, T) array per layer when asked for, else None.
-    """
-
-    loss: Any
-    start_logits: Any
-    end_logits: Any
-    attentions: list | None = None
-
-
-class BertForQuestionAnswering(BertPreTrainedModel):
-    """BERT with a span-extraction head for SQuAD-style question answering (Devlin et al.
-    2019, section 4.2; HF ``BertForQuestionAnswering``; google-research/bert
-    ``run_squad.py create_model``):
-
-        start_logits, end_logits = split(last_hidden_state @ W^T + b)   W: (2, C)  (B, T) each
-        loss = (CE(start_logits, start_positions) + CE(end_logits, end_positions)) / 2
-
-    with HF's handling of positions: each is clamped to [0, T], and T (an answer outside
-    the sequence, e.g. truncated away) is ignored; -100 is clamped to 0 ([CLS], the
-    "no answer" position), not ignored. Each CE is the mean over the examples it counts;
-    one whose positions are all ignored is 0 where torch gives nan. The softmax runs over
-    all T positions, padding included, and the head has no dropout (both as HF).
-    Parameter names are HF's: ``bert.*`` (no pooler) and ``qa_outputs.weight`` (2, C) /
-    ``qa_outputs.bias`` (2,).
-
-    Args:
-        config: the hyper-parameters; ``config.num_labels`` must be 2 (start and end, as
-            HF's head of ``num_labels`` outputs split in two needs).
-        seed: seed of the NumPy generator that draws the initial weights (the encoder
-            first, then qa_outputs, N(0, initializer_range^2), bias 0).
-        dtype: parameter dtype (float32 to train, float64 to check gradients).
-    Raises:
-        ValueError: num_labels != 2.
-    """
-
-    def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
-        if int(config.num_labels) != 2:
-            raise ValueError("BertForQuestionAnswering: BertConfig.num_labels must be 2 "
-                             f"(start and end logits), got {config.num_labels}")
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, add_pooling_layer=False, rng=rng, dtype=dtype)
-        self.qa_outputs = Linear(config.hidden_size, 2, rng=rng,
-                                 std=config.initializer_range, dtype=dtype)
-        self._cache = None
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                start_positions=None, end_positions=None, output_attentions: bool = False
-                ) -> QuestionAnsweringModelOutput:
-        """Score every token as the start and the end of the answer span.
-
-        Args:
-            input_ids, token_type_ids, attention_mask: (B, T) int, as :meth:`BertModel.forward`.
-            start_positions, end_positions: (B,) int token indices of the answer's first
-                and last token, clamped to [0, T] (T = ignored); both or neither.
-            output_attentions: also return per-layer attention probabilities.
-        Returns:
-            :class:`QuestionAnsweringModelOutput`.
-        Raises:
-            ValueError: bad input shapes or values (see BertModel.forward), positions not
-                (B,), or only one of start_positions / end_positions.
-        """
-        if (start_positions is None) != (end_positions is None):
-            raise ValueError("start_positions and end_positions: give both or neither")
-        xp = get_array_module(input_ids)
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
-        logits = self.qa_outputs(out.last_hidden_state)                  # (B, T, 2)
-        start_logits, end_logits = logits[..., 0], logits[..., 1]        # (B, T) each
-        loss = caches = None
-        if start_positions is not None:
-            B, T = input_ids.shape
-            for name, pos in (("start_positions", start_positions),
-                              ("end_positions", end_positions)):
-                if tuple(pos.shape) != (B,):
-                    raise ValueError(f"{name}: expected shape {(B,)}, got {tuple(pos.shape)}")
-            # HF: positions clamped to [0, T], CrossEntropyLoss(ignore_index=T)
-            start_loss, start_ce = cross_entropy_forward(
-                start_logits, xp.clip(start_positions, 0, T), ignore_index=T)
-            end_loss, end_ce = cross_entropy_forward(
-                end_logits, xp.clip(end_positions, 0, T), ignore_index=T)
-            loss = (start_loss + end_loss) / 2
-            caches = (start_ce, end_ce)
-        self._cache = (logits.shape, logits.dtype, caches)
-        return QuestionAnsweringModelOutput(loss, start_logits, end_logits, out.attentions)
-
-    def backward(self, d_start_logits=None, d_end_logits=None, dloss=1.0) -> None:
-        """Add gradients into every trainable parameter's ``grad``.
-
-        Args:
-            d_start_logits, d_end_logits: (B, T) upstream gradients of the two outputs,
-                both or neither; neither means d(loss)/d(logits) of the loss of the last
-                forward (which then needs positions).
-            dloss: upstream gradient of the loss when no logit gradients are given (float
-                or 0-d array, e.g. 1/k under gradient accumulation).
-        Raises:
-            RuntimeError: no forward came before, or no logit gradients and that forward
-                had no positions.
-            ValueError: only one logit gradient, or one of the wrong shape.
-        """
-        if self._cache is None:
-            raise RuntimeError("backward() needs a preceding forward")
-        shape, dtype, caches = self._cache
-        if (d_start_logits is None) != (d_end_logits is None):
-            raise ValueError("d_start_logits and d_end_logits: give both or neither")
-        if d_start_logits is None:
-            if caches is None:
-                raise RuntimeError("backward() without logit gradients needs a forward with "
-                                   "start_positions and end_positions")
-            # forward: loss = (CE(start_logits) + CE(end_logits)) / 2
-            d_start_logits, d_end_logits = (cross_entropy_backward(dloss * 0.5, c)
-                                            for c in caches)             # (B, T) each
-        for name, d in (("d_start_logits", d_start_logits), ("d_end_logits", d_end_logits)):
-            if tuple(d.shape) != tuple(shape[:2]):
-                raise ValueError(f"{name}: expected shape {tuple(shape[:2])}, "
-                                 f"got {tuple(d.shape)}")
-        self._cache = None
-        xp = get_array_module(d_start_logits)
-        # forward: start_logits, end_logits = logits[..., 0], logits[..., 1]
-        d_logits = xp.stack([d_start_logits, d_end_logits], axis=-1).astype(dtype)  # (B, T, 2)
-        # forward: logits = h @ W^T + b
-        self.bert.backward(self.qa_outputs.backward(d_logits))           # (B, T, C)

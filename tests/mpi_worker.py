@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from minibert import BertConfig, distributed
-from minibert.modeling import BertForSequenceClassification
+from minibert.heads import BertForSequenceClassification
 from minibert.optim import AdamW
 from minibert.training import TrainingConfig, TrainState, train
 

@@ -30,7 +30,7 @@ def test_gradients_random_upstream_fixed_dropout(data, num_labels, dropout, pool
 
     logits()
     model.zero_grad()
-    model.backward(G)
+    model.backward(d_logits=G)
     assert_parameter_gradients(model, lambda: float((logits() * G).sum()), rng, "upstream",
                                full=lambda n: n.startswith("classifier"))
 

@@ -290,7 +290,7 @@ def test_bad_input_gets_error_lines(en_run, pos_data, qa_data, tmp_path, capsys)
 # ------------------------------------------------------------------ starting points
 def test_task_of_a_saved_model_and_head_reuse(en_run, tmp_path):
     from minibert.finetuning.classifier import build_model
-    from minibert.modeling import BertForSequenceClassification, BertForTokenClassification
+    from minibert.heads import BertForSequenceClassification, BertForTokenClassification
     pre = load_start(en_run)
     assert pre.architecture is None and task_for_model(pre) is None   # a pretraining run
     clf, _ = build_model(pre, BertForSequenceClassification, ["a", "b"], seed=3)

@@ -14,8 +14,8 @@ from minibert.checkpoint import load_checkpoint, save_checkpoint
 from minibert.distributed import Communicator
 from minibert.finetuning.data import Batch as ClassifierBatch
 from minibert.finetuning.tasks import SequenceClassification
-from minibert.modeling import BertForPreTraining, BertForSequenceClassification
-from minibert.modeling import masked_lm_from_labels
+from minibert.heads import BertForSequenceClassification
+from minibert.modeling import BertForPreTraining, masked_lm_from_labels
 from minibert.nn import scatter_add_rows
 from minibert.objectives import get_objective
 from minibert.optim import AdamW

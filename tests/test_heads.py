@@ -65,7 +65,7 @@ def test_token_gradients_random_upstream_fixed_dropout(data, num_labels, dropout
 
     logits()
     model.zero_grad()
-    model.backward(G)
+    model.backward(d_logits=G)
     assert_parameter_gradients(model, lambda: float((logits() * G).sum()), rng, "upstream",
                                full=lambda n: n.startswith("classifier"))
 
@@ -107,7 +107,7 @@ def test_qa_gradients_random_upstream_fixed_dropout(data, dropout, seed):
 
     f()
     model.zero_grad()
-    model.backward(Gs, Ge)
+    model.backward(d_logits=(Gs, Ge))
     assert_parameter_gradients(model, f, rng, "upstream", full=lambda n: n.startswith("qa_"))
 
 
@@ -184,7 +184,7 @@ def test_errors_names_and_shapes():
     with pytest.raises(RuntimeError, match="labels"):
         tok.backward()
     with pytest.raises(ValueError, match="d_logits"):
-        tok.backward(np.zeros((2, 4, 2)))
+        tok.backward(d_logits=np.zeros((2, 4, 2)))
     with pytest.raises(ValueError, match="labels: expected shape"):
         tok(ids, labels=np.zeros(2, dtype=np.int64))
     with pytest.raises(ValueError, match="labels must be in"):
@@ -203,14 +203,51 @@ def test_errors_names_and_shapes():
     with pytest.raises(RuntimeError, match="positions"):
         qa.backward()
     with pytest.raises(ValueError, match="both or neither"):
-        qa.backward(np.zeros((2, 4)))
+        qa.backward(d_logits=(np.zeros((2, 4)), None))
     with pytest.raises(ValueError, match="d_end_logits: expected shape"):
-        qa.backward(np.zeros((2, 4)), np.zeros((2, 3)))
+        qa.backward(d_logits=(np.zeros((2, 4)), np.zeros((2, 3))))
     with pytest.raises(ValueError, match="both or neither"):
         qa(ids, start_positions=np.zeros(2, dtype=np.int64))
     with pytest.raises(ValueError, match="end_positions: expected shape"):
         qa(ids, start_positions=np.zeros(2, dtype=np.int64),
            end_positions=np.zeros((2, 1), dtype=np.int64))
+
+
+def test_one_backward_signature_whose_upstream_gradient_adds_to_the_loss():
+    """backward(dloss=1.0, *, d_logits=None) on every head: the gradient of
+    dloss * loss + sum(logits * d_logits) is the sum of the two parts' gradients."""
+    import inspect
+    sigs = {str(inspect.signature(cls.backward)) for cls in (
+        BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)}
+    assert sigs == {"(self, dloss=1.0, *, d_logits=None) -> 'None'"}
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 30, (2, 5))
+    cases = [(BertForSequenceClassification(tiny(), dtype=np.float64),
+              dict(labels=np.array([0, 2])), rng.standard_normal((2, 3))),
+             (BertForTokenClassification(tiny(), dtype=np.float64),
+              dict(labels=rng.integers(0, 3, (2, 5))), rng.standard_normal((2, 5, 3))),
+             (BertForQuestionAnswering(tiny(2), dtype=np.float64),
+              dict(start_positions=np.array([1, 2]), end_positions=np.array([3, 2])),
+              tuple(rng.standard_normal((2, 2, 5))))]
+    for model, targets, G in cases:
+        model.eval()
+
+        def grads(targets, **kw):
+            model(ids, **targets)
+            model.zero_grad()
+            model.backward(**kw)
+            return {n: p.grad.copy() for n, p in model.named_parameters()}
+        loss_part = grads(targets, dloss=0.7)
+        upstream_part = grads({}, d_logits=G)
+        both = grads(targets, dloss=0.7, d_logits=G)
+        for n, g in both.items():
+            np.testing.assert_allclose(g, loss_part[n] + upstream_part[n], rtol=1e-10,
+                                       atol=1e-14, err_msg=f"{type(model).__name__} {n}")
+        model(ids, **targets)
+        with pytest.raises(ValueError, match="dloss: expected a float or a 0-d array"):
+            model.backward(np.ones(2))                  # a logit gradient given as dloss
+    with pytest.raises(ValueError, match="the pair"):
+        cases[2][0].backward(d_logits=np.zeros((2, 5, 2)))
 
 
 # -- freezing -------------------------------------------------------------------------------

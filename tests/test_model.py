@@ -1,11 +1,15 @@
 """Whole-model gradient checks (float64) and the model's properties and contracts."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining, BertModel
+from minibert.checkpoint import load_checkpoint, rename_old_pre_ln_keys, save_checkpoint
 from minibert.modeling import BertEncoder, labels_from_masked_lm, masked_lm_from_labels
+from minibert.optim import AdamW
 from minibert.testing import assert_parameter_gradients, bert_configs, seeds, token_batches
 
 @settings(max_examples=12, deadline=None)
@@ -120,6 +124,77 @@ def test_state_dict_names_tying_and_round_trip():
     other.load_state_dict(sd)
     for k, v in other.state_dict().items():
         np.testing.assert_array_equal(v, sd[k])
+
+
+def test_layernorm_names_say_what_they_normalise():
+    """Post-LN keeps HF BERT's names; pre-LN names its norms as Megatron-BERT: ``ln`` of
+    the attention sub-layer, of the layer (before the feed-forward block) and of the
+    encoder (after the last layer)."""
+    def norms(norm):
+        return [n for n, _ in BertModel(tiny_config(norm_position=norm)).named_parameters()
+                if n.endswith(("LayerNorm.weight", "ln.weight"))]
+    assert norms("post") == ["embeddings.LayerNorm.weight",
+                             "encoder.layer.0.attention.output.LayerNorm.weight",
+                             "encoder.layer.0.output.LayerNorm.weight",
+                             "encoder.layer.1.attention.output.LayerNorm.weight",
+                             "encoder.layer.1.output.LayerNorm.weight"]
+    assert norms("pre") == ["embeddings.LayerNorm.weight",
+                            "encoder.layer.0.attention.ln.weight", "encoder.layer.0.ln.weight",
+                            "encoder.layer.1.attention.ln.weight", "encoder.layer.1.ln.weight",
+                            "encoder.ln.weight"]
+
+
+def _old_pre_ln_name(key: str) -> str:
+    """A pre-LN key as minibert wrote it before the Megatron-BERT names (by hand, the
+    inverse of rename_old_pre_ln_keys)."""
+    return re.sub(r"encoder\.layer\.(\d+)\.(attention\.)?ln\.",
+                  r"encoder.layer.\1.\2output.LayerNorm.", key)
+
+
+def test_rename_old_pre_ln_keys():
+    old = {"bert.encoder.layer.3.attention.output.LayerNorm.weight": 1,
+           "m.bert.encoder.layer.0.output.LayerNorm.bias": 2,
+           "encoder.layer.11.output.LayerNorm.weight": 3,             # a bare BertModel
+           "bert.encoder.layer.0.output.dense.weight": 4, "bert.encoder.ln.bias": 5,
+           "bert.embeddings.LayerNorm.weight": 6, "cls.predictions.transform.LayerNorm.bias": 7,
+           "bert.encoder.layer.1.ln.weight": 8}                       # already new
+    assert rename_old_pre_ln_keys(old) == {
+        "bert.encoder.layer.3.attention.ln.weight": 1, "m.bert.encoder.layer.0.ln.bias": 2,
+        "encoder.layer.11.ln.weight": 3, "bert.encoder.layer.0.output.dense.weight": 4,
+        "bert.encoder.ln.bias": 5, "bert.embeddings.LayerNorm.weight": 6,
+        "cls.predictions.transform.LayerNorm.bias": 7, "bert.encoder.layer.1.ln.weight": 8}
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_checkpoints_with_the_old_pre_ln_names_load_bit_exactly(tmp_path, norm):
+    """A checkpoint written before the pre-LN rename (model and optimizer state under the
+    old names) loads into today's model and optimizer bit for bit; post-LN checkpoints,
+    whose names did not change, load as they always did."""
+    model = BertForPreTraining(tiny_config(norm_position=norm), seed=3)
+    opt = AdamW(model.named_parameters(), lr=1e-2)
+    ids = np.random.default_rng(0).integers(1, 30, (2, 6))
+    model(ids, masked_lm_ids=ids)
+    model.backward()
+    opt.step()
+    save_checkpoint(tmp_path / "new.npz", model, opt, {"step": 1})
+    with np.load(tmp_path / "new.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    old = {(_old_pre_ln_name(k) if norm == "pre" else k): v for k, v in arrays.items()}
+    assert (old == arrays) == (norm == "post") and len(old) == len(arrays)
+    np.savez(tmp_path / "old.npz", **old)
+
+    c = load_checkpoint(tmp_path / "old.npz")
+    again = BertForPreTraining(c["config"], seed=9)
+    again.load_state_dict(c["model"])
+    for k, v in model.state_dict().items():
+        assert again.state_dict()[k].dtype == v.dtype
+        np.testing.assert_array_equal(again.state_dict()[k], v, err_msg=k)
+    opt_again = AdamW(again.named_parameters(), lr=1e-2)
+    opt_again.load_state_dict(c["optim"])
+    for k, v in opt.state_dict().items():
+        np.testing.assert_array_equal(opt_again.state_dict()[k], v, err_msg=k)
+    np.testing.assert_array_equal(again.eval()(ids).prediction_logits,
+                                  model.eval()(ids).prediction_logits)
 
 
 def test_load_state_dict_errors_name_the_key():

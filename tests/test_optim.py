@@ -89,8 +89,11 @@ def test_decay_by_shape_agrees_with_the_name_rules_on_bert(model_cls, norm):
     named = list(model_cls(config).named_parameters())
     assert {decays(p) for _, p in named} == {True, False}
     assert [n for n, p in named if decays(p) != _old_name_rule(n)] == []
-    # the reference has no pre-LN final norm; its name rule would decay that gain
-    expected = ["bert.encoder.ln.weight"] if norm == "pre" else []
+    # the reference has no pre-LN norms (named ``ln``, as Megatron-BERT's); its name rule
+    # would decay their gains
+    expected = ["bert.encoder.layer.0.attention.ln.weight", "bert.encoder.layer.0.ln.weight",
+                "bert.encoder.layer.1.attention.ln.weight", "bert.encoder.layer.1.ln.weight",
+                "bert.encoder.ln.weight"] if norm == "pre" else []
     assert [n for n, p in named if decays(p) != _google_rule(n)] == expected
 
 

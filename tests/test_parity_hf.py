@@ -84,3 +84,43 @@ def test_bert_base_shaped_layer_with_heavy_padding():
     batch = Batch(ids, ((np.arange(T)[None] >= 3) & (mask == 1)).astype(np.int64), mask,
                   *masked_lm_from_labels(labels), np.array([0, 1, 1, 0]))
     compare(config, batch, 0)
+
+
+@settings(max_examples=4, deadline=None)
+@given(heads=st.sampled_from([1, 2]), layers=st.integers(1, 2), seed=seeds)
+def test_pre_ln_encoder_is_megatron_berts(heads, layers, seed):
+    """Pre-LN's parameter names are Megatron-BERT's (transformers' MegatronBertEncoder:
+    ``attention.ln`` before self-attention, ``layer.N.ln`` before the feed-forward block,
+    ``ln`` at the end), and under those names the two encoders compute the same output and
+    gradients (its embeddings differ: Megatron-BERT has no embedding LayerNorm)."""
+    from minibert.modeling import BertEncoder
+    from minibert.nn import extended_attention_mask
+    config = BertConfig(vocab_size=30, hidden_size=4 * heads, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=12,
+                        max_position_embeddings=16, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, norm_position="pre")
+    torch.manual_seed(seed % 10_000)
+    ref = transformers.MegatronBertModel(transformers.MegatronBertConfig(
+        **{k: getattr(config, k) for k in HF_FIELDS}, attn_implementation="eager"))
+    ref = ref.encoder.double().eval()
+    ours = BertEncoder(config, np.random.default_rng(0), np.float64)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((3, 5, config.hidden_size))                # (B, T, C)
+    mask = (np.arange(5)[None] < np.array([5, 2, 4])[:, None]).astype(np.int64)
+    G = rng.standard_normal(x.shape)
+    mask_add = extended_attention_mask(mask, x.dtype)                   # (B, 1, 1, T)
+    y = ours(x, mask_add)
+    ours.zero_grad()
+    dx = ours.backward(G)
+    xt = torch.from_numpy(x).requires_grad_()
+    yt = ref(xt, attention_mask=torch.from_numpy(mask_add)).last_hidden_state
+    (yt * torch.from_numpy(G)).sum().backward()
+
+    assert rel_error(y, yt.detach().numpy()) < 1e-10
+    assert rel_error(dx, xt.grad.numpy()) < 1e-10
+    ref_params = dict(ref.named_parameters())
+    worst = {n: rel_error(p.grad, ref_params[n].grad.numpy()) for n, p in ours.named_parameters()}
+    bad = {n: e for n, e in worst.items() if not e <= 1e-6}
+    assert not bad, f"gradients differ from Megatron-BERT: {bad}"

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig
-from minibert.modeling import BertForSequenceClassification
+from minibert.heads import BertForSequenceClassification
 from minibert.optim import AdamW
 from minibert.runs import MetricsLog
 from minibert.training import (TrainingConfig, TrainingError, TrainState, ramped_accumulation,

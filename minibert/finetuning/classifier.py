@@ -8,7 +8,8 @@ import numpy as np
 
 from ..backend import to_numpy
 from ..hf import load_pretrained_weights
-from ..modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
+from ..heads import BertForQuestionAnswering, BertForSequenceClassification
+from ..modeling import BertConfig
 from ..runs import Pretrained
 from .data import EncodedSplit, pad_batch
 from .metrics import classification_metrics, softmax_np
@@ -23,8 +24,8 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
                 random_init: bool = False, classifier_dropout: float | None = None,
                 classifier_pooling: str | None = None):
     """A fine-tuning model (``model_class``: :class:`BertForSequenceClassification`,
-    :class:`~minibert.modeling.BertForTokenClassification` or
-    :class:`~minibert.modeling.BertForQuestionAnswering`) with ``len(labels)`` classes (2
+    :class:`~minibert.heads.BertForTokenClassification` or
+    :class:`~minibert.heads.BertForQuestionAnswering`) with ``len(labels)`` classes (2
     start/end outputs for question answering, ``labels`` None), weights from ``pre``, or
     all fresh when ``random_init`` (same architecture and vocab, for baselines).
 

@@ -41,8 +41,8 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..backend import to_numpy
 from ..checkpoint import save_checkpoint
-from ..modeling import (BertForQuestionAnswering, BertForSequenceClassification,
-                        BertForTokenClassification)
+from ..heads import (BertForQuestionAnswering, BertForSequenceClassification,
+                     BertForTokenClassification)
 from .classifier import build_model, eval_batches, evaluate as evaluate_classifier
 from .metrics import log_softmax_np, softmax_np
 from .data import DatasetError, EncodedSplit, encode_split, iterate_batches, label_list, read_tsv
@@ -173,7 +173,7 @@ class TaskBase:
 # --------------------------------------------------------------------------------------
 class SequenceClassification(TaskBase):
     """One label per sentence or sentence pair (``label<TAB>sentence[<TAB>sentence_b]``
-    TSV with a header): :class:`~minibert.modeling.BertForSequenceClassification`,
+    TSV with a header): :class:`~minibert.heads.BertForSequenceClassification`,
     accuracy / macro-F1 / MCC (:func:`~minibert.finetuning.classification_metrics`)."""
 
     name = "sequence-classification"
@@ -235,7 +235,7 @@ class SequenceClassification(TaskBase):
 # --------------------------------------------------------------------------------------
 class TokenClassification(TaskBase):
     """One tag per word (NER, part of speech): CoNLL ``word<TAB>tag`` files
-    (:mod:`~minibert.finetuning.tagging`), :class:`~minibert.modeling.BertForTokenClassification`
+    (:mod:`~minibert.finetuning.tagging`), :class:`~minibert.heads.BertForTokenClassification`
     with the tag on a word's first piece (every piece with ``--label-all-tokens``); token
     accuracy, and entity precision / recall / F1 (micro and per type, seqeval's
     conventions) when the tag set is BIO-like. The train records' ``accuracy`` is over
@@ -385,7 +385,7 @@ class TokenClassification(TaskBase):
 class QuestionAnswering(TaskBase):
     """Extractive QA, SQuAD v1.1 (:mod:`~minibert.finetuning.qa`): JSON lines or nested
     SQuAD JSON, ``[CLS] question [SEP] context window [SEP]`` features with
-    ``doc_stride`` overlap, :class:`~minibert.modeling.BertForQuestionAnswering`, n-best
+    ``doc_stride`` overlap, :class:`~minibert.heads.BertForQuestionAnswering`, n-best
     answer extraction and the official exact match / F1 (percent). The train records give
     ``start_accuracy``, ``end_accuracy`` and ``span_accuracy`` over features (the
     [CLS] label of a window without the answer included).
