@@ -29,7 +29,7 @@ import numpy as np
 
 from ..backend import get_array_module
 from ..distillation import soft_target_kl_backward, soft_target_kl_forward
-from ..modeling import BertForSequenceClassification
+from ..heads import BertForSequenceClassification
 from ..nn import IGNORE_INDEX
 from ..nn.losses import cross_entropy_backward, cross_entropy_forward
 from ..runs import Pretrained
