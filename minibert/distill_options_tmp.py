@@ -102,7 +102,7 @@ def soft_targets(args, tokenizer, train_split, labels, max_len, xp):
         ValueError: a teacher that cannot be loaded or has other labels (the message
             names ``--teacher``). DatasetError: a bad ``--transfer-data`` file.
     """
-    from .finetuning.distill import read_transfer, teacher_logits, with_transfer_rows
+    from .finetuning.distill import SoftTargets, read_transfer, teacher_logits, with_transfer_rows
     try:
         teacher = load_start(args.teacher)
     except ValueError as e:
