@@ -17,6 +17,11 @@ the data position (epoch, batch in epoch) is in every checkpoint together with t
 not-yet-logged metric sums, so a run resumed from any checkpoint continues the same loss
 curve as an uninterrupted one.
 
+The loop (:func:`train`) around the steps: :func:`step_batches` groups a task's batches
+into steps (the batch-size ramp, steps that end with their epoch); :class:`NonfiniteGuard`
+counts bad steps in a row on the device; :class:`LogWindow` adds up what the next
+:func:`train_record` reports; evaluations and checkpoints come at their cadence.
+
 A job supplies a :class:`Task`: its batches, its forward pass with metric sums, how to
 turn sums into metrics, and optionally an evaluation.
 
@@ -30,6 +35,7 @@ evaluates and writes checkpoints; the metric sums of all ranks are added at log 
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -248,6 +254,235 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
     return loss_sum, grad_norm, finite, sums
 
 
+def step_batches(task: Task, cfg: TrainingConfig, state: TrainState) -> Iterator[list]:
+    """The global micro-batches of each optimizer step, from step ``state.step`` on.
+
+    Step s takes ``ramped_accumulation(s, cfg.gradient_accumulation_steps,
+    cfg.batch_size_ramp_steps)`` micro-batches in a row, fewer when its epoch runs out
+    first: a step ends with its epoch (as HF's Trainer), so an epoch holds a whole number of
+    steps and grouping restarts at every epoch. Each batch taken moves ``state.epoch`` /
+    ``state.batch_in_epoch`` to the position after it (the first batch of the next epoch,
+    looked at to see the epoch end, is held back for the next step). Each rank then trains
+    on its rows of every micro-batch (:func:`train_step`).
+
+    Raises:
+        TrainingError: see :func:`micro_batches`.
+    """
+    stream = micro_batches(task, state.epoch, state.batch_in_epoch)
+    pending = None                                 # a batch looked at but not yet trained on
+    for step in itertools.count(state.step):
+        k = ramped_accumulation(step, cfg.gradient_accumulation_steps, cfg.batch_size_ramp_steps)
+        micro = []
+        while len(micro) < k:
+            item, pending = (pending or next(stream)), None
+            state.epoch, state.batch_in_epoch, batch = item
+            micro.append(batch)
+            if len(micro) < k:
+                pending = next(stream)
+                if pending[0] != state.epoch:
+                    break
+        yield micro
+
+
+class NonfiniteGuard:
+    """Counts the non-finite steps in a row on the device, so that a step reads nothing on
+    the host; :meth:`check` (a host read) stops the run at the next log step or checkpoint.
+
+    Args:
+        xp: the array module of the parameters (numpy or cupy).
+        limit: ``cfg.max_nonfinite_steps`` (>= 1). checkpoint_path: named in the error.
+        run, since: a resumed :class:`TrainState`'s ``nonfinite_run`` / ``nonfinite_since``.
+    Attributes (0-d int64 device arrays): ``run`` non-finite steps in a row up to now, the
+    first of them step ``since`` (0-based); ``hit_since`` / ``hit_at`` the first and last
+    step of the first run that reached ``limit`` (-1: none yet).
+    """
+
+    def __init__(self, xp, limit: int, checkpoint_path, run: int = 0, since: int = 0):
+        self.xp, self.limit, self.checkpoint_path = xp, limit, checkpoint_path
+        self.run = xp.asarray(run, dtype=xp.int64)
+        self.since = xp.asarray(since, dtype=xp.int64)
+        self.hit_since = xp.asarray(-1, dtype=xp.int64)
+        self.hit_at = xp.asarray(-1, dtype=xp.int64)
+
+    def update(self, step: int, finite, loss, loss_scaled: bool) -> None:
+        """Count step ``step`` (0-based) given :func:`train_step`'s ``finite`` and ``loss``.
+        With float16 (``loss_scaled``) a gradient overflow at a finite loss is the loss
+        scaler's business (it skips the step and halves the scale), not a bad step."""
+        xp = self.xp
+        ok = finite | (xp.isfinite(loss) if loss_scaled else False)
+        self.since = xp.where(ok | (self.run > 0), self.since, step)
+        self.run = xp.where(ok, 0, self.run + 1)
+        first_hit = (self.hit_at < 0) & (self.run >= self.limit)
+        self.hit_since = xp.where(first_hit, self.since, self.hit_since)
+        self.hit_at = xp.where(first_hit, step, self.hit_at)
+
+    def check(self, step: int) -> None:
+        """Raise TrainingError if ``limit`` non-finite steps came in a row at some step so
+        far (``step``: the steps done, named in the message). Reads the device."""
+        if int(self.hit_at) >= 0:
+            raise TrainingError(
+                f"loss or gradient norm not finite in {self.limit} steps in a row "
+                f"since step {int(self.hit_since) + 1} (to step {int(self.hit_at) + 1}); stopped "
+                f"at step {step} (the updates of non-finite steps were skipped; the last "
+                f"checkpoint is {self.checkpoint_path})")
+
+
+class LogWindow:
+    """What the loop adds up between two train records: device sums of the applied steps'
+    loss, gradient norm and task sums, the counts ``steps`` / ``skipped``, and the host
+    count of tokens (attention-mask ones) with the time the window opened (seconds,
+    ``time.perf_counter``).
+
+    Args:
+        resumed: a checkpoint's window (``TrainState.window``): host sums over all ranks,
+            so the per-rank sums restart from 0 on every rank but the leader.
+        comm: the data-parallel communicator. xp, dtype: the parameters' array module and
+            float dtype (of the step counts).
+    """
+
+    def __init__(self, resumed: dict[str, float], comm: Communicator, xp, dtype):
+        self.comm, self.xp, self.dtype = comm, xp, dtype
+        self.sums: dict[str, Any] = {key: v if comm.is_leader or key in REPLICATED else 0.0
+                                     for key, v in resumed.items()}
+        self.tokens, self.opened = 0, time.perf_counter()
+
+    def count_tokens(self, micro: list) -> None:
+        """Add the real tokens of a step's global micro-batches (their host masks)."""
+        for batch in micro:
+            self.tokens += int(batch.attention_mask.sum())          # host array
+
+    def add(self, loss, grad_norm, finite, step_sums: dict[str, Any]) -> None:
+        """Add one step's :func:`train_step` results (device arithmetic only)."""
+        for key, v in (("loss", loss), ("grad_norm", grad_norm), *step_sums.items()):
+            self.sums[key] = self.sums.get(key, 0.0) + self.xp.where(finite, v, 0)
+        keep = finite.astype(self.dtype)
+        self.sums["steps"] = self.sums.get("steps", 0.0) + keep
+        self.sums["skipped"] = self.sums.get("skipped", 0.0) + (1 - keep)
+
+    def totals(self) -> dict[str, float]:
+        """Host totals over all ranks (a collective: every rank calls it at the same step)."""
+        host = {key: float(v) for key, v in self.sums.items()}
+        own = sorted(key for key in host if key not in REPLICATED)
+        if self.comm.world_size > 1 and own:
+            host.update(zip(own, self.comm.allreduce_host([host[key] for key in own]).tolist()))
+        return host
+
+    def close(self, now: float) -> tuple[dict[str, float], float]:
+        """(:meth:`totals`, tokens per second since the window opened); opens the next."""
+        totals, tokens_per_s = self.totals(), round(self.tokens / max(now - self.opened, 1e-9), 1)
+        self.sums, self.tokens, self.opened = {}, 0, now
+        return totals, tokens_per_s
+
+
+def train_record(state: TrainState, lr: float, totals: dict[str, float],
+                 metrics: dict[str, float], elapsed_s: float, tokens_per_s: float,
+                 loss_scale: float | None = None) -> dict[str, Any]:
+    """The "train" record of metrics.jsonl (host values, in this key order): step, epoch,
+    elapsed_s (seconds), lr, the mean loss over the window's applied steps, the task's
+    ``metrics``, the mean gradient norm, skipped_steps, loss_scale (float16 runs only) and
+    tokens_per_s; loss and grad_norm are None when every step of the window was skipped.
+
+    Args:
+        state: the run's position after the window's last step.
+        totals: :meth:`LogWindow.totals` (sums of ``loss``, ``grad_norm`` over the applied
+            steps, counts ``steps`` and ``skipped``).
+        metrics: ``task.summarize(totals)``.
+    """
+    steps = totals["steps"]                                 # 0 when every step was skipped
+    return {"kind": "train", "step": state.step, "epoch": state.epoch, "elapsed_s": elapsed_s,
+            "lr": lr, "loss": totals["loss"] / steps if steps else None, **metrics,
+            "grad_norm": totals["grad_norm"] / steps if steps else None,
+            "skipped_steps": int(totals["skipped"]),
+            **({"loss_scale": loss_scale} if loss_scale is not None else {}),
+            "tokens_per_s": tokens_per_s}
+
+
+def _progress_fields(record: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's postfix: loss, lr, tokens/s and accuracies of a train record."""
+    return {key: f"{v:.3g}" for key, v in record.items()
+            if v is not None and (key in ("loss", "lr", "tokens_per_s") or key.endswith("acc"))}
+
+
+def _due(every: int, step: int, end: bool = False) -> bool:
+    """Whether a cadence of ``every`` steps (0: never) falls on ``step``, or it is the end."""
+    return end or bool(every and step % every == 0)
+
+
+class _RunOutputs:
+    """What the leader writes as a run goes (metrics.jsonl, the progress bar, the
+    checkpoint) and the run's clock: seconds of training, a resumed run's included. On the
+    other ranks nothing is written and the bar is hidden."""
+
+    def __init__(self, metrics_path, checkpoint_path, cfg: TrainingConfig, state: TrainState,
+                 leader: bool):
+        from .runs import MetricsLog
+
+        self.checkpoint_path, self.leader = checkpoint_path, leader
+        self.t_start = time.perf_counter() - state.elapsed_s
+        self.metrics = MetricsLog(metrics_path, resume_step=state.step) if leader else None
+        self.bar = tqdm(total=cfg.max_steps, initial=state.step,
+                        disable=not (cfg.progress and leader), desc=cfg.desc, dynamic_ncols=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t_start
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.leader:
+            self.metrics.write(record)
+
+    def log_train(self, state: TrainState, lr: float, window: LogWindow, task: Task,
+                  optimizer) -> None:
+        """Close ``window`` into a :func:`train_record` (a collective), write it, show it."""
+        now = time.perf_counter()
+        totals, tokens_per_s = window.close(now)
+        scale = float(optimizer.loss_scale()) if optimizer.scaler is not None else None
+        record = train_record(state, lr, totals, task.summarize(totals),
+                              round(now - self.t_start, 3), tokens_per_s, scale)
+        self.write(record)
+        self.bar.set_postfix(_progress_fields(record))
+
+    def log_eval(self, step: int, task: Task) -> dict[str, Any]:
+        """Run ``task.evaluate(step)`` (leader only), write and print its "eval" record."""
+        record = {"kind": "eval", "step": step, "elapsed_s": round(self.elapsed(), 3),
+                  **task.evaluate(step)}
+        self.write(record)
+        self.bar.write(f"step {step}: " + ", ".join(
+            f"{key} {v:.4g}" for key, v in record.items()
+            if isinstance(v, float) and key != "elapsed_s"))
+        return record
+
+    def save(self, model, optimizer, task: Task, state: TrainState, guard: NonfiniteGuard,
+             window: LogWindow) -> None:
+        """Write the resumable state: parameters, optimizer, ``task.trainer_record()`` and
+        ``state`` with the open window and the guard's counters (a collective: every rank
+        calls it at the same step; the leader writes)."""
+        state.window = window.totals()
+        state.nonfinite_run, state.nonfinite_since = int(guard.run), int(guard.since)
+        state.elapsed_s = self.elapsed()
+        if self.leader:
+            save_checkpoint(self.checkpoint_path, model, optimizer,
+                            {**task.trainer_record(), **state.to_dict()})
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def _share_parameters(optimizer, comm: Communicator) -> None:
+    """Start every rank from rank 0's parameters (and float32 master copy).
+
+    Raises:
+        TrainingError: the model's parameters no longer alias the optimizer's flat buffer.
+    """
+    if not optimizer.flat.is_bound():
+        raise TrainingError("the model's parameters no longer alias the optimizer's buffer "
+                            "(was the model moved after the optimizer was built?)")
+    comm.broadcast_(optimizer.flat.data)
+    if optimizer.master is not None:
+        comm.broadcast_(optimizer.master)
+
+
 def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, *,
           metrics_path, checkpoint_path, comm: Communicator | None = None,
           device: str | None = None) -> tuple[TrainState, dict | None]:
@@ -267,146 +502,49 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             ``metrics_path`` and ``checkpoint_path``, shows progress and evaluates (the
             others return None as the evaluation record).
     Raises:
-        TrainingError: see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite
-            steps in a row (the last checkpoint holds the last good parameters).
+        TrainingError: the model's parameters no longer alias the optimizer's buffer;
+            see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite steps in a
+            row (the last checkpoint holds the last good parameters).
     """
     from .gradflow import grad_flow_record
-    from .runs import MetricsLog
 
-    params = model.parameters()
-    xp = get_array_module(params[0].data)
-    if not optimizer.flat.is_bound():
-        raise TrainingError("the model's parameters no longer alias the optimizer's buffer "
-                            "(was the model moved after the optimizer was built?)")
     comm = comm or Communicator()
-    leader = comm.is_leader
-    comm.broadcast_(optimizer.flat.data)
-    if optimizer.master is not None:
-        comm.broadcast_(optimizer.master)
-    state.world_size = comm.world_size
-    dropout_rng = backend.DropoutRNG(device)
-    stream = micro_batches(task, state.epoch, state.batch_in_epoch)
-    # device (or host, after a resume) sums; a resumed window holds the sums over all
-    # ranks, so the per-rank sums restart from 0 on every rank but rank 0
-    sums: dict[str, Any] = {key: v if leader or key in REPLICATED else 0.0
-                            for key, v in state.window.items()}
-    # on the device: non-finite steps in a row, the first of them, and the (first, last)
-    # step of the first run that reached cfg.max_nonfinite_steps (-1: none yet)
-    bad_run = xp.asarray(state.nonfinite_run, dtype=xp.int64)
-    bad_since = xp.asarray(state.nonfinite_since, dtype=xp.int64)
-    hit_since = xp.asarray(-1, dtype=xp.int64)
-    hit_at = xp.asarray(-1, dtype=xp.int64)
-    pending = None                                 # a batch looked at but not yet trained on
-    t_start = time.perf_counter() - state.elapsed_s
-    t_window, tokens = time.perf_counter(), 0
-    last_eval = None
-    metrics = MetricsLog(metrics_path, resume_step=state.step) if leader else None
-    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not (cfg.progress and leader),
-               desc=cfg.desc, dynamic_ncols=True)
-
-    def read_sums() -> dict[str, float]:
-        """Host totals over all ranks (a collective: every rank calls it at the same step)."""
-        host = {key: float(v) for key, v in sums.items()}
-        own = sorted(key for key in host if key not in REPLICATED)
-        if comm.world_size > 1 and own:
-            host.update(zip(own, comm.allreduce_host([host[key] for key in own]).tolist()))
-        return host
-
-    def check_nonfinite() -> None:
-        if int(hit_at) >= 0:
-            raise TrainingError(
-                f"loss or gradient norm not finite in {cfg.max_nonfinite_steps} steps in a row "
-                f"since step {int(hit_since) + 1} (to step {int(hit_at) + 1}); stopped at "
-                f"step {state.step} (the updates of non-finite steps were skipped; the last "
-                f"checkpoint is {checkpoint_path})")
-
-    def save() -> None:
-        check_nonfinite()
-        state.window = read_sums()
-        state.nonfinite_run, state.nonfinite_since = int(bad_run), int(bad_since)
-        state.elapsed_s = time.perf_counter() - t_start
-        if leader:
-            save_checkpoint(checkpoint_path, model, optimizer,
-                            {**task.trainer_record(), **state.to_dict()})
-
-    def evaluate() -> dict:
-        record = {"kind": "eval", "step": state.step,
-                  "elapsed_s": round(time.perf_counter() - t_start, 3), **task.evaluate(state.step)}
-        metrics.write(record)
-        model.train()
-        return record
-
+    _share_parameters(optimizer, comm)
+    state.world_size, leader = comm.world_size, comm.is_leader
+    data = model.parameters()[0].data
+    xp = get_array_module(data)
+    guard = NonfiniteGuard(xp, cfg.max_nonfinite_steps, checkpoint_path, state.nonfinite_run,
+                           state.nonfinite_since)
+    window = LogWindow(state.window, comm, xp, data.dtype)
+    groups, dropout_rng = step_batches(task, cfg, state), backend.DropoutRNG(device)
+    out, last_eval = _RunOutputs(metrics_path, checkpoint_path, cfg, state, leader), None
     model.train()
     try:
         while state.step < cfg.max_steps:
             step = state.step
             lr = linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
-            # up to k micro-batches; a step ends with its epoch (as HF's Trainer), so
-            # epochs hold a whole number of steps and grouping restarts at every epoch
-            k = ramped_accumulation(step, cfg.gradient_accumulation_steps,
-                                    cfg.batch_size_ramp_steps)
-            micro = []
-            while len(micro) < k:
-                item, pending = (pending or next(stream)), None
-                state.epoch, state.batch_in_epoch, batch = item
-                micro.append(batch)
-                tokens += int(batch.attention_mask.sum())          # host array
-                if len(micro) < k:
-                    pending = next(stream)
-                    if pending[0] != state.epoch:
-                        break
+            micro = next(groups)
+            window.count_tokens(micro)
             loss, grad_norm, finite, step_sums = train_step(
-                model, optimizer, task, micro, step, lr, cfg, comm=comm,
-                device=device, dropout_rng=dropout_rng)
-            # with float16 a gradient overflow at a finite loss is the loss scaler's
-            # business (it skips the step and halves the scale), not a bad step
-            ok = finite | (xp.isfinite(loss) if optimizer.scaler is not None else False)
-            bad_since = xp.where(ok | (bad_run > 0), bad_since, step)
-            bad_run = xp.where(ok, 0, bad_run + 1)
-            first_hit = (hit_at < 0) & (bad_run >= cfg.max_nonfinite_steps)
-            hit_since = xp.where(first_hit, bad_since, hit_since)
-            hit_at = xp.where(first_hit, step, hit_at)
-            keep = finite.astype(params[0].data.dtype)
-            for key, v in (("loss", loss), ("grad_norm", grad_norm), *step_sums.items()):
-                sums[key] = sums.get(key, 0.0) + xp.where(finite, v, 0)
-            sums["steps"] = sums.get("steps", 0.0) + keep
-            sums["skipped"] = sums.get("skipped", 0.0) + (1 - keep)
+                model, optimizer, task, micro, step, lr, cfg, comm=comm, device=device,
+                dropout_rng=dropout_rng)
+            guard.update(step, finite, loss, loss_scaled=optimizer.scaler is not None)
+            window.add(loss, grad_norm, finite, step_sums)
             state.step += 1
-            bar.update(1)
-            if leader and cfg.log_grad_norms and state.step % cfg.log_grad_norms == 0:
-                metrics.write(grad_flow_record(state.step, model, optimizer, lr, grad_norm))
+            out.bar.update(1)
+            if leader and _due(cfg.log_grad_norms, state.step):
+                out.write(grad_flow_record(state.step, model, optimizer, lr, grad_norm))
             end = state.step == cfg.max_steps
-            if (cfg.log_every and state.step % cfg.log_every == 0) or end:
-                check_nonfinite()
-                now = time.perf_counter()
-                totals = read_sums()
-                m = task.summarize(totals)
-                steps = totals["steps"]                      # 0 when every step was skipped
-                record = {"kind": "train", "step": state.step, "epoch": state.epoch,
-                          "elapsed_s": round(now - t_start, 3), "lr": lr,
-                          "loss": totals["loss"] / steps if steps else None, **m,
-                          "grad_norm": totals["grad_norm"] / steps if steps else None,
-                          "skipped_steps": int(totals["skipped"]),
-                          **({"loss_scale": float(optimizer.loss_scale())}
-                             if optimizer.scaler is not None else {}),
-                          "tokens_per_s": round(tokens / max(now - t_window, 1e-9), 1)}
-                if leader:
-                    metrics.write(record)
-                bar.set_postfix({key: f"{v:.3g}" for key, v in record.items()
-                                 if v is not None and (key in ("loss", "lr", "tokens_per_s")
-                                                       or key.endswith("acc"))})
-                sums, tokens, t_window = {}, 0, now
-            if leader and task.evaluate is not None and (
-                    end or (cfg.eval_every and state.step % cfg.eval_every == 0)):
-                last_eval = evaluate()
-                bar.write(f"step {state.step}: " + ", ".join(
-                    f"{key} {v:.4g}" for key, v in last_eval.items()
-                    if isinstance(v, float) and key != "elapsed_s"))
-            if end or (cfg.save_every and state.step % cfg.save_every == 0):
-                save()
+            if _due(cfg.log_every, state.step, end):
+                guard.check(state.step)
+                out.log_train(state, lr, window, task, optimizer)
+            if leader and task.evaluate is not None and _due(cfg.eval_every, state.step, end):
+                last_eval = out.log_eval(state.step, task)
+                model.train()
+            if _due(cfg.save_every, state.step, end):
+                guard.check(state.step)
+                out.save(model, optimizer, task, state, guard, window)
     finally:
-        bar.close()
-        if metrics is not None:
-            metrics.close()
-    state.elapsed_s = time.perf_counter() - t_start
+        out.close()
+    state.elapsed_s = out.elapsed()
     return state, last_eval

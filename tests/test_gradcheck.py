@@ -68,6 +68,7 @@ def test_cli_perturbation_fails_and_names_the_tensor(perturbation, layers, faili
     ("embedding-fancy-index", "embedding", "embedding.weight"),
     ("cross-entropy-ignored", "cross_entropy", "cross_entropy(eps=0.0).logits"),
     ("residual", "ffn", "ffn.x"),
+    ("attention-scale", "encoder_layer", "pre.layer.attention.self.query.weight"),
 ])
 def test_other_perturbations_in_process(perturbation, layer, tensor):
     from minibert.gradcheck import Shapes, run_checks

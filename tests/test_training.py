@@ -17,8 +17,10 @@ from minibert import BertConfig
 from minibert.heads import BertForSequenceClassification
 from minibert.optim import AdamW
 from minibert.runs import MetricsLog
-from minibert.training import (TrainingConfig, TrainingError, TrainState, ramped_accumulation,
-                               train)
+from minibert.training import (LogWindow, NonfiniteGuard, TrainingConfig, TrainingError,
+                               TrainState, ramped_accumulation, step_batches, train,
+                               train_record)
+from minibert.distributed import Communicator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,6 +193,105 @@ def test_an_epoch_without_batches_is_an_error(tmp_path):
     model, data = toy(rows=0)
     with pytest.raises(TrainingError, match="epoch 0 yields no batch"):
         run(model, ToyTask(data, 8), tmp_path, steps=1)
+
+
+def test_parameters_moved_after_the_optimizer_was_built_are_an_error(tmp_path):
+    model, data = toy()
+    opt = AdamW(model.named_parameters(), lr=1e-2)
+    p = model.parameters()[0]
+    p.data = p.data.copy()                      # no longer a view of the optimizer's buffer
+    with pytest.raises(TrainingError, match="no longer alias the optimizer's buffer"):
+        train(model, opt, ToyTask(data, 8), TrainingConfig(max_steps=1, lr=1e-2, progress=False),
+              TrainState(), metrics_path=tmp_path / "m.jsonl", checkpoint_path=tmp_path / "c")
+
+
+# ---------------------------------------------------------------------- the loop's helpers
+class Numbered:
+    """``n`` batches an epoch, each the pair (epoch, index)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def batches(self, epoch, start_batch):
+        yield from ((epoch, i) for i in range(start_batch, self.n))
+
+
+@given(n=st.integers(1, 7), k=st.integers(1, 4), ramp=st.integers(0, 6), steps=st.integers(1, 20),
+       cut=st.integers(0, 20))
+@settings(max_examples=100, deadline=None)
+def test_step_batches_group_each_epoch_into_ramped_steps(n, k, ramp, steps, cut):
+    cfg = TrainingConfig(max_steps=steps, lr=1e-3, gradient_accumulation_steps=k,
+                         batch_size_ramp_steps=ramp)
+    state = TrainState()
+    groups = step_batches(Numbered(n), cfg, state)
+    taken, positions = [], []
+    for step in range(steps):
+        micro = next(groups)
+        taken.append(micro)
+        positions.append((state.epoch, state.batch_in_epoch))
+        epoch = micro[0][0]
+        assert all(e == epoch for e, _ in micro)                   # one epoch per step
+        left = n - micro[0][1]                                     # batches left in the epoch
+        assert len(micro) == min(ramped_accumulation(step, k, ramp), left)
+        assert (state.epoch, state.batch_in_epoch) == (epoch, micro[-1][1] + 1)
+    flat = [b for micro in taken for b in micro]
+    assert flat == [(e, i) for e in range(flat[-1][0] + 1) for i in range(n)][:len(flat)]
+    # a run resumed from any step's position takes the same steps from there on
+    cut = min(cut, steps - 1)
+    resumed = TrainState(cut, *(positions[cut - 1] if cut else (0, 0)))
+    again = step_batches(Numbered(n), cfg, resumed)
+    assert [next(again) for _ in range(cut, steps)] == taken[cut:]
+
+
+@given(bad=st.lists(st.booleans(), min_size=1, max_size=12), limit=st.integers(1, 4),
+       run=st.integers(0, 3))
+@settings(max_examples=100, deadline=None)
+def test_the_nonfinite_guard_counts_bad_steps_in_a_row(bad, limit, run):
+    guard = NonfiniteGuard(np, limit, "c.npz", run=run, since=7 if run else 0)
+    since, hit = (7 if run else 0), None                          # the plain-Python reference
+    for step, b in enumerate(bad, start=10):
+        guard.update(step, np.asarray(not b), np.float64(np.nan if b else 1.0), False)
+        since = since if not b or run else step
+        run = run + 1 if b else 0
+        if hit is None and run >= limit:
+            hit = (since, step)
+        assert (int(guard.run), int(guard.since)) == (run, since)
+    if hit is None:
+        guard.check(99)
+    else:
+        with pytest.raises(TrainingError, match=rf"not finite in {limit} steps in a row since "
+                           rf"step {hit[0] + 1} \(to step {hit[1] + 1}\); stopped at step 99 "
+                           r".*the last checkpoint is c\.npz"):
+            guard.check(99)
+
+
+def test_with_loss_scaling_an_overflow_at_a_finite_loss_is_not_a_bad_step():
+    guard = NonfiniteGuard(np, 1, "c")
+    guard.update(0, np.asarray(False), np.float64(2.0), loss_scaled=True)
+    guard.check(1)
+    guard.update(1, np.asarray(False), np.float64(np.inf), loss_scaled=True)
+    with pytest.raises(TrainingError, match="since step 2 "):
+        guard.check(2)
+
+
+def test_the_log_window_and_the_train_record():
+    window = LogWindow({"loss": 3.0, "steps": 1.0, "correct": 5.0}, Communicator(), np,
+                       np.float32)
+    window.count_tokens([Rows(None, np.ones((2, 3), np.int64), None)] * 2)
+    window.add(np.float64(1.0), np.float64(0.5), np.asarray(True), {"correct": np.int64(2)})
+    window.add(np.float64(np.nan), np.float64(9.0), np.asarray(False), {"correct": np.int64(4)})
+    opened = window.opened
+    totals, tokens_per_s = window.close(opened + 2.0)
+    assert totals == {"loss": 4.0, "steps": 2.0, "correct": 7.0, "grad_norm": 0.5, "skipped": 1.0}
+    assert tokens_per_s == 6.0                                  # 12 tokens in 2 seconds
+    assert (window.sums, window.tokens, window.opened) == ({}, 0, opened + 2.0)
+    record = train_record(TrainState(step=4, epoch=1), 1e-3, totals, {"acc": 0.5}, 1.25, 6.0)
+    assert list(record) == ["kind", "step", "epoch", "elapsed_s", "lr", "loss", "acc",
+                            "grad_norm", "skipped_steps", "tokens_per_s"]
+    assert (record["loss"], record["grad_norm"], record["skipped_steps"]) == (2.0, 0.25, 1)
+    skipped = train_record(TrainState(), 0.0, {"loss": 0.0, "grad_norm": 0.0, "steps": 0.0,
+                                               "skipped": 3.0}, {}, 0.0, 0.0, loss_scale=1024.0)
+    assert (skipped["loss"], skipped["grad_norm"], skipped["loss_scale"]) == (None, None, 1024.0)
 
 
 # ---------------------------------------------------------------------- kill -9, resume

@@ -6,7 +6,7 @@ I = intermediate size, V = vocab, N = rows (B * T).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -108,206 +108,237 @@ def _mask_add(rng, B, T):
                                    np.float64)
 
 
+@dataclass
+class _Case:
+    """One checked configuration: :func:`~minibert.gradcheck.check_module`'s arguments."""
+
+    module: Module
+    inputs: list
+    title: str
+    prefix: str
+    input_names: list[str] | None = None
+    loss: Callable | None = None
+    before_forward: Callable[[], None] | None = None
+
+
+def _scaled(c: float):
+    """The loss of a scalar output: L = c * out, upstream c (c != 1 exposes a backward that
+    ignores its upstream gradient)."""
+    return lambda out: (out * c, np.float64(c))
+
+
+class _Draws:
+    """The sizes of one catalogue run and its random draws: ``rng(k)`` a fresh generator
+    for key k (so that no check depends on another's draws), ``x(*shape, k=k)`` N(0, 1)
+    values from it; ``dims`` the "B=.. T=.. C=.." of the titles."""
+
+    def __init__(self, s: Shapes, seed: int):
+        self.s, self.seed = s, seed
+        self.B, self.T, self.C, self.NH = s.batch, s.seq_len, s.hidden, s.heads
+        self.I, self.V, self.N = s.intermediate, s.vocab, s.batch * s.seq_len
+        self.dims = f"B={self.B} T={self.T} C={self.C}"
+
+    def rng(self, k: int = 0) -> np.random.Generator:
+        return np.random.default_rng([self.seed, k])
+
+    def x(self, *shape: int, k: int = 1) -> np.ndarray:
+        return self.rng(k).standard_normal(shape)
+
+
+# The entries: each yields its cases one at a time, built only when its check runs (inside
+# a --perturb swap, so that a module picks up the swapped functions).
+
+def _linear(d: _Draws):
+    m = _set(Linear(d.C, d.I, rng=d.rng(), dtype=np.float64), d.rng(2))
+    yield _Case(m, [d.x(d.B, d.T, d.C)], f"linear C={d.C} -> I={d.I}, {d.dims}", "linear.",
+                ["x"])
+
+
+def _embedding(d: _Draws):
+    m = Embedding(d.V, d.C, rng=d.rng(), std=0.5, dtype=np.float64)
+    ids = d.rng(3).integers(0, max(1, min(d.V, d.N // 2)), size=(d.B, d.T))  # repeated ids
+    yield _Case(m, [ids], f"embedding V={d.V} C={d.C}, ids (B={d.B}, T={d.T}) with repeats",
+                "embedding.")
+
+
+def _layernorm(d: _Draws):
+    m = _set(LayerNorm(d.C, dtype=np.float64), d.rng(2))
+    yield _Case(m, [d.x(d.B, d.T, d.C) * 3 + 1], f"layernorm {d.dims}", "layernorm.", ["x"])
+
+
+def _gelu(d: _Draws):
+    for name in ("gelu", "gelu_new"):
+        yield _Case(Activation(name), [d.x(d.B, d.T, d.I) * 2],
+                    f"{name} ({'exact erf' if name == 'gelu' else 'tanh'}) B={d.B} T={d.T} "
+                    f"I={d.I}", f"{name}.", ["x"])
+
+
+def _softmax(d: _Draws):
+    def fwd(self, scores):
+        probs, self.cache = A.softmax_forward(scores)           # (B, NH, T, T)
+        return probs
+    m = _module(fwd, lambda self, g: A.softmax_backward(g, self.cache))
+    yield _Case(m, [d.x(d.B, d.NH, d.T, d.T) * 2],
+                f"softmax over the last axis (B={d.B}, NH={d.NH}, T={d.T}, T={d.T})",
+                "softmax.", ["scores"])
+
+
+def _attention(d: _Draws):
+    mask_add = _mask_add(d.rng(4), d.B, d.T)
+
+    def fwd(self, q, k, v):  # a fresh generator per forward: the same dropout mask
+        qkv = np.concatenate([q, k, v], axis=-1)                 # (B, T, 3C), packed
+        ctx, self.cache = Att.attention_forward(qkv, mask_add, d.NH, d.s.dropout,
+                                                np.random.default_rng(d.seed))
+        return ctx                                               # (B, T, C)
+
+    def bwd(self, g):  # the packed gradient, reported per projection
+        return tuple(np.split(Att.attention_backward(g, self.cache), 3, axis=-1))
+    yield _Case(_module(fwd, bwd), [d.x(d.B, d.T, d.C, k=k) for k in (5, 6, 7)],
+                f"attention core {d.dims} NH={d.NH}, padding mask, dropout {d.s.dropout} "
+                "(fixed mask)", "attention.", ["q", "k", "v"])
+
+
+def _ffn(d: _Draws):
+    config = _config(d.s)
+    inter = _set(M.BertIntermediate(config, d.rng(), np.float64), d.rng(2))
+    out = _set(M.BertOutput(d.I, config, d.rng(), np.float64), d.rng(3))
+
+    def bwd(self, g):
+        di, dres = self.output.backward(g)
+        return self.intermediate.backward(di) + dres
+    m = _module(lambda self, h: self.output(self.intermediate(h), h), bwd,
+                intermediate=inter, output=out)
+    yield _Case(m, [d.x(d.B, d.T, d.C)], "feed-forward sub-layer (dense, GELU, dense, "
+                f"residual, post-LN) {d.dims} I={d.I}", "ffn.", ["x"])
+
+
+def _encoder_layer(d: _Draws):
+    for norm in ("post", "pre"):
+        m = _set(M.BertLayer(_config(d.s, norm, d.s.dropout), d.rng(), np.float64), d.rng(2))
+
+        def reset(m=m):  # the same generator state before every forward: same masks
+            for layer in m.modules():
+                if isinstance(layer, Dropout):
+                    layer.rng = np.random.default_rng(d.seed)
+        m_add = _mask_add(d.rng(4), d.B, d.T)
+        wrapped = _module(lambda self, h, m=m, m_add=m_add: m(h, m_add),
+                          lambda self, g, m=m: m.backward(g), layer=m)
+        yield _Case(wrapped, [d.x(d.B, d.T, d.C)],
+                    f"encoder layer, {norm}-LN, {d.dims} NH={d.NH} I={d.I}, padding mask, "
+                    f"dropout {d.s.dropout} (fixed masks)", f"{norm}.", ["x"],
+                    before_forward=reset)
+
+
+def _mlm_head(d: _Draws):
+    emb = Embedding(d.V, d.C, rng=d.rng(), std=0.5, dtype=np.float64)
+    head = _set(M.BertLMPredictionHead(_config(d.s), emb, d.rng(), np.float64), d.rng(2))
+    yield _Case(head, [d.x(d.N, d.C)], f"MLM head (transform + tied decoder) N={d.N} "
+                f"C={d.C} V={d.V}", "predictions.", ["h"])
+
+
+def _nsp_head(d: _Draws):
+    pooler = _set(M.BertPooler(_config(d.s), d.rng(), np.float64), d.rng(2))
+    seq = _set(Linear(d.C, 2, rng=d.rng(), dtype=np.float64), d.rng(3))
+    # the pooler reads position 0 only, so the checked input is h[:, 0] (B, C)
+    m = _module(lambda self, h0: self.seq_relationship(self.pooler(h0[:, None, :])),
+                lambda self, g: self.pooler.backward(self.seq_relationship.backward(g)),
+                pooler=pooler, seq_relationship=seq)
+    yield _Case(m, [d.x(d.B, d.C)], "NSP head (pooler tanh(dense(h[:, 0])), then dense "
+                f"C -> 2) B={d.B} C={d.C}", "nsp.", ["h[:, 0]"])
+
+
+def _cross_entropy(d: _Draws):
+    labels = d.rng(8).integers(0, d.V, size=d.N)
+    labels[d.rng(9).random(d.N) < 0.3] = IGNORE_INDEX
+    labels[0] = 1
+    for eps in (0.0, d.s.label_smoothing):
+        def fwd(self, logits, eps=eps):
+            loss, self.cache = Lo.cross_entropy_forward(logits, labels, eps)
+            return loss
+        m = _module(fwd, lambda self, g: Lo.cross_entropy_backward(g, self.cache))
+        yield _Case(m, [d.x(d.N, d.V) * 2], f"softmax cross-entropy N={d.N} K={d.V}, "
+                    f"{int((labels == IGNORE_INDEX).sum())} ignored rows, label smoothing {eps}",
+                    f"cross_entropy(eps={eps}).", ["logits"], _scaled(1.7))
+
+
+def _distillation(d: _Draws):
+    from .. import distillation as D
+    B, T, C, NH, N, Ct = d.B, d.T, d.C, d.NH, d.N, d.C + 2
+    weights = (d.rng(11).random(N) < 0.7).astype(np.float64)
+    weights[0] = 1.0
+    teacher_logits = d.x(N, d.V, k=12) * 2
+    mask = (_mask_add(d.rng(13), B, T)[:, 0, 0, :] == 0).astype(np.int64)     # (B, T)
+    teacher_h = d.x(B, T, Ct, k=14)
+    scores = d.x(B, NH, T, T, k=15) + _mask_add(d.rng(13), B, T)
+    teacher_probs = A.softmax_forward(d.x(B, NH, T, T, k=16) + _mask_add(d.rng(13), B, T))[0]
+
+    def kl_fwd(self, logits):
+        loss, self.cache = D.soft_target_kl_forward(logits, teacher_logits, weights, 2.0)
+        return loss
+
+    def cos_fwd(self, h):  # through the learned projection W_h (C -> Ct)
+        loss, self.cache = D.cosine_loss_forward(self.hidden_projection(h), teacher_h, mask)
+        return loss
+
+    def att_fwd(self, scores):  # the student's probabilities from its scores
+        probs, self.softmax_cache = A.softmax_forward(scores)
+        loss, self.cache = D.attention_kl_forward(probs, teacher_probs, mask)
+        return loss
+
+    proj = _set(Linear(C, Ct, bias=False, rng=d.rng(), dtype=np.float64), d.rng(2))
+    yield _Case(_module(kl_fwd, lambda self, g: D.soft_target_kl_backward(g, self.cache)),
+                [d.x(N, d.V) * 2], f"soft-target KL at T=2 (Hinton et al.) N={N} V={d.V}, "
+                f"{int((weights == 0).sum())} uncounted rows", "kl.", ["logits"], _scaled(1.3))
+    yield _Case(_module(cos_fwd, lambda self, g: self.hidden_projection.backward(
+        D.cosine_loss_backward(g, self.cache)), hidden_projection=proj),
+        [d.x(B, T, C)], f"cosine loss through W_h (C={C} -> {Ct}) {d.dims}, padding", "cos.",
+        ["h"], _scaled(1.3))
+    yield _Case(_module(att_fwd, lambda self, g: A.softmax_backward(
+        D.attention_kl_backward(g, self.cache), self.softmax_cache)),
+        [scores], f"attention KL (MiniLM) after the softmax, B={B} NH={NH} T={T}, padding",
+        "att.", ["scores"], _scaled(1.3))
+
+
+def _model(d: _Draws):
+    s = d.s
+    for norm in ("post", "pre"):
+        config = _config(s, norm, s.dropout)
+        net = M.BertForPreTraining(config, seed=d.seed, dtype=np.float64,
+                                   label_smoothing=s.label_smoothing)
+        batch = random_token_batch(config, d.rng(10), d.B, d.T, first_row_full=True)
+        yield _Case(net, list(batch.values()),
+                    f"BertForPreTraining {norm}-LN, L={s.layers} {d.dims} NH={d.NH} I={d.I} "
+                    f"V={d.V}: MLM + NSP loss, padding, dropout {s.dropout} (fixed masks), "
+                    f"label smoothing {s.label_smoothing}", f"{norm}:",
+                    loss=lambda out: (out.loss, None),
+                    before_forward=lambda net=net: net.set_dropout_rng(
+                        np.random.default_rng(d.seed)))
+
+
+# the catalogue: name -> entry, in the order of --layer all
+_ENTRIES: dict[str, Callable[[_Draws], Iterator[_Case]]] = {
+    "linear": _linear, "embedding": _embedding, "layernorm": _layernorm, "gelu": _gelu,
+    "softmax": _softmax, "attention": _attention, "ffn": _ffn,
+    "encoder_layer": _encoder_layer, "mlm_head": _mlm_head, "nsp_head": _nsp_head,
+    "cross_entropy": _cross_entropy, "distillation": _distillation, "model": _model,
+}
+LAYERS = tuple(_ENTRIES)
+
+
 def layer_checks(s: Shapes, seed: int = 0) -> dict[str, Callable[..., list[GradcheckReport]]]:
     """name -> function(**check_module keywords) returning the reports of that layer's
-    checks (one per configuration, e.g. post- and pre-LN)."""
-    B, T, C, NH, I, V = s.batch, s.seq_len, s.hidden, s.heads, s.intermediate, s.vocab
-    dims = f"B={B} T={T} C={C}"
+    checks (one per configuration, e.g. post- and pre-LN), for every name of
+    :data:`LAYERS`. A layer's modules and inputs are built when its function is called."""
+    draws = _Draws(s, seed)
 
-    def rng(k=0):
-        return np.random.default_rng([seed, k])
-
-    def x(*shape, k=1):
-        return rng(k).standard_normal(shape)
-
-    def linear(**kw):
-        m = _set(Linear(C, I, rng=rng(), dtype=np.float64), rng(2))
-        return [check_module(m, [x(B, T, C)], input_names=["x"], title=f"linear C={C} -> I={I}, "
-                             f"{dims}", prefix="linear.", **kw)]
-
-    def embedding(**kw):
-        m = Embedding(V, C, rng=rng(), std=0.5, dtype=np.float64)
-        ids = rng(3).integers(0, max(1, min(V, (B * T) // 2)), size=(B, T))  # repeated ids
-        return [check_module(m, [ids], title=f"embedding V={V} C={C}, ids (B={B}, T={T}) "
-                             "with repeats", prefix="embedding.", **kw)]
-
-    def layernorm(**kw):
-        m = _set(LayerNorm(C, dtype=np.float64), rng(2))
-        return [check_module(m, [x(B, T, C) * 3 + 1], input_names=["x"],
-                             title=f"layernorm {dims}", prefix="layernorm.", **kw)]
-
-    def gelu(**kw):
-        return [check_module(Activation(name), [x(B, T, I) * 2], input_names=["x"],
-                             title=f"{name} ({'exact erf' if name == 'gelu' else 'tanh'}) "
-                             f"B={B} T={T} I={I}", prefix=f"{name}.", **kw)
-                for name in ("gelu", "gelu_new")]
-
-    def softmax(**kw):
-        def fwd(self, scores):
-            probs, self.cache = A.softmax_forward(scores)       # (B, NH, T, T)
-            return probs
-        m = _module(fwd, lambda self, d: A.softmax_backward(d, self.cache))
-        return [check_module(m, [x(B, NH, T, T) * 2], input_names=["scores"],
-                             title=f"softmax over the last axis (B={B}, NH={NH}, T={T}, T={T})",
-                             prefix="softmax.", **kw)]
-
-    def attention(**kw):
-        mask_add = _mask_add(rng(4), B, T)
-
-        def fwd(self, q, k, v):  # a fresh generator per forward: the same dropout mask
-            qkv = np.concatenate([q, k, v], axis=-1)             # (B, T, 3C), packed
-            ctx, self.cache = Att.attention_forward(qkv, mask_add, NH, s.dropout,
-                                                    np.random.default_rng(seed))
-            return ctx                                           # (B, T, C)
-
-        def bwd(self, d):  # the packed gradient, reported per projection
-            return tuple(np.split(Att.attention_backward(d, self.cache), 3, axis=-1))
-        m = _module(fwd, bwd)
-        return [check_module(m, [x(B, T, C, k=5), x(B, T, C, k=6), x(B, T, C, k=7)],
-                             input_names=["q", "k", "v"],
-                             title=f"attention core {dims} NH={NH}, padding mask, dropout "
-                             f"{s.dropout} (fixed mask)", prefix="attention.", **kw)]
-
-    def ffn(**kw):
-        config = _config(s)
-        inter = _set(M.BertIntermediate(config, rng(), np.float64), rng(2))
-        out = _set(M.BertOutput(I, config, rng(), np.float64), rng(3))
-
-        def fwd(self, h):
-            return self.output(self.intermediate(h), h)
-
-        def bwd(self, d):
-            di, dres = self.output.backward(d)
-            return self.intermediate.backward(di) + dres
-        m = _module(fwd, bwd, intermediate=inter, output=out)
-        return [check_module(m, [x(B, T, C)], input_names=["x"],
-                             title=f"feed-forward sub-layer (dense, GELU, dense, residual, "
-                             f"post-LN) {dims} I={I}", prefix="ffn.", **kw)]
-
-    def encoder_layer(**kw):
-        reports = []
-        for norm in ("post", "pre"):
-            m = _set(M.BertLayer(_config(s, norm, s.dropout), rng(), np.float64), rng(2))
-
-            def reset(m=m):  # the same generator state before every forward: same masks
-                for d in m.modules():
-                    if isinstance(d, Dropout):
-                        d.rng = np.random.default_rng(seed)
-            m_add = _mask_add(rng(4), B, T)
-            wrapped = _module(lambda self, h, m=m: m(h, m_add), lambda self, d, m=m: m.backward(d),
-                              layer=m)
-            reports.append(check_module(
-                wrapped, [x(B, T, C)], input_names=["x"], before_forward=reset,
-                title=f"encoder layer, {norm}-LN, {dims} NH={NH} I={I}, padding mask, dropout "
-                f"{s.dropout} (fixed masks)", prefix=f"{norm}.", **kw))
-        return reports
-
-    def mlm_head(**kw):
-        config = _config(s)
-        emb = Embedding(V, C, rng=rng(), std=0.5, dtype=np.float64)
-        head = _set(M.BertLMPredictionHead(config, emb, rng(), np.float64), rng(2))
-        N = B * T
-        return [check_module(head, [x(N, C)], input_names=["h"],
-                             title=f"MLM head (transform + tied decoder) N={N} C={C} V={V}",
-                             prefix="predictions.", **kw)]
-
-    def nsp_head(**kw):
-        config = _config(s)
-        pooler = _set(M.BertPooler(config, rng(), np.float64), rng(2))
-        seq = _set(Linear(C, 2, rng=rng(), dtype=np.float64), rng(3))
-        # the pooler reads position 0 only, so the checked input is h[:, 0] (B, C)
-        m = _module(lambda self, h0: self.seq_relationship(self.pooler(h0[:, None, :])),
-                    lambda self, d: self.pooler.backward(self.seq_relationship.backward(d)),
-                    pooler=pooler, seq_relationship=seq)
-        return [check_module(m, [x(B, C)], input_names=["h[:, 0]"],
-                             title=f"NSP head (pooler tanh(dense(h[:, 0])), then dense C -> 2) "
-                             f"B={B} C={C}", prefix="nsp.", **kw)]
-
-    def cross_entropy(**kw):
-        reports = []
-        N = B * T
-        labels = rng(8).integers(0, V, size=N)
-        labels[rng(9).random(N) < 0.3] = IGNORE_INDEX
-        labels[0] = 1
-        for eps in (0.0, s.label_smoothing):
-            def fwd(self, logits, eps=eps):
-                loss, self.cache = Lo.cross_entropy_forward(logits, labels, eps)
-                return loss
-            m = _module(fwd, lambda self, d: Lo.cross_entropy_backward(d, self.cache))
-            reports.append(check_module(
-                m, [x(N, V) * 2], input_names=["logits"],
-                loss=lambda out: (out * 1.7, np.float64(1.7)),
-                title=f"softmax cross-entropy N={N} K={V}, "
-                f"{int((labels == IGNORE_INDEX).sum())} ignored rows, label smoothing {eps}",
-                prefix=f"cross_entropy(eps={eps}).", **kw))
-        return reports
-
-    def distillation(**kw):
-        from .. import distillation as D
-        N, Ct = B * T, C + 2
-        weights = (rng(11).random(N) < 0.7).astype(np.float64)
-        weights[0] = 1.0
-        teacher_logits = x(N, V, k=12) * 2
-        mask = (_mask_add(rng(13), B, T)[:, 0, 0, :] == 0).astype(np.int64)      # (B, T)
-        teacher_h = x(B, T, Ct, k=14)
-        scores = x(B, NH, T, T, k=15) + _mask_add(rng(13), B, T)
-        teacher_probs = A.softmax_forward(x(B, NH, T, T, k=16) + _mask_add(rng(13), B, T))[0]
-
-        def kl_fwd(self, logits):
-            loss, self.cache = D.soft_target_kl_forward(logits, teacher_logits, weights, 2.0)
-            return loss
-
-        def cos_fwd(self, h):  # through the learned projection W_h (C -> Ct)
-            loss, self.cache = D.cosine_loss_forward(self.hidden_projection(h), teacher_h, mask)
-            return loss
-
-        def att_fwd(self, scores):  # the student's probabilities from its scores
-            probs, self.softmax_cache = A.softmax_forward(scores)
-            loss, self.cache = D.attention_kl_forward(probs, teacher_probs, mask)
-            return loss
-
-        proj = _set(Linear(C, Ct, bias=False, rng=rng(), dtype=np.float64), rng(2))
-        scalar = dict(loss=lambda out: (out * 1.3, np.float64(1.3)))
-        return [
-            check_module(_module(kl_fwd, lambda self, d: D.soft_target_kl_backward(d, self.cache)),
-                         [x(N, V) * 2], input_names=["logits"], **scalar,
-                         title=f"soft-target KL at T=2 (Hinton et al.) N={N} V={V}, "
-                         f"{int((weights == 0).sum())} uncounted rows", prefix="kl.", **kw),
-            check_module(_module(cos_fwd, lambda self, d: self.hidden_projection.backward(
-                D.cosine_loss_backward(d, self.cache)), hidden_projection=proj),
-                [x(B, T, C)], input_names=["h"], **scalar,
-                title=f"cosine loss through W_h (C={C} -> {Ct}) {dims}, padding",
-                prefix="cos.", **kw),
-            check_module(_module(att_fwd, lambda self, d: A.softmax_backward(
-                D.attention_kl_backward(d, self.cache), self.softmax_cache)),
-                [scores], input_names=["scores"], **scalar,
-                title=f"attention KL (MiniLM) after the softmax, B={B} NH={NH} T={T}, padding",
-                prefix="att.", **kw),
-        ]
-
-    def model(**kw):
-        reports = []
-        for norm in ("post", "pre"):
-            config = _config(s, norm, s.dropout)
-            net = M.BertForPreTraining(config, seed=seed, dtype=np.float64,
-                                       label_smoothing=s.label_smoothing)
-            batch = random_token_batch(config, rng(10), B, T, first_row_full=True)
-            reports.append(check_module(
-                net, list(batch.values()), loss=lambda out: (out.loss, None),
-                before_forward=lambda net=net: net.set_dropout_rng(np.random.default_rng(seed)),
-                title=f"BertForPreTraining {norm}-LN, L={s.layers} {dims} NH={NH} I={I} V={V}: "
-                f"MLM + NSP loss, padding, dropout {s.dropout} (fixed masks), label smoothing "
-                f"{s.label_smoothing}", prefix=f"{norm}:", **kw))
-        return reports
-
-    return dict(linear=linear, embedding=embedding, layernorm=layernorm, gelu=gelu,
-                softmax=softmax, attention=attention, ffn=ffn, encoder_layer=encoder_layer,
-                mlm_head=mlm_head, nsp_head=nsp_head, cross_entropy=cross_entropy,
-                distillation=distillation, model=model)
-
-
-LAYERS = ("linear", "embedding", "layernorm", "gelu", "softmax", "attention", "ffn",
-          "encoder_layer", "mlm_head", "nsp_head", "cross_entropy", "distillation", "model")
+    def checks(entry):
+        return lambda **kw: [
+            check_module(case.module, case.inputs, case.loss, input_names=case.input_names,
+                         before_forward=case.before_forward, title=case.title,
+                         prefix=case.prefix, **kw)
+            for case in entry(draws)]
+    return {name: checks(entry) for name, entry in _ENTRIES.items()}
 
 
 def run_checks(layers: Sequence[str], shapes: Shapes, seed: int = 0,

@@ -207,6 +207,60 @@ def _random_upstream_loss(seed: int):
     return loss
 
 
+def _require_float64(tensors: Sequence[tuple[str, Any]]) -> None:
+    """Raise TypeError naming the first (name, array) of ``tensors`` that is not float64."""
+    for name, x in tensors:
+        if x.dtype != np.float64:
+            raise TypeError(f"check_module: {name} is {x.dtype}; gradient checks need float64 "
+                            "(build the module with dtype=np.float64 and cast the inputs)")
+
+
+def _evaluator(module, inputs: list, before_forward: Callable[[], None] | None):
+    """A function of no arguments: ``module.forward(*inputs)`` on the current contents of
+    the inputs and parameters, after ``before_forward()`` (if given)."""
+    def evaluate():
+        if before_forward is not None:
+            before_forward()
+        return module.forward(*inputs)
+    return evaluate
+
+
+def _backward(module, upstream):
+    """``zero_grad``, then ``backward`` with the upstream gradient: ``backward(*upstream)``
+    for a tuple, ``backward()`` for None; returns what backward returns."""
+    module.zero_grad()
+    if upstream is None:
+        return module.backward()
+    if isinstance(upstream, tuple):
+        return module.backward(*upstream)
+    return module.backward(upstream)
+
+
+def _input_gradients(returned, inputs: list, names: list[str]) -> list[tuple[int, Any]]:
+    """(input index, a copy of its gradient) for the float inputs ``backward`` returned a
+    gradient for: a single array is the first float input's, a tuple is positional over
+    ``inputs`` (None entries, entries past the inputs and non-float inputs skipped).
+
+    Raises:
+        ValueError: a gradient whose shape is not its input's.
+    """
+    if returned is None:
+        return []
+    float_idx = [i for i, x in enumerate(inputs) if _is_float_array(x)]
+    pairs = (enumerate(returned) if isinstance(returned, (tuple, list))
+             else [(float_idx[0], returned)] if float_idx else [])
+    grads = []
+    for i, g in pairs:
+        if g is None or i >= len(inputs) or not _is_float_array(inputs[i]):
+            continue
+        if tuple(g.shape) != tuple(inputs[i].shape):
+            raise ValueError(f"check_module: backward returned a gradient of shape "
+                             f"{tuple(g.shape)} for {names[i]} of shape "
+                             f"{tuple(inputs[i].shape)}")
+        grads.append((i, g.copy()))
+    return grads
+
+
 def check_module(module, inputs: Sequence = (), loss: Callable | None = None, *,
                  input_names: Sequence[str] | None = None,
                  before_forward: Callable[[], None] | None = None, seed: int = 0,
@@ -215,13 +269,11 @@ def check_module(module, inputs: Sequence = (), loss: Callable | None = None, *,
                  title: str = "", prefix: str = "") -> GradcheckReport:
     """Check every parameter gradient and input gradient of ``module`` numerically.
 
-    The module is run as ``out = module.forward(*inputs)``; the scalar loss and the
-    upstream gradient come from ``loss(out) -> (value, upstream)``; then
-    ``module.zero_grad()`` and ``module.backward(upstream)`` (``backward(*upstream)`` if
-    ``upstream`` is a tuple, ``backward()`` if it is None) must fill every
-    ``Parameter.grad`` and return the input gradients. Each float tensor is then checked
-    by :func:`check_tensor`: entry by entry when it has at most ``full_max_size``
-    entries, otherwise along ``directions`` random unit vectors.
+    Runs ``out = module.forward(*inputs)`` and ``loss(out) -> (value, upstream)``, then
+    ``module.zero_grad()`` and ``module.backward(upstream)`` (``backward(*upstream)`` for a
+    tuple, ``backward()`` for None), which must fill every ``Parameter.grad`` and return
+    the input gradients. Each float tensor is then checked by :func:`check_tensor`: entry
+    by entry up to ``full_max_size`` entries, else along ``directions`` random unit vectors.
 
     Args:
         module: a :class:`minibert.nn.Module` with ``forward``, ``backward``,
@@ -235,16 +287,13 @@ def check_module(module, inputs: Sequence = (), loss: Callable | None = None, *,
         input_names: labels of the inputs in the report (default ``input0``, ``input1``...).
         before_forward: called before every forward, e.g. to reset a dropout generator
             so that every evaluation uses the same mask.
-        seed: seed of the upstream gradient and of the random directions.
+        seed: seed of the upstream gradient and of the random directions. h: the step.
         tol, atol: a tensor passes if rel_error <= tol or max abs error <= atol.
-        h: finite-difference step.
-        full_max_size: largest tensor checked entry by entry.
-        directions: random directions for larger tensors.
         title, prefix: report title and a prefix for every row name.
     Returns:
-        A :class:`GradcheckReport` (``.passed``, ``.rows``; prints as a table).
-        Gradients are left in the parameters' ``grad``; parameter values are restored
-        exactly; the caller's input arrays are never modified.
+        A :class:`GradcheckReport` (``.passed``, ``.rows``; prints as a table). Gradients
+        are left in the parameters' ``grad``; parameter values are restored exactly; the
+        caller's input arrays are never modified.
     Raises:
         TypeError: a parameter or float input that is not float64, or a default loss on a
             non-array output.
@@ -255,41 +304,13 @@ def check_module(module, inputs: Sequence = (), loss: Callable | None = None, *,
              else [f"input{i}" for i in range(len(inputs))])
     inputs = [x.copy() if _is_float_array(x) else x for x in inputs]
     params = list(module.named_parameters())
-    for name, x in [(n, p.data) for n, p in params] + [
-            (names[i], x) for i, x in enumerate(inputs) if _is_float_array(x)]:
-        if x.dtype != np.float64:
-            raise TypeError(f"check_module: {name} is {x.dtype}; gradient checks need float64 "
-                            "(build the module with dtype=np.float64 and cast the inputs)")
-
-    def evaluate():
-        if before_forward is not None:
-            before_forward()
-        return module.forward(*inputs)
-
-    _, upstream = loss(evaluate())
-    module.zero_grad()
-    if upstream is None:
-        returned = module.backward()
-    elif isinstance(upstream, tuple):
-        returned = module.backward(*upstream)
-    else:
-        returned = module.backward(upstream)
-
-    targets: list[tuple[str, Any, Any]] = []  # (name, array perturbed in place, analytic)
-    for name, p in params:
-        targets.append((prefix + name, p.data, p.grad.copy()))
-    if returned is not None:
-        float_idx = [i for i, x in enumerate(inputs) if _is_float_array(x)]
-        pairs = (enumerate(returned) if isinstance(returned, (tuple, list))
-                 else [(float_idx[0], returned)] if float_idx else [])
-        for i, g in pairs:
-            if g is None or i >= len(inputs) or not _is_float_array(inputs[i]):
-                continue
-            if tuple(g.shape) != tuple(inputs[i].shape):
-                raise ValueError(f"check_module: backward returned a gradient of shape "
-                                 f"{tuple(g.shape)} for {names[i]} of shape "
-                                 f"{tuple(inputs[i].shape)}")
-            targets.append((prefix + names[i], inputs[i], g.copy()))
+    _require_float64([(n, p.data) for n, p in params] + [
+        (names[i], x) for i, x in enumerate(inputs) if _is_float_array(x)])
+    evaluate = _evaluator(module, inputs, before_forward)
+    returned = _backward(module, loss(evaluate())[1])
+    # (row name, array perturbed in place, analytic gradient)
+    targets = [(prefix + name, p.data, p.grad.copy()) for name, p in params] + [
+        (prefix + names[i], inputs[i], g) for i, g in _input_gradients(returned, inputs, names)]
 
     def f() -> float:
         return float(loss(evaluate())[0])

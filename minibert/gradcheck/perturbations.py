@@ -77,9 +77,9 @@ def _gelu_no_pdf():
 def _attention_no_scale():
     original = attention.attention_backward
 
-    def attention_backward(dctx, cache):
+    def attention_backward(dctx, cache, dprobs=None):
         # cache.q holds q * scale: undo it, so dq and dk both miss 1/sqrt(HS)
-        return original(dctx, cache._replace(q=cache.q / cache.scale, scale=1.0))
+        return original(dctx, cache._replace(q=cache.q / cache.scale, scale=1.0), dprobs)
     return _swap_function(original, attention_backward)
 
 
