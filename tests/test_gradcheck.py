@@ -14,8 +14,9 @@ from minibert import BertConfig, BertForPreTraining
 from minibert.gradcheck import (PERTURBATIONS, GradcheckReport, check_module, check_tensor,
                                 perturbed)
 from minibert.gradflow import (adamw_updates, grad_flow_record, grad_flow_stats, layer_of,
-                               plot_grad_flow, read_grad_flow)
+                               read_grad_flow)
 from minibert.nn import Linear, Module, Parameter, softmax_backward
+from minibert.viz import plot_grad_flow
 from minibert.nn import activations
 from minibert.optim import AdamW, clip_grad_norm
 from minibert.testing import (assert_module_gradients, assert_parameter_gradients,
@@ -267,7 +268,7 @@ def test_grad_flow_stats_match_direct_norms(correct_bias, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in
                             [{"type": "train", "step": 5}] + recs))
     assert [r["step"] for r in read_grad_flow(path)] == [5, 10]
-    png = plot_grad_flow(path, tmp_path / "out" / "gf.png")
+    png = plot_grad_flow(read_grad_flow(path), tmp_path / "out" / "gf.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no grad_flow records"):
         path.write_text('{"type": "train", "step": 1}\n')
@@ -295,4 +296,5 @@ def test_train_mlm_logs_grad_flow(tmp_path):
         assert list(r["grad_norm"]) == layers and list(r["update_ratio"]) == layers
         assert all(np.isfinite(v) and v > 0 for v in r["grad_norm"].values())
         assert all(0 < v < 1 for v in r["update_ratio"].values())
-    assert plot_grad_flow(out / "metrics.jsonl", tmp_path / "gf.png").stat().st_size > 1000
+    assert plot_grad_flow(read_grad_flow(out / "metrics.jsonl"),
+                          tmp_path / "gf.png").stat().st_size > 1000
