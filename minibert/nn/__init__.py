@@ -7,7 +7,8 @@ from .embedding import Embedding, scatter_add_rows
 from .flat import FlatParameters
 from .layernorm import LayerNorm, layernorm_backward, layernorm_forward
 from .linear import Linear, linear_backward, linear_forward
-from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
+from .losses import (IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward,
+                     softmax_nll)
 from .module import Module, ModuleList, Parameter
 from .pooling import mean_pooling_backward, mean_pooling_forward
 
@@ -18,5 +19,5 @@ __all__ = [
     "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
     "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",
     "linear_forward", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows",
-    "softmax_backward", "softmax_forward",
+    "softmax_backward", "softmax_forward", "softmax_nll",
 ]
