@@ -1,4 +1,9 @@
-"""Parameters, modules and layers, each forward next to its hand-written backward."""
+"""Parameters, modules and layers, each forward next to its hand-written backward.
+
+Each layer function is written as its formula. On NumPy arrays, GELU, softmax, LayerNorm and
+the cross-entropy hand over to the faster form of the same formula in
+:mod:`minibert.fast_cpu` (see :func:`minibert.backend.fast_path`); the GPU runs the formulas.
+"""
 from .activations import ACTIVATIONS, Activation, softmax_backward, softmax_forward
 from .attention import (AttentionCache, attention_backward, attention_forward,
                         extended_attention_mask)
