@@ -16,7 +16,7 @@ autocast with a GradScaler).
 
 Each system runs in its own fresh Python process, as its users run it (minibert's
 ``set_device("cpu")`` changes the process's malloc settings, which would otherwise speed
-up the peers in the same process too; see ``minibert.backend.keep_freed_memory``). The
+up the peers in the same process too; see ``minibert.fast_cpu.keep_freed_memory``). The
 processes take turns: --rounds rounds of minibert, PyTorch equal work, transformers, so
 drifts in the machine's speed reach all three. Each process times --steps steps after
 --warmup untimed ones. Reported: the median seconds per step over every round's steps,

@@ -7,8 +7,8 @@ the process-wide choice made by :func:`set_device`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 
 import numpy as np
 
@@ -86,6 +86,54 @@ def _piece_error(piece: str, what: str, e: BaseException) -> BackendError:
                         f"if a CUDA library is missing, {_INSTALL_HINT}")
 
 
+def _run_probe(cupy, piece: str, what: str, probe):
+    """``probe()``'s result on the host, after a device synchronise.
+
+    Raises:
+        BackendError: naming ``piece`` (see :func:`_piece_error`), if the probe raises.
+    """
+    try:
+        out = probe()
+        cupy.cuda.runtime.deviceSynchronize()
+        return np.asarray(cupy.asnumpy(out))
+    except Exception as e:
+        raise _piece_error(piece, what, e) from e
+
+
+def _expect(piece: str, what: str, got: np.ndarray, expected: np.ndarray) -> None:
+    """Raise a BackendError naming ``piece`` unless ``got`` is ``expected`` (shape, and
+    values to rtol 1e-5, atol 1e-6)."""
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        raise BackendError(
+            f"device 'cuda': {piece} gave a wrong result in the start-up check ({what}): "
+            f"got {np.array2string(got, precision=6)}, expected "
+            f"{np.array2string(expected, precision=6)}")
+
+
+def _check_random(cupy) -> None:
+    """The random-number probes of :func:`_self_check`: ``cupy.random.default_rng``
+    (cuRAND's device API, built into CuPy) and :class:`DropoutRNG`'s generator,
+    ``RandomState`` with Philox4x32-10 (the cuRAND host library, libcurand); each must give
+    64 distinct draws in [0, 1).
+
+    Raises:
+        BackendError: a probe raises or its draws are not so.
+    """
+    def philox_probe():
+        method = cupy.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10
+        return cupy.random.RandomState(0, method=method).random_sample(64, dtype=np.float32)
+    for what, probe in (
+            ("cupy.random.default_rng(0).random(64)",
+             lambda: cupy.random.default_rng(0).random(64, dtype=np.float32)),
+            ("cupy.random.RandomState(0, Philox4x32-10).random_sample(64)", philox_probe)):
+        r = _run_probe(cupy, _CURAND, what, probe)
+        if r.shape != (64,) or not (r.min() >= 0 and r.max() < 1 and r.max() > r.min()):
+            raise BackendError(
+                f"device 'cuda': {_CURAND} gave a wrong result in the start-up check ({what}): "
+                f"expected 64 distinct draws in [0, 1), got shape {r.shape}"
+                + (f", min {r.min()}, max {r.max()}" if r.size else ""))
+
+
 def _self_check(cupy) -> None:
     """Run one tiny instance of each kind of GPU work minibert does, synchronising after each,
     and raise at once, naming the piece, if one cannot run or gives a wrong answer.
@@ -100,21 +148,8 @@ def _self_check(cupy) -> None:
     Raises:
         BackendError: the first probe that raises or returns a wrong value.
     """
-    def run(piece, what, probe):
-        """The probe's result on the host, synchronised; a BackendError naming ``piece``."""
-        try:
-            out = probe()
-            cupy.cuda.runtime.deviceSynchronize()
-            return np.asarray(cupy.asnumpy(out))
-        except Exception as e:
-            raise _piece_error(piece, what, e) from e
-
-    def expect(piece, what, got, expected):
-        if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
-            raise BackendError(
-                f"device 'cuda': {piece} gave a wrong result in the start-up check ({what}): "
-                f"got {np.array2string(got, precision=6)}, expected "
-                f"{np.array2string(expected, precision=6)}")
+    def check(piece, what, probe, expected):
+        _expect(piece, what, _run_probe(cupy, piece, what, probe), expected)
 
     x = np.arange(4, dtype=np.float32)
 
@@ -122,40 +157,23 @@ def _self_check(cupy) -> None:
         kernel = cupy.ElementwiseKernel("float32 x", "float32 y", "y = 2 * x + 1",
                                         "minibert_self_check")
         return kernel(cupy.asarray(x))     # compiled by NVRTC at this first call
-    what = "a tiny elementwise kernel, y = 2x + 1"
-    expect(_NVRTC, what, run(_NVRTC, what, kernel_probe), 2 * x + 1)
+    check(_NVRTC, "a tiny elementwise kernel, y = 2x + 1", kernel_probe, 2 * x + 1)
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3) / 4    # (2, 3)
     b = np.arange(6, dtype=np.float32).reshape(3, 2) - 2    # (3, 2)
     ab = np.stack([a, 2 * a])                                # (2, 2, 3)
-    what = "a float32 matmul (2, 3) @ (3, 2)"
-    expect(_CUBLAS, what, run(_CUBLAS, what, lambda: cupy.asarray(a) @ cupy.asarray(b)), a @ b)
-    what = "a batched float32 matmul (2, 2, 3) @ (3, 2)"
-    expect(_CUBLAS, what, run(_CUBLAS, what, lambda: cupy.asarray(ab) @ cupy.asarray(b)), ab @ b)
+    check(_CUBLAS, "a float32 matmul (2, 3) @ (3, 2)",
+          lambda: cupy.asarray(a) @ cupy.asarray(b), a @ b)
+    check(_CUBLAS, "a batched float32 matmul (2, 2, 3) @ (3, 2)",
+          lambda: cupy.asarray(ab) @ cupy.asarray(b), ab @ b)
 
     def erf_probe():
         from cupyx.scipy.special import erf as _erf
         return _erf(cupy.asarray(np.array([0.0, 0.5, -1.0, 2.0], dtype=np.float32)))
-    what = "erf of [0, 0.5, -1, 2]"
     # erf(0), erf(0.5), erf(-1), erf(2): Abramowitz & Stegun, table 7.1
-    expect(_ERF, what, run(_ERF, what, erf_probe),
-           np.array([0.0, 0.5204999, -0.8427008, 0.9953223], dtype=np.float32))
-
-    # cupy.random.default_rng (cuRAND's device API, built into CuPy); DropoutRNG:
-    # RandomState with Philox4x32-10 (the cuRAND host library, libcurand)
-    def philox_probe():
-        method = cupy.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10
-        return cupy.random.RandomState(0, method=method).random_sample(64, dtype=np.float32)
-    for what, probe in (
-            ("cupy.random.default_rng(0).random(64)",
-             lambda: cupy.random.default_rng(0).random(64, dtype=np.float32)),
-            ("cupy.random.RandomState(0, Philox4x32-10).random_sample(64)", philox_probe)):
-        r = run(_CURAND, what, probe)
-        if r.shape != (64,) or not (r.min() >= 0 and r.max() < 1 and r.max() > r.min()):
-            raise BackendError(
-                f"device 'cuda': {_CURAND} gave a wrong result in the start-up check ({what}): "
-                f"expected 64 distinct draws in [0, 1), got shape {r.shape}"
-                + (f", min {r.min()}, max {r.max()}" if r.size else ""))
+    check(_ERF, "erf of [0, 0.5, -1, 2]", erf_probe,
+          np.array([0.0, 0.5204999, -0.8427008, 0.9953223], dtype=np.float32))
+    _check_random(cupy)
 
 
 def set_device(device: str | None = None) -> str:
@@ -182,44 +200,10 @@ def set_device(device: str | None = None) -> str:
     if device == "cuda":
         _import_cupy()
     else:
+        from .fast_cpu import keep_freed_memory
         keep_freed_memory()
     _device = device
     return device
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
-_memory_kept = None
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc's malloc keep freed memory for the next allocation instead of handing it
-    back to the kernel (``mallopt``: no mmap below 1 GiB, no trimming of the heap's top).
-
-    A training step allocates and frees the same large arrays every step (activations,
-    scores, the MLM logits). By default glibc serves each array above its mmap threshold
-    (at most 32 MiB) with a fresh ``mmap`` and unmaps it on free, so every step touches new
-    pages. A mini-preset step alone in a process on 2 cores took 2.0 s with about 32,000
-    page faults and 0.6 s of kernel time; with this setting, 1.5 s, 4 faults and 0.005 s
-    (docs/performance.md). jemalloc and tcmalloc, the allocators PyTorch's CPU tuning guide
-    recommends, keep freed memory by default too. The cost: the process keeps its peak heap
-    until it exits.
-    Called by :func:`set_device` for the CPU; process-wide, once.
-
-    Returns:
-        True if the settings took (glibc); False where there is no glibc ``mallopt``
-        (macOS, musl), where nothing changes.
-    """
-    global _memory_kept
-    if _memory_kept is None:
-        import ctypes
-        try:
-            mallopt = ctypes.CDLL("libc.so.6").mallopt
-        except (OSError, AttributeError):
-            _memory_kept = False
-        else:
-            _memory_kept = (mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1
-                            and mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1)
-    return _memory_kept
 
 
 def set_tf32(enabled: bool) -> bool:
@@ -356,102 +340,53 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def cpu_threads() -> int:
-    """Threads for CPU element-wise work outside BLAS: ``OMP_NUM_THREADS`` if set (the
-    variable OpenBLAS reads too, so one setting governs both), else the CPUs this process
-    may run on."""
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    if env.isdigit() and int(env) >= 1:
-        return int(env)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-_pool, _pool_threads = None, 0
-_POOL_PREFIX = "minibert-pool"
-_PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
-
-
-def _thread_pool(threads: int):
-    """The process's worker pool for element-wise NumPy work (NumPy ufuncs and SciPy's erf
-    release the GIL), made again when the thread count changes."""
-    global _pool, _pool_threads
-    if _pool_threads != threads:
-        from concurrent.futures import ThreadPoolExecutor
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_PREFIX)
-        _pool_threads = threads
-    return _pool
-
-
-def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
-    """Run ``fn`` on row blocks of ``arrays`` at once, one block per :func:`cpu_threads`
-    thread, and return the results in block order.
-
-    ``fn(*blocks)`` gets ``a[lo:hi]`` of every array (views, split on axis 0; all arrays
-    share that axis) and must only touch its own rows, e.g. a row-wise softmax writing
-    into an ``out`` array passed among ``arrays``. For a row-wise computation the result is
-    the same bits as one call on the whole arrays. One call, no threads, when the arrays
-    are CuPy arrays, smaller than ``min_size`` elements, or have fewer rows than threads,
-    or when called from one of the pool's own threads (a pool thread waiting on the pool
-    would deadlock it).
-    """
-    threads = cpu_threads()
-    n = arrays[0].shape[0]
-    if (threads == 1 or get_array_module(arrays[0]) is not np or arrays[0].size < min_size
-            or n < threads or threading.current_thread().name.startswith(_POOL_PREFIX)):
-        return [fn(*arrays)]
-    bounds = [n * i // threads for i in range(threads + 1)]
-    return list(_thread_pool(threads).map(
-        lambda ab: fn(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:])))
-
-
-_CACHE_BLOCK = 1 << 18          # elements per block of a chain of passes: 1 MiB of float32
-
-
-def parallel_blocks(fn, *arrays, block: int | None = None) -> None:
-    """Run the element-wise ``fn`` over blocks of ``block`` elements of ``arrays``, the
-    blocks shared out over :func:`cpu_threads` threads.
-
-    A chain of NumPy ufuncs over arrays larger than the cache reads and writes main
-    memory once per ufunc; on blocks of about 1 MiB the chain's intermediate results stay
-    in cache. Smaller blocks lose more to the GIL hand-over between the two threads than
-    they gain (measured on 2 cores: 64 Ki elements per block ran 1.6x slower on 2 threads
-    than 256 Ki).
-
-    Args:
-        fn: ``fn(*views)`` gets the same ``[lo:hi]`` slice of every array, flattened to
-            1-d, and must write only there (an element-wise computation into an ``out``
-            passed among ``arrays``); its result is ignored.
-        arrays: arrays with the same number of elements. On NumPy, C-contiguous ones are
-            split; otherwise (CuPy, or a strided view) ``fn`` gets the whole arrays in one
-            call, so it must not depend on their shape.
-        block: elements per block, >= 1 (default ``_CACHE_BLOCK``).
-    """
-    block = block or _CACHE_BLOCK
-    if (get_array_module(arrays[0]) is not np
-            or not all(a.flags.c_contiguous for a in arrays)):
-        fn(*arrays)
-        return
-
-    def run(*part):  # one thread's share, block by block
-        for lo in range(0, max(part[0].size, 1), block):
-            fn(*(a[lo:lo + block] for a in part))
-
-    parallel_rows(run, *(a.reshape(-1) for a in arrays), min_size=2 * block)
-
-
 def erf(x, out=None):
     """Elementwise error function on either backend (scipy.special / cupyx.scipy.special).
 
     Args:
         x: float array, any shape. out: optional array of x's shape and dtype (may be x).
     Returns:
-        erf(x), in ``out`` when given.
+        erf(x) in x's dtype (float16 is computed in a wider type and rounded), in ``out``
+        when given.
     """
-    if get_array_module(x) is not np:  # pragma: no cover - GPU only
+    xp = get_array_module(x)
+    if xp is not np:  # pragma: no cover - GPU only
         from cupyx.scipy.special import erf as _erf
     else:
         from scipy.special import erf as _erf
-    return _erf(x) if out is None else _erf(x, out=out)
+    return _erf(x, out=xp.empty_like(x) if out is None else out)
+
+
+def fast_path(name: str, x):
+    """The fast implementation of the nn/ function ``name`` for the device of ``x``, or None.
+
+    For a NumPy array, ``minibert.fast_cpu.FAST_PATHS[name]`` (the same formula in
+    in-place passes over the CPU's threads), unless inside :func:`reference_formulas`;
+    for a CuPy array None: the GPU runs the reference formulas.
+
+    Raises:
+        KeyError: ``name`` has no fast path (on NumPy arrays).
+    """
+    if _reference_only or get_array_module(x) is not np:
+        return None
+    from .fast_cpu import FAST_PATHS
+    return FAST_PATHS[name]
+
+
+_reference_only = False
+
+
+@contextlib.contextmanager
+def reference_formulas():
+    """Within the block, the nn/ functions run their reference formulas on NumPy arrays
+    too (:func:`fast_path` answers None): to compare the two, or to step through a
+    formula. Process-wide; restored on exit."""
+    global _reference_only
+    saved, _reference_only = _reference_only, True
+    try:
+        yield
+    finally:
+        _reference_only = saved
 
 
 def derive_seed(*keys: int) -> int:

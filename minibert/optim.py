@@ -13,7 +13,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .backend import get_array_module, parallel_blocks, to_numpy
+from .backend import get_array_module, to_numpy
+from .fast_cpu import parallel_blocks
 from .nn import FlatParameters, Parameter
 
 
@@ -209,7 +210,7 @@ class AdamW:
 
     def _update(self, p, g, m, v, tmp, lr, step_size, v_scale) -> None:
         """The AdamW update in NumPy passes over cache-sized blocks of the flat buffers, on
-        the CPU's threads (:func:`minibert.backend.parallel_blocks`; the GPU runs one fused
+        the CPU's threads (:func:`minibert.fast_cpu.parallel_blocks`; the GPU runs one fused
         kernel)."""
         b1, b2 = self.betas
         eps = self.eps

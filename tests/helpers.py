@@ -4,7 +4,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from minibert import BertForPreTraining, backend
+from minibert import BertForPreTraining, fast_cpu
 from minibert.hf import save_hf_directory
 from minibert.runs import load_start
 
@@ -32,13 +32,13 @@ def hf_copy(run, directory: Path) -> Path:
 def cpu_blocking(block: int | None, threads: int):
     """Within the block: element-wise CPU work in blocks of ``block`` elements (None: the
     default) over ``threads`` threads (``OMP_NUM_THREADS``); both restored afterwards."""
-    old_block, old_threads = backend._CACHE_BLOCK, os.environ.get("OMP_NUM_THREADS")
-    backend._CACHE_BLOCK = block or old_block
+    old_block, old_threads = fast_cpu._CACHE_BLOCK, os.environ.get("OMP_NUM_THREADS")
+    fast_cpu._CACHE_BLOCK = block or old_block
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         yield
     finally:
-        backend._CACHE_BLOCK = old_block
+        fast_cpu._CACHE_BLOCK = old_block
         if old_threads is None:
             os.environ.pop("OMP_NUM_THREADS")
         else:

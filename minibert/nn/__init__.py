@@ -1,4 +1,9 @@
-"""Parameters, modules and layers, each forward next to its hand-written backward."""
+"""Parameters, modules and layers, each forward next to its hand-written backward.
+
+Each layer function is written as its formula. On NumPy arrays, GELU, softmax, LayerNorm and
+the cross-entropy hand over to the faster form of the same formula in
+:mod:`minibert.fast_cpu` (see :func:`minibert.backend.fast_path`); the GPU runs the formulas.
+"""
 from .activations import ACTIVATIONS, Activation, softmax_backward, softmax_forward
 from .attention import (AttentionCache, attention_backward, attention_forward,
                         extended_attention_mask)
@@ -7,7 +12,8 @@ from .embedding import Embedding, scatter_add_rows
 from .flat import FlatParameters
 from .layernorm import LayerNorm, layernorm_backward, layernorm_forward
 from .linear import Linear, linear_backward, linear_forward
-from .losses import IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward
+from .losses import (IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward,
+                     softmax_nll)
 from .module import Module, ModuleList, Parameter
 from .pooling import mean_pooling_backward, mean_pooling_forward
 
@@ -18,5 +24,5 @@ __all__ = [
     "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
     "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",
     "linear_forward", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows",
-    "softmax_backward", "softmax_forward",
+    "softmax_backward", "softmax_forward", "softmax_nll",
 ]

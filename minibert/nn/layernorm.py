@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import compute_dtype, get_array_module, parallel_rows
+from ..backend import compute_dtype, fast_path
 from .module import Module, Parameter
 
 
@@ -17,61 +17,45 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
         x: (..., C) float; w, b: (C,). Float16 input is normalised in float32 (see
             :func:`minibert.backend.compute_dtype`) and returned as float16.
     Returns:
-        out (..., C) and a cache (xhat, rstd, w).
+        out (..., C) and a cache (xhat (..., C), rstd (..., 1), w). On NumPy arrays this
+        runs :func:`minibert.fast_cpu.layernorm_forward` (row blocks over threads).
     """
-    xp = get_array_module(x)
+    fast = fast_path("layernorm_forward", x)
+    if fast is not None:
+        return fast(x, w, b, eps)
     dtype = x.dtype
     x = x.astype(compute_dtype(dtype), copy=False)       # float16 -> float32 statistics
-    C = x.shape[-1]
-    x2 = x.reshape(-1, C)                                # (N, C)
-    xhat, out = xp.empty_like(x2), xp.empty_like(x2)
-    rstd = xp.empty_like(x2, shape=(len(x2), 1))
-
-    def rows(x, xhat, out, rstd):  # row blocks on the CPU's threads
-        xp.subtract(x, x.mean(axis=-1, keepdims=True), out=xhat)      # centred
-        xp.multiply(xhat, xhat, out=out)                              # scratch: squares
-        rstd[:] = (out.mean(axis=-1, keepdims=True) + eps) ** -0.5    # biased var, as BERT
-        xhat *= rstd                                                  # normalised
-        xp.multiply(xhat, w, out=out)
-        out += b
-
-    parallel_rows(rows, x2, xhat, out, rstd)
-    shape = x.shape
-    return (out.reshape(shape).astype(dtype, copy=False),
-            (xhat.reshape(shape), rstd.reshape(*shape[:-1], 1), w))
+    xc = x - x.mean(axis=-1, keepdims=True)              # (..., C) centred
+    var = (xc * xc).mean(axis=-1, keepdims=True)         # (..., 1) biased, as BERT
+    rstd = (var + eps) ** -0.5                           # (..., 1)
+    xhat = xc * rstd                                     # (..., C) normalised
+    out = xhat * w + b                                   # (..., C)
+    return out.astype(dtype, copy=False), (xhat, rstd, w)
 
 
 def layernorm_backward(dout, cache):
     """Gradients of :func:`layernorm_forward`.
 
     With g = dout * w, the input gradient is
-    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), means over the last axis.
-    Returns dx (..., C), dw (C,), db (C,).
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), means over the last axis
+    (docs/backprop.md section 3). Returns dx (..., C), dw (C,), db (C,). On NumPy arrays
+    this runs :func:`minibert.fast_cpu.layernorm_backward` (row blocks over threads).
     """
+    fast = fast_path("layernorm_backward", dout)
+    if fast is not None:
+        return fast(dout, cache)
     xhat, rstd, w = cache
-    xp = get_array_module(xhat)
     dtype = dout.dtype
     dout = dout.astype(xhat.dtype, copy=False)
     C = xhat.shape[-1]
     # forward: out = xhat * w + b
-    tmp = xp.multiply(dout, xhat)                        # (..., C) scratch
-    dw = tmp.reshape(-1, C).sum(axis=0)                  # (C,)
+    dw = (dout * xhat).reshape(-1, C).sum(axis=0)        # (C,)
     db = dout.reshape(-1, C).sum(axis=0)                 # (C,)
-    dx = xp.empty_like(tmp)
-
-    def rows(dout, xhat, rstd, tmp, dx):  # row blocks on the CPU's threads
-        xp.multiply(dout, w, out=dx)                     # g = d out / d xhat
-        # forward: xhat = (x - mean(x)) * rstd; rstd depends on x through var
-        # dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-        xp.multiply(dx, xhat, out=tmp)
-        mean_gx = tmp.mean(axis=-1, keepdims=True)       # (n, 1)
-        mean_g = dx.mean(axis=-1, keepdims=True)         # (n, 1)
-        xp.multiply(xhat, mean_gx, out=tmp)
-        dx -= tmp
-        dx -= mean_g
-        dx *= rstd
-
-    parallel_rows(rows, *(a.reshape(-1, a.shape[-1]) for a in (dout, xhat, rstd, tmp, dx)))
+    g = dout * w                                         # (..., C) d out / d xhat
+    # forward: xhat = (x - mean(x)) * rstd, rstd = (var(x) + eps)^-1/2
+    mean_gx = (g * xhat).mean(axis=-1, keepdims=True)    # (..., 1)
+    mean_g = g.mean(axis=-1, keepdims=True)              # (..., 1)
+    dx = (g - xhat * mean_gx - mean_g) * rstd            # (..., C)
     return dx.astype(dtype, copy=False), dw, db
 
 

@@ -8,9 +8,37 @@ Shape legend: N = rows (e.g. masked positions), K = classes.
 """
 from __future__ import annotations
 
-from ..backend import compute_dtype, get_array_module, parallel_rows
+from ..backend import compute_dtype, fast_path, get_array_module
 
 IGNORE_INDEX = -100
+
+
+def softmax_nll(logits, labels, label_smoothing: float = 0.0):
+    """Row softmax and per-row negative log-likelihood, smoothed as in
+    :func:`cross_entropy_forward`: nll = -(1 - eps) log p[label] - eps mean_k log p[k].
+
+    Args:
+        logits: (N, K) float. labels: (N,) int in [0, K) (an ignored row's label replaced
+            by any valid one). label_smoothing: eps in [0, 1).
+    Returns:
+        probs (N, K), the softmax of each row, and nll (N,), in the logits' dtype. On
+        NumPy arrays this runs :func:`minibert.fast_cpu.softmax_nll` (row blocks over
+        threads, the softmax in place).
+    """
+    fast = fast_path("softmax_nll", logits)
+    if fast is not None:
+        return fast(logits, labels, label_smoothing)
+    xp = get_array_module(logits)
+    # log p = shifted - log(sum exp(shifted)), shifted = logits - max: no overflow
+    shifted = logits - logits.max(axis=-1, keepdims=True)       # (N, K)
+    e = xp.exp(shifted)                                         # (N, K)
+    sumexp = e.sum(axis=-1)                                     # (N,)
+    lse = xp.log(sumexp)                                        # (N,)
+    probs = e / sumexp[:, None]                                 # (N, K) softmax
+    nll = lse - shifted[xp.arange(len(labels)), labels]         # (N,) -log p[label]
+    if label_smoothing:  # -(1-eps) log p[label] - eps * mean_k log p[k]
+        nll = (1.0 - label_smoothing) * nll + label_smoothing * (lse - shifted.mean(axis=-1))
+    return probs, nll
 
 
 def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
@@ -37,23 +65,7 @@ def cross_entropy_forward(logits, labels, label_smoothing: float = 0.0,
         raise ValueError(f"cross_entropy: labels must be in [0, {K}) or {ignore_index}, "
                          f"got values {sorted(set(labels[valid].tolist()))[:10]}")
     safe = xp.where(valid, labels, 0)                           # (N,)
-    probs = xp.empty_like(logits)                               # (N, K)
-    nll = xp.empty_like(logits, shape=(N,))                     # (N,)
-
-    def rows(logits, safe, probs, nll):  # row blocks on the CPU's threads
-        # log p = shifted - log(sum exp(shifted)), shifted = logits - max: stable
-        shifted = xp.subtract(logits, logits.max(axis=-1, keepdims=True), out=probs)
-        picked = shifted[xp.arange(len(safe)), safe]            # (n,)
-        mean_shifted = shifted.mean(axis=-1) if label_smoothing else None
-        xp.exp(shifted, out=probs)                              # in place
-        sumexp = probs.sum(axis=-1)                             # (n,)
-        lse = xp.log(sumexp)
-        probs /= sumexp[:, None]                                # softmax, kept for backward
-        nll[:] = lse - picked                                   # -log p[label]
-        if label_smoothing:  # -(1-eps) log p[label] - eps * mean_k log p[k]
-            nll[:] = (1.0 - label_smoothing) * nll + label_smoothing * (lse - mean_shifted)
-
-    parallel_rows(rows, logits, safe, probs, nll)
+    probs, nll = softmax_nll(logits, safe, label_smoothing)     # (N, K), (N,)
     denom = xp.maximum(valid.sum(), 1).astype(logits.dtype)
     loss = (nll * valid).sum() / denom
     return loss, (probs, safe, valid, denom, label_smoothing, out_dtype)
@@ -64,20 +76,19 @@ def cross_entropy_backward(dloss, cache):
     (a float or 0-d array), in the dtype of the forward's logits.
 
     target = (1 - eps) * one_hot(label) + eps / K. Returns dlogits (N, K). The softmax in
-    the cache is overwritten (a forward's cache serves one backward).
+    the cache is overwritten (a forward's cache serves one backward). On NumPy arrays this
+    runs :func:`minibert.fast_cpu.cross_entropy_backward` (row blocks over threads).
     """
+    fast = fast_path("cross_entropy_backward", cache[0])
+    if fast is not None:
+        return fast(dloss, cache)
     probs, safe, valid, denom, eps, out_dtype = cache
     xp = get_array_module(probs)
     N, K = probs.shape
     dlogits = probs                                             # reuses the cache, (N, K)
     # forward: loss = sum(nll * valid) / denom, nll = -log softmax(logits)[label]
-    dlogits[xp.arange(N), safe] -= 1.0 - eps
-    scale = (valid / denom * dloss)[:, None].astype(probs.dtype)   # (N, 1)
-
-    def rows(d, scale):
-        if eps:
-            d -= eps / K
-        d *= scale
-
-    parallel_rows(rows, dlogits, scale)
+    dlogits[xp.arange(N), safe] -= 1.0 - eps                    # - (1 - eps) one_hot(label)
+    if eps:
+        dlogits -= eps / K                                      # - eps / K
+    dlogits *= (valid / denom * dloss)[:, None].astype(probs.dtype)   # (N, 1) row weights
     return dlogits.astype(out_dtype, copy=False)

@@ -1,0 +1,379 @@
+"""The CPU fast paths: the same formulas as the nn/ reference functions, computed faster.
+
+The layer functions of :mod:`minibert.nn` (``layernorm_forward``, ``softmax_forward``,
+``gelu_forward`` ...) are written as the plain formula. On NumPy arrays each of them asks
+:func:`minibert.backend.fast_path` for its entry in :data:`FAST_PATHS` and runs it instead.
+What the functions here do that the formulas do not:
+
+- row-parallel passes: a row-wise computation (softmax, LayerNorm, cross-entropy) split into
+  row blocks, one per thread (:func:`parallel_rows`); NumPy's ufuncs release the GIL;
+- cache-sized blocks: a chain of element-wise passes (GELU, AdamW) run on blocks of 1 MiB,
+  so the intermediate results stay in cache (:func:`parallel_blocks`);
+- ``out=`` buffers and in-place ufuncs instead of a new array for each intermediate;
+- for float32 GELU, a rational normal CDF instead of SciPy's erf (:func:`normal_cdf`);
+- glibc keeps freed memory for the next step's arrays (:func:`keep_freed_memory`).
+
+Each function gives the same bits as its reference formula (tests/test_fast_cpu.py), except
+float32 GELU, whose normal CDF is within 2.5e-7 of the exact one. The GPU runs the reference
+formulas (and the fused kernels of :mod:`minibert.gpu_kernels`). Measurements:
+docs/performance.md.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import numpy as np
+
+from .backend import compute_dtype, erf
+
+
+# --- threads ---------------------------------------------------------------------------
+
+def cpu_threads() -> int:
+    """Threads for CPU element-wise work outside BLAS: ``OMP_NUM_THREADS`` if set (the
+    variable OpenBLAS reads too, so one setting governs both), else the CPUs this process
+    may run on."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_pool, _pool_threads = None, 0
+_POOL_PREFIX = "minibert-pool"
+_PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
+
+
+def _thread_pool(threads: int):
+    """The process's worker pool for element-wise NumPy work (NumPy ufuncs and SciPy's erf
+    release the GIL), made again when the thread count changes."""
+    global _pool, _pool_threads
+    if _pool_threads != threads:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_PREFIX)
+        _pool_threads = threads
+    return _pool
+
+
+def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
+    """Run ``fn`` on row blocks of the NumPy ``arrays`` at once, one block per :func:`cpu_threads`
+    thread, and return the results in block order.
+
+    ``fn(*blocks)`` gets ``a[lo:hi]`` of every array (views, split on axis 0; all arrays
+    share that axis) and must only touch its own rows, e.g. a row-wise softmax writing
+    into an ``out`` array passed among ``arrays``. For a row-wise computation the result is
+    the same bits as one call on the whole arrays. One call, no threads, when the arrays
+    are smaller than ``min_size`` elements or have fewer rows than threads, or when called
+    from one of the pool's own threads (a pool thread waiting on the pool would deadlock
+    it).
+    """
+    threads = cpu_threads()
+    n = arrays[0].shape[0]
+    if (threads == 1 or arrays[0].size < min_size or n < threads
+            or threading.current_thread().name.startswith(_POOL_PREFIX)):
+        return [fn(*arrays)]
+    bounds = [n * i // threads for i in range(threads + 1)]
+    return list(_thread_pool(threads).map(
+        lambda ab: fn(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:])))
+
+
+_CACHE_BLOCK = 1 << 18          # elements per block of a chain of passes: 1 MiB of float32
+
+
+def parallel_blocks(fn, *arrays, block: int | None = None) -> None:
+    """Run the element-wise ``fn`` over blocks of ``block`` elements of ``arrays``, the
+    blocks shared out over :func:`cpu_threads` threads.
+
+    A chain of NumPy ufuncs over arrays larger than the cache reads and writes main
+    memory once per ufunc; on blocks of about 1 MiB the chain's intermediate results stay
+    in cache. Smaller blocks lose more to the GIL hand-over between the two threads than
+    they gain (measured on 2 cores: 64 Ki elements per block ran 1.6x slower on 2 threads
+    than 256 Ki).
+
+    Args:
+        fn: ``fn(*views)`` gets the same ``[lo:hi]`` slice of every array, flattened to
+            1-d, and must write only there (an element-wise computation into an ``out``
+            passed among ``arrays``); its result is ignored.
+        arrays: NumPy arrays with the same number of elements. C-contiguous ones are
+            split; otherwise (a strided view) ``fn`` gets the whole arrays in one call, so
+            it must not depend on their shape.
+        block: elements per block, >= 1 (default ``_CACHE_BLOCK``).
+    """
+    block = block or _CACHE_BLOCK
+    if not all(a.flags.c_contiguous for a in arrays):
+        fn(*arrays)
+        return
+
+    def run(*part):  # one thread's share, block by block
+        for lo in range(0, max(part[0].size, 1), block):
+            fn(*(a[lo:lo + block] for a in part))
+
+    parallel_rows(run, *(a.reshape(-1) for a in arrays), min_size=2 * block)
+
+
+# --- memory ----------------------------------------------------------------------------
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
+_memory_kept = None
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc keep freed memory for the next allocation instead of handing it
+    back to the kernel (``mallopt``: no mmap below 1 GiB, no trimming of the heap's top).
+
+    A training step allocates and frees the same large arrays every step (activations,
+    scores, the MLM logits). By default glibc serves each array above its mmap threshold
+    (at most 32 MiB) with a fresh ``mmap`` and unmaps it on free, so every step touches new
+    pages. A mini-preset step alone in a process on 2 cores took 2.0 s with about 32,000
+    page faults and 0.6 s of kernel time; with this setting, 1.5 s, 4 faults and 0.005 s
+    (docs/performance.md). jemalloc and tcmalloc, the allocators PyTorch's CPU tuning guide
+    recommends, keep freed memory by default too. The cost: the process keeps its peak heap
+    until it exits.
+    Called by :func:`minibert.backend.set_device` for the CPU; process-wide, once.
+
+    Returns:
+        True if the settings took (glibc); False where there is no glibc ``mallopt``
+        (macOS, musl), where nothing changes.
+    """
+    global _memory_kept
+    if _memory_kept is None:
+        import ctypes
+        try:
+            mallopt = ctypes.CDLL("libc.so.6").mallopt
+        except (OSError, AttributeError):
+            _memory_kept = False
+        else:
+            _memory_kept = (mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1
+                            and mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1)
+    return _memory_kept
+
+
+# --- GELU --------------------------------------------------------------------------------
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+# Phi(x) - 1/2 = x P(x^2) / Q(x^2) on |x| <= 4 sqrt(2), the float32 CPU form of the normal
+# CDF. Our own fit: erf(z) = z p(z^2) / q(z^2) (p of degree 6, q of degree 4, q_0 = 1) on
+# z in (0, 4], least squares on the linearised relative error (f q - z p) / (f q_prev),
+# re-weighted towards the minimax error (Lawson's iteration), in float64 against SciPy's
+# erf; then z = x / sqrt(2), with the 1/2 of Phi folded into P. Relative error of the fit
+# 6.9e-8; evaluated in float32, |Phi - exact| <= 2.5e-7 for every float32 x
+# (tests/test_fast_cpu.py). Beyond |x| = 4 sqrt(2), 1 - Phi(|x|) < 1.6e-8 is below
+# float32's resolution next to 1.
+_PHI_P = tuple(np.float32(c) for c in (
+    3.9894225492669799e-01, 3.6641473833296953e-02, 4.5560608459247597e-03,
+    1.7664241801571389e-04, 3.2577720600479364e-06, -2.1463469473045735e-08,
+    1.0553505211691192e-10))
+_PHI_Q = tuple(np.float32(c) for c in (
+    1.0, 2.5851218582671837e-01, 2.9508445029692330e-02, 1.8714236118387957e-03,
+    6.3913727298284324e-05))
+_PHI_CLIP = np.float32(4.0 * math.sqrt(2.0))
+
+
+def _horner(coefficients, s, out):
+    """out = sum_k coefficients[k] s^k (Horner's rule, in place; out may not be s)."""
+    np.multiply(s, coefficients[-1], out=out)
+    for k in range(len(coefficients) - 2, -1, -1):
+        out += coefficients[k]
+        if k:
+            out *= s
+    return out
+
+
+def normal_cdf(x, out):
+    """The standard normal CDF, Phi(x) = (1 + erf(x / sqrt(2))) / 2, written into ``out``.
+
+    Args:
+        x: NumPy float array, any shape. out: array of x's shape and dtype (not x itself).
+    Returns:
+        ``out``. Float32 input takes the rational form above (25 ufunc passes,
+        |error| <= 2.5e-7, about 5x faster than SciPy's erf, which computes in float64
+        one scalar at a time); other dtypes use SciPy's erf, exact to the dtype's rounding
+        and the same bits as the reference formula ``0.5 * (1 + erf(x / sqrt(2)))``.
+    """
+    if x.dtype != np.float32:
+        np.multiply(x, _SQRT_HALF, out=out)
+        erf(out, out=out)
+        out += 1.0
+        out *= 0.5
+        return out
+    np.clip(x, -_PHI_CLIP, _PHI_CLIP, out=out)          # c: x clipped
+    s = np.multiply(out, out)                            # c^2
+    p = _horner(_PHI_P, s, np.empty_like(s))             # P(c^2)
+    p *= out                                             # c P(c^2)
+    _horner(_PHI_Q, s, out)                              # Q(c^2)
+    np.divide(p, out, out=out)
+    out += np.float32(0.5)
+    return out
+
+
+def gelu_forward(x):
+    """:func:`minibert.nn.activations.gelu_forward` on cache-sized blocks over the threads,
+    Phi from :func:`normal_cdf`."""
+    cdf, out = np.empty_like(x), np.empty_like(x)
+
+    def block(x, cdf, out):
+        normal_cdf(x, cdf)                               # Phi(x)
+        np.multiply(x, cdf, out=out)
+
+    parallel_blocks(block, x, cdf, out)
+    return out, (x, cdf)
+
+
+def gelu_backward(dout, cache):
+    """:func:`minibert.nn.activations.gelu_backward` on cache-sized blocks over the
+    threads, one buffer for every intermediate."""
+    x, cdf = cache
+    dx = np.empty_like(x)
+
+    def block(x, cdf, dout, d):
+        np.multiply(x, x, out=d)
+        d *= -0.5
+        np.exp(d, out=d)
+        d *= _INV_SQRT_2PI                               # phi(x)
+        d *= x
+        d += cdf                                         # Phi(x) + x phi(x)
+        d *= dout
+
+    parallel_blocks(block, x, cdf, dout, dx)
+    return dx
+
+
+# --- row-wise passes -------------------------------------------------------------------
+
+def softmax_forward(x, axis: int = -1, out=None):
+    """:func:`minibert.nn.activations.softmax_forward` in place in ``out`` (or one new
+    array), row blocks over the threads when ``axis`` is the last."""
+    dtype = x.dtype
+    if compute_dtype(dtype) != dtype:                    # float16: normalise in float32
+        x, out = x.astype(compute_dtype(dtype)), None
+    probs = np.empty_like(x) if out is None else out
+
+    def rows(x, probs):
+        np.subtract(x, x.max(axis=axis, keepdims=True), out=probs)
+        np.exp(probs, out=probs)
+        probs /= probs.sum(axis=axis, keepdims=True)
+
+    if axis in (-1, x.ndim - 1) and x.ndim > 1:
+        parallel_rows(rows, x, probs)
+    else:
+        rows(x, probs)
+    probs = probs.astype(dtype, copy=False)
+    return probs, (probs, axis)
+
+
+def softmax_backward(dprobs, cache, out=None):
+    """:func:`minibert.nn.activations.softmax_backward` into ``out`` (or one new array),
+    row blocks over the threads when the axis is the last."""
+    probs, axis = cache
+    dx = np.empty_like(dprobs) if out is None else out
+
+    def rows(dprobs, probs, dx):
+        row = (dprobs * probs).sum(axis=axis, keepdims=True,
+                                   dtype=compute_dtype(probs.dtype)).astype(probs.dtype)
+        np.subtract(dprobs, row, out=dx)
+        dx *= probs
+
+    if axis in (-1, probs.ndim - 1) and probs.ndim > 1:
+        parallel_rows(rows, dprobs, probs, dx)
+    else:
+        rows(dprobs, probs, dx)
+    return dx
+
+
+def layernorm_forward(x, w, b, eps: float = 1e-12):
+    """:func:`minibert.nn.layernorm.layernorm_forward`: row blocks over the threads, the
+    squares computed in the output buffer."""
+    dtype = x.dtype
+    x = x.astype(compute_dtype(dtype), copy=False)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])                        # (N, C)
+    xhat, out = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty_like(x2, shape=(len(x2), 1))
+
+    def rows(x, xhat, out, rstd):
+        np.subtract(x, x.mean(axis=-1, keepdims=True), out=xhat)
+        np.multiply(xhat, xhat, out=out)                              # scratch: squares
+        rstd[:] = (out.mean(axis=-1, keepdims=True) + eps) ** -0.5
+        xhat *= rstd
+        np.multiply(xhat, w, out=out)
+        out += b
+
+    parallel_rows(rows, x2, xhat, out, rstd)
+    return (out.reshape(shape).astype(dtype, copy=False),
+            (xhat.reshape(shape), rstd.reshape(*shape[:-1], 1), w))
+
+
+def layernorm_backward(dout, cache):
+    """:func:`minibert.nn.layernorm.layernorm_backward`: row blocks over the threads, one
+    scratch array for every intermediate."""
+    xhat, rstd, w = cache
+    dtype = dout.dtype
+    dout = dout.astype(xhat.dtype, copy=False)
+    C = xhat.shape[-1]
+    tmp = np.multiply(dout, xhat)                        # (..., C) scratch
+    dw = tmp.reshape(-1, C).sum(axis=0)                  # (C,)
+    db = dout.reshape(-1, C).sum(axis=0)                 # (C,)
+    dx = np.empty_like(tmp)
+
+    def rows(dout, xhat, rstd, tmp, dx):
+        np.multiply(dout, w, out=dx)                     # g
+        np.multiply(dx, xhat, out=tmp)
+        mean_gx = tmp.mean(axis=-1, keepdims=True)       # (n, 1)
+        mean_g = dx.mean(axis=-1, keepdims=True)         # (n, 1)
+        np.multiply(xhat, mean_gx, out=tmp)
+        dx -= tmp
+        dx -= mean_g
+        dx *= rstd
+
+    parallel_rows(rows, *(a.reshape(-1, a.shape[-1]) for a in (dout, xhat, rstd, tmp, dx)))
+    return dx.astype(dtype, copy=False), dw, db
+
+
+def softmax_nll(logits, labels, label_smoothing: float = 0.0):
+    """:func:`minibert.nn.losses.softmax_nll`: row blocks over the threads, the softmax
+    computed in place in its own buffer."""
+    probs = np.empty_like(logits)                        # (N, K)
+    nll = np.empty_like(logits, shape=(len(logits),))    # (N,)
+
+    def rows(logits, labels, probs, nll):
+        shifted = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=probs)
+        picked = shifted[np.arange(len(labels)), labels]                # (n,)
+        mean_shifted = shifted.mean(axis=-1) if label_smoothing else None
+        np.exp(shifted, out=probs)
+        sumexp = probs.sum(axis=-1)                                     # (n,)
+        lse = np.log(sumexp)
+        probs /= sumexp[:, None]
+        nll[:] = lse - picked
+        if label_smoothing:
+            nll[:] = (1.0 - label_smoothing) * nll + label_smoothing * (lse - mean_shifted)
+
+    parallel_rows(rows, logits, labels, probs, nll)
+    return probs, nll
+
+
+def cross_entropy_backward(dloss, cache):
+    """:func:`minibert.nn.losses.cross_entropy_backward`: the passes after the label's
+    column in row blocks over the threads, in place in the cache's softmax."""
+    probs, safe, valid, denom, eps, out_dtype = cache
+    N, K = probs.shape
+    dlogits = probs                                      # (N, K)
+    dlogits[np.arange(N), safe] -= 1.0 - eps
+    scale = (valid / denom * dloss)[:, None].astype(probs.dtype)     # (N, 1)
+
+    def rows(d, scale):
+        if eps:
+            d -= eps / K
+        d *= scale
+
+    parallel_rows(rows, dlogits, scale)
+    return dlogits.astype(out_dtype, copy=False)
+
+
+FAST_PATHS = {f.__name__: f for f in (
+    gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
+    layernorm_backward, softmax_nll, cross_entropy_backward)}
+"""The name of an nn/ function -> its CPU fast path (same arguments, same result)."""

@@ -1,0 +1,303 @@
+"""The CPU fast paths (minibert/fast_cpu.py) against the reference formulas of minibert/nn/.
+
+Each fast path gives the same bits as its formula, whatever the shape, dtype and thread
+count, except float32 GELU, whose rational normal CDF (|error| <= 2.5e-7) puts it within a
+stated bound of the formula. Also here: the thread-pool and memory helpers the fast paths
+run on, and that the nn/ functions pick their fast path on NumPy arrays, and only there.
+"""
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.special import ndtr
+
+from minibert import backend, fast_cpu, nn
+from minibert.fast_cpu import normal_cdf
+from minibert.nn.activations import gelu_backward, gelu_forward
+from minibert.testing import seeds
+
+from helpers import cpu_blocking
+
+SETTINGS = settings(max_examples=20, deadline=None)
+DTYPES = [np.float16, np.float32, np.float64]
+# shapes up to 120 x 600 = 72,000 elements: above parallel_rows' 65,536, so some draws split
+# their rows over the threads
+row_shapes = st.tuples(st.integers(1, 4), st.integers(1, 30), st.integers(1, 600))
+threads = st.sampled_from([1, 2, 3])
+
+
+def draw(seed, shape, dtype, scale=3.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+
+
+def both(name, *args, **kwargs):
+    """(fast path's result, reference formula's result) of the nn/ function ``name``; each
+    call gets its own copies of the array arguments (some work in place, or in ``out``)."""
+    fn = getattr(nn, name) if hasattr(nn, name) else getattr(nn.activations, name)
+    fast = fn(*_copies(args), **_copies(kwargs))
+    with backend.reference_formulas():
+        reference = fn(*_copies(args), **_copies(kwargs))
+    return fast, reference
+
+
+def _copies(args):
+    """A copy of every array in the list or dict ``args``."""
+    if isinstance(args, dict):
+        return dict(zip(args, _copies(list(args.values()))))
+    return [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+
+
+def assert_same_bits(a, b):
+    """Equal to the last bit, nested tuples of arrays included (NaNs at the same places)."""
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_bits(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b, strict=True)
+    else:
+        assert a == b
+
+
+@SETTINGS
+@given(shape=row_shapes, dtype=st.sampled_from(DTYPES), axis=st.sampled_from([-1, 0, 1]),
+       in_place=st.booleans(), seed=seeds, n=threads)
+def test_softmax_fast_path_gives_the_formulas_bits(shape, dtype, axis, in_place, seed, n):
+    x, g = draw(seed, shape, dtype), draw(seed + 1, shape, dtype, 1.0)
+    with cpu_blocking(None, n):
+        if in_place:   # out=x, as attention does with its scores
+            (p, cache), (p_ref, cache_ref) = both("softmax_forward", x, axis, out=x.copy())
+        else:
+            (p, cache), (p_ref, cache_ref) = both("softmax_forward", x, axis)
+        assert_same_bits((p, cache), (p_ref, cache_ref))
+        assert_same_bits(*both("softmax_backward", g, cache))
+        assert_same_bits(*both("softmax_backward", g, cache, out=g.copy()))
+
+
+@SETTINGS
+@given(shape=row_shapes, dtype=st.sampled_from(DTYPES), seed=seeds, n=threads)
+def test_layernorm_fast_path_gives_the_formulas_bits(shape, dtype, seed, n):
+    x, g = draw(seed, shape, dtype) + 2, draw(seed + 1, shape, dtype, 1.0)
+    w, b = draw(seed + 2, shape[-1:], dtype, 1.0), draw(seed + 3, shape[-1:], dtype, 1.0)
+    with cpu_blocking(None, n):
+        (out, cache), (out_ref, cache_ref) = both("layernorm_forward", x, w, b)
+        assert_same_bits((out, cache), (out_ref, cache_ref))
+        assert_same_bits(*both("layernorm_backward", g, cache))
+
+
+@SETTINGS
+@given(n_rows=st.integers(1, 200), k=st.integers(1, 700), smoothing=st.sampled_from([0.0, 0.1]),
+       dtype=st.sampled_from(DTYPES), dloss=st.sampled_from([1.0, 0.5, "0-d"]), seed=seeds,
+       n=threads)
+def test_cross_entropy_fast_paths_give_the_formulas_bits(n_rows, k, smoothing, dtype, dloss,
+                                                         seed, n):
+    """softmax_nll (the forward's rows) and the backward, with ignored rows."""
+    rng = np.random.default_rng(seed)
+    logits = draw(seed, (n_rows, k), dtype)
+    labels = np.where(rng.random(n_rows) < 0.3, nn.IGNORE_INDEX, rng.integers(0, k, n_rows))
+    dloss = np.asarray(0.25, np.float32) if dloss == "0-d" else dloss
+    with cpu_blocking(None, n):
+        safe = np.where(labels == nn.IGNORE_INDEX, 0, labels)
+        logits32 = logits.astype(backend.compute_dtype(dtype))
+        assert_same_bits(*both("softmax_nll", logits32, safe, smoothing))
+        (loss, cache), (loss_ref, cache_ref) = both("cross_entropy_forward", logits, labels,
+                                                    smoothing)
+        assert_same_bits((loss, cache), (loss_ref, cache_ref))
+        # the backward overwrites the cache's softmax: each run gets its own
+        fast = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
+        with backend.reference_formulas():
+            reference = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
+        assert_same_bits(fast, reference)
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+       dtype=st.sampled_from([np.float16, np.float64]), seed=seeds, n=threads,
+       block=st.sampled_from([None, 7, 4096]))
+def test_gelu_fast_path_gives_the_formulas_bits_outside_float32(shape, dtype, seed, n, block):
+    """Float16 and float64 GELU take SciPy's erf, as the formula does: the same bits, in
+    any blocking."""
+    x, g = draw(seed, shape, dtype), draw(seed + 1, shape, dtype, 1.0)
+    with cpu_blocking(block, n):
+        (out, cache), (out_ref, cache_ref) = both("gelu_forward", x)
+        assert_same_bits((out, cache), (out_ref, cache_ref))
+        assert_same_bits(*both("gelu_backward", g, cache))
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3), seed=seeds, n=threads,
+       block=st.sampled_from([None, 7, 4096]))
+def test_float32_gelu_fast_path_is_within_its_bound_of_the_formula(shape, seed, n, block):
+    """Float32 GELU: the fast Phi is within 2.5e-7 of the exact one, the formula's float32
+    0.5 (1 + erf(x / sqrt 2)) within 1.5e-7 (three roundings and erf's), so the two Phi
+    differ by at most 4e-7; with the rounding of the products, |out - out_ref| <= 6e-7 |x|
+    and |dx - dx_ref| <= 8e-7 |dout| (dout (Phi + x phi), phi computed alike in both)."""
+    x, g = draw(seed, shape, np.float32), draw(seed + 1, shape, np.float32, 1.0)
+    with cpu_blocking(block, n):
+        (out, (_, cdf)), (out_ref, (_, cdf_ref)) = both("gelu_forward", x)
+        dx = gelu_backward(g, (x, cdf))
+        with backend.reference_formulas():
+            dx_ref = gelu_backward(g, (x, cdf_ref))
+    assert out.dtype == out_ref.dtype == dx.dtype == dx_ref.dtype == np.float32
+    assert np.all(np.abs(cdf - cdf_ref) <= 4e-7)
+    assert np.all(np.abs(out - out_ref) <= 6e-7 * np.abs(x))
+    assert np.all(np.abs(dx - dx_ref) <= 8e-7 * np.abs(g))
+
+
+def test_float32_normal_cdf_is_within_its_bound_everywhere():
+    """The rational float32 Phi (the CPU GELU's) against SciPy's in float64, on every
+    float32 step of [-12, 12] at 2^-16 and at the extremes; a coefficient off in its 4th
+    digit fails."""
+    x = np.concatenate([np.arange(-12, 12, 2.0 ** -16), [-np.inf, -1e30, -8, 8, 1e30, np.inf],
+                        np.geomspace(1e-30, 1e-3, 50), -np.geomspace(1e-30, 1e-3, 50)])
+    x = x.astype(np.float32)
+    phi = normal_cdf(x, np.empty_like(x))
+    assert phi.dtype == np.float32
+    assert np.abs(phi - ndtr(x.astype(np.float64))).max() <= 2.5e-7
+    assert np.isnan(normal_cdf(np.float32([np.nan]), np.empty(1, np.float32))).all()
+
+
+def test_the_nn_functions_run_their_fast_path_on_numpy_only(monkeypatch):
+    """Every FAST_PATHS entry is named after an nn/ function, which calls it on NumPy
+    arrays, never inside reference_formulas, and never on (stand-in) CuPy arrays."""
+    calls = []
+    for name, fn in list(fast_cpu.FAST_PATHS.items()):
+        monkeypatch.setitem(fast_cpu.FAST_PATHS, name,
+                            lambda *a, _n=name, _f=fn, **k: calls.append(_n) or _f(*a, **k))
+    x = draw(0, (3, 5), np.float32)
+    labels = np.array([0, 4, nn.IGNORE_INDEX])
+
+    def run_all(xp):
+        a = xp.asarray(x)
+        _, c = gelu_forward(a)
+        gelu_backward(a, c)
+        _, c = nn.softmax_forward(a)
+        nn.softmax_backward(a, c)
+        _, c = nn.layernorm_forward(a, a[0], a[1])
+        nn.layernorm_backward(a, c)
+        _, c = nn.cross_entropy_forward(a, xp.asarray(labels))
+        nn.cross_entropy_backward(1.0, c)
+
+    run_all(np)
+    assert sorted(calls) == sorted(fast_cpu.FAST_PATHS)
+    calls.clear()
+    with backend.reference_formulas():
+        run_all(np)
+    assert calls == []
+    import fakecupy
+    with fakecupy.installed():
+        import cupy
+        run_all(cupy)
+    assert calls == []
+    with pytest.raises(KeyError):
+        backend.fast_path("no_such_function", x)
+
+
+def test_reference_formulas_restores_the_setting_after_an_error():
+    x = np.zeros((2, 3))
+    with contextlib.suppress(RuntimeError), backend.reference_formulas():
+        assert backend.fast_path("softmax_forward", x) is None
+        raise RuntimeError
+    assert backend.fast_path("softmax_forward", x) is fast_cpu.softmax_forward
+
+
+def test_row_parallel_passes_give_the_same_bits_as_one_thread(monkeypatch):
+    """Softmax, LayerNorm, their backward and the cross-entropy split over threads
+    (fast_cpu.parallel_rows)
+    equal the single-threaded result exactly, and blocks cover every row once."""
+    from minibert.fast_cpu import parallel_rows
+    from minibert.nn.activations import softmax_backward, softmax_forward
+    from minibert.nn.layernorm import layernorm_backward, layernorm_forward
+    from minibert.nn.losses import cross_entropy_backward, cross_entropy_forward
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((37, 3, 1000)).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    logits = rng.standard_normal((301, 517)).astype(np.float32)
+    labels = rng.integers(0, 517, 301)
+    labels[::7] = -100
+
+    def run(threads):
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+        p, cache = softmax_forward(x)
+        dx = softmax_backward(g, cache)
+        loss, c = cross_entropy_forward(logits, labels, label_smoothing=0.1)
+        w, b = g[0, 0], x[0, 0]
+        y, ln = layernorm_forward(x, w, b)
+        return (p.copy(), dx, loss, cross_entropy_backward(0.5, c), y,
+                *layernorm_backward(g, ln))
+
+    for a, b in zip(run(1), run(3)):
+        np.testing.assert_array_equal(a, b)
+    seen = np.zeros(10, int)
+
+    def mark(block):
+        block += 1
+        return len(block)
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert parallel_rows(mark, seen, min_size=1) == [3, 3, 4]
+    np.testing.assert_array_equal(seen, 1)
+
+
+@pytest.mark.parametrize("threads, block, n", [(1, 4, 10), (3, 4, 10), (2, 1, 7), (2, 100, 7),
+                                               (3, 3, 0)])
+def test_parallel_blocks_visit_every_element_once(monkeypatch, threads, block, n):
+    """Blocks of at most ``block`` elements, every element in exactly one block, in any
+    shape; a strided view and an empty array get one call each."""
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    seen = np.zeros((n, 3))
+    sizes = []
+
+    def mark(a):
+        a += 1
+        sizes.append(a.size)
+
+    fast_cpu.parallel_blocks(mark, seen, block=block * 3)
+    np.testing.assert_array_equal(seen, 1)
+    assert sum(sizes) == seen.size and max(sizes, default=0) <= block * 3
+    sizes.clear()
+    fast_cpu.parallel_blocks(mark, seen[:, ::2], block=1)       # strided: one call
+    assert sizes == [seen[:, ::2].size]
+
+
+def test_freed_memory_is_kept_for_the_next_allocation():
+    """After keep_freed_memory (which set_device("cpu") calls), a 64 MiB array allocated
+    again after a free reuses pages: almost no new page faults (glibc by default would
+    mmap and unmap it every time: about 1,600 faults for the three here with transparent
+    huge pages, 49,152 without)."""
+    import resource
+    if not fast_cpu.keep_freed_memory():
+        pytest.skip("not glibc: no mallopt")      # macOS / musl; CI runs on glibc
+    np.ones(1 << 24, np.float32)                 # touched once, then freed
+
+    def faults():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    before = faults()
+    for _ in range(3):
+        np.ones(1 << 24, np.float32)
+    assert faults() - before < 100
+
+
+def test_parallel_rows_called_from_a_pool_thread_runs_inline(monkeypatch):
+    """A row function that itself calls parallel_rows (as a GELU block calling erf once
+    did) runs the inner call on its own thread: two pool threads each waiting on the
+    two-thread pool would deadlock. Run from a helper thread, so a deadlock fails the test
+    at the timeout instead of hanging it."""
+    import threading
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    x = np.zeros((8, 4))
+
+    def outer(block):
+        return fast_cpu.parallel_rows(lambda b: len(b), block, min_size=1)
+
+    result = []
+    t = threading.Thread(target=lambda: result.append(fast_cpu.parallel_rows(outer, x,
+                                                                             min_size=1)))
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "nested parallel_rows deadlocked the pool"
+    assert result == [[[4], [4]]]        # two outer blocks, each inner call one block
