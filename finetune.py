@@ -28,7 +28,7 @@ from pathlib import Path
 
 from minibert import distillation, distributed
 from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
-                          float_in, int_at_least, positive_float, positive_int, start_job)
+                          flag, float_in, int_at_least, positive_float, positive_int, start_job)
 from minibert.finetuning import job as finetuning
 from minibert.finetuning.tasks import TASKS, FinetuneTask
 from minibert.training import TrainingConfig, TrainingError, train
@@ -157,7 +157,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
 def check_args(p, args, given: set[str]) -> None:
     """Options that only mean something together (argparse's error exit otherwise)."""
     if not args.teacher and (stray := [n for n in distillation.TASK_OPTIONS if n in given]):
-        p.error(f"--{stray[0].replace('_', '-')} goes with --teacher")
+        p.error(f"{flag(stray[0])} goes with --teacher")
     if args.teacher and args.task != "sequence-classification":
         p.error(f"--teacher: task distillation is for --task sequence-classification, "
                 f"not {args.task}")
@@ -165,7 +165,7 @@ def check_args(p, args, given: set[str]) -> None:
         p.error(f"--pooling: for --task sequence-classification, not {args.task}")
     for name in ("predict", "plot_attention"):
         if getattr(args, name) and len(getattr(args, name)) > 2:
-            p.error(f"--{name.replace('_', '-')} takes one text or a pair of texts")
+            p.error(f"{flag(name)} takes one text or a pair of texts")
     if args.export_hf and Path(args.export_hf).exists() and not Path(args.export_hf).is_dir():
         p.error(f"--export-hf {args.export_hf}: is a file, not a directory")
 

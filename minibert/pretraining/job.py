@@ -30,6 +30,7 @@ import numpy as np
 from .. import distillation
 from ..atomic import atomic_copy, atomic_write_json
 from ..checkpoint import check_same_config
+from ..cli import flag
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig
 from ..objectives import get_objective
@@ -50,10 +51,6 @@ ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "save_every", "max_nonfinite_steps")
-
-
-def _flags(names) -> str:
-    return ", ".join("--" + n.replace("_", "-") for n in names)
 
 
 @dataclass
@@ -96,11 +93,11 @@ def check_options(args, given: set[str], resumed: dict | None) -> Start:
         start.config = distillation.student_config(
             args, start.teacher, resumed, start.init, model_config(args, start.teacher.config.vocab_size))
     elif stray := [n for n in distillation.OPTIONS if n in given]:
-        raise RunError(_flags(stray) + ": distillation options, only with --teacher")
+        raise RunError(", ".join(map(flag, stray)) + ": distillation options, only with --teacher")
     if args.objective == "electra" and args.teacher:
         raise RunError("--teacher works with the BERT objectives, not --objective electra")
     if args.objective != "electra" and (stray := [n for n in ELECTRA_OPTIONS if n in given]):
-        raise RunError(_flags(stray) + ": ELECTRA options, only with --objective electra")
+        raise RunError(", ".join(map(flag, stray)) + ": ELECTRA options, only with --objective electra")
     if args.batch_size_ramp > 0 and args.gradient_accumulation_steps < 2:
         raise RunError(f"--batch-size-ramp {args.batch_size_ramp:g} ramps the micro-batches "
                        "per step up to --gradient-accumulation-steps, which is 1: give it "
