@@ -27,7 +27,7 @@ head with the same labels). --freeze-embeddings / --freeze-layers N train only t
 above. --pooling mean: the sentence classifier reads the mean of the last hidden states
 instead of the pooled [CLS]. --teacher DIR (task distillation): a fine-tuned classifier's
 soft labels join the gold ones (--distill-alpha, --temperature; --transfer-data adds
-unlabelled rows that only the teacher labels; minibert/finetuning/distill.py).
+unlabelled rows that only the teacher labels; minibert/distillation/task.py).
 Training: minibert.training's loop (AdamW with warmup and linear decay, global-norm
 clipping, gradient accumulation), dynamic padding per batch
 (--group-by-length: batches of rows of similar length, as HF's Trainer; train records
@@ -56,8 +56,7 @@ from minibert.cli import (dropout_probability, explicit_options, fail as _fail, 
                           int_at_least,
                           non_negative_float, positive_float, positive_int)
 from minibert.finetuning import DatasetError
-from minibert.finetuning.distill import (SoftTargets, read_transfer, teacher_logits,
-                                         with_transfer_rows)
+from minibert.distillation import SoftTargets, read_transfer, teacher_logits, with_transfer_rows
 from minibert.finetuning.tasks import TASKS, FinetuneTask, make_task, task_for_model
 from minibert.hf import HFFormatError, save_hf_directory
 from minibert.optim import AdamW

@@ -34,9 +34,10 @@ from minibert.cli import (dropout_probability, explicit_options, fail as _fail, 
                           int_at_least,
                           non_negative_float, non_negative_int, positive_float, positive_int,
                           probability)
-from minibert.distillation import (DistillationModel, DistillationWeights,
-                                   every_other_layer_config, every_other_layer_state,
-                                   has_mlm_head, load_teacher, projected_embeddings_state)
+from minibert.distillation import (PRUNED_SIZES, DistillationModel, DistillationWeights,
+                                   activation_importance, every_other_layer_config,
+                                   every_other_layer_state, has_mlm_head, load_teacher,
+                                   projected_embeddings_state, pruned_config, pruned_state)
 from minibert.hf import HFFormatError, load_pretrained_weights
 from minibert.modeling import PRESETS, BertConfig, BertForPreTraining
 from minibert.objectives import OBJECTIVES, get_objective
@@ -45,7 +46,6 @@ from minibert.pretraining import (CorpusError, VocabInfo, build_or_load_store,
                                   default_max_predictions, iter_documents, iterate_batches,
                                   make_eval_batches, resolve_corpus_files, split_documents,
                                   token_counts, unigram_cross_entropy)
-from minibert.pruning import PRUNED_SIZES, activation_importance, pruned_config, pruned_state
 from minibert.runs import (RunDir, RunError, load_start, prepare_run_dir, resume_args,
                            write_args)
 from minibert.tokenization import BertTokenizer, train_wordpiece

@@ -11,7 +11,7 @@ Better", section 3: pre-trained distillation, the student trained on the teacher
 predictive distribution) use it. The CE mean is over the rows with a gold label; rows of
 an unlabelled transfer set (``--transfer-data``: in-domain text the teacher labels, Turc
 et al.'s transfer set) carry the label -100 and count only in the soft term, whose mean is
-over every row.
+over every row (:func:`~.losses.soft_label_loss_forward`, in :mod:`.losses`).
 
 The teacher runs once, before training, in inference mode and with its own tokenizer
 (:func:`teacher_logits`): its soft labels are a constant (N, K) table indexed by the rows
@@ -27,50 +27,15 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backend import get_array_module
-from ..distillation import soft_target_kl_backward, soft_target_kl_forward
+from ..finetuning.classifier import build_model, split_logits
+from ..finetuning.data import DatasetError, EncodedSplit, Example, encode_split, text_lines
 from ..modeling import BertForSequenceClassification
 from ..nn import IGNORE_INDEX
-from ..nn.losses import cross_entropy_backward, cross_entropy_forward
 from ..runs import Pretrained
 from ..tokenization import BertTokenizer
-from .classifier import build_model, split_logits
-from .data import DatasetError, EncodedSplit, Example, encode_split, text_lines
+from .losses import soft_label_loss_backward, soft_label_loss_forward
 
-__all__ = ["soft_label_loss_forward", "soft_label_loss_backward", "teacher_logits",
-           "read_transfer", "with_transfer_rows", "SoftTargets"]
-
-
-def soft_label_loss_forward(logits, labels, teacher, alpha: float, temperature: float):
-    """(1 - alpha) * CE(logits, labels) + alpha * T^2 * KL(softmax(teacher / T) ||
-    softmax(logits / T)) (see the module docstring).
-
-    Args:
-        logits: (B, K) float, the student's logits.
-        labels: (B,) int in [0, K), or -100 for a row without a gold label.
-        teacher: (B, K) float, the teacher's logits for the same rows (a constant).
-        alpha: weight of the soft term in [0, 1].
-        temperature: T > 0.
-    Returns:
-        (loss, cache): loss a 0-d array (nats; the CE is 0 when no row has a gold label).
-    Raises:
-        ValueError: alpha outside [0, 1], T <= 0, shapes that differ, or (on the CPU) a
-            label outside [0, K) that is not -100.
-    """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"soft_label_loss: alpha must be in [0, 1], got {alpha}")
-    every_row = get_array_module(logits).ones(logits.shape[:1])      # (B,) all rows count
-    ce, ce_cache = cross_entropy_forward(logits, labels)
-    kl, kl_cache = soft_target_kl_forward(logits, teacher, every_row, temperature)
-    return (1.0 - alpha) * ce + alpha * kl, (ce_cache, kl_cache, alpha)
-
-
-def soft_label_loss_backward(dloss, cache):
-    """d loss / d logits (B, K) of :func:`soft_label_loss_forward`, times ``dloss``."""
-    ce_cache, kl_cache, alpha = cache
-    # forward: loss = (1 - alpha) * ce + alpha * kl
-    return (cross_entropy_backward(dloss * (1.0 - alpha), ce_cache)
-            + soft_target_kl_backward(dloss * alpha, kl_cache))
+__all__ = ["SoftTargets", "read_transfer", "teacher_logits", "with_transfer_rows"]
 
 
 def teacher_logits(teacher: Pretrained, examples: Sequence[Example], labels: Sequence[str],
