@@ -198,6 +198,8 @@ class BertSelfAttention(Module):
     times), and the stacked gradient is split back into the three.
     """
 
+    cache_attributes = ("_cache", "_dprobs", "attention_probs")
+
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
         C, std = config.hidden_size, config.initializer_range
         self.num_attention_heads = config.num_attention_heads
@@ -371,16 +373,25 @@ class BertEncoder(Module):
     """A stack of BertLayer; with pre-LN, a final LayerNorm ``ln`` on the last layer's
     output (Megatron-BERT's ``MegatronBertEncoder.ln``)."""
 
+    cache_attributes = ("hidden_states",)
+
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
         self.layer = ModuleList([BertLayer(config, rng, dtype)
                                  for _ in range(config.num_hidden_layers)])
         if config.norm_position == "pre":
             self.ln = LayerNorm(config.hidden_size, config.layer_norm_eps, dtype=dtype)
+        self.hidden_states = None    # (x, each layer's output) of the last forward, if asked
 
-    def forward(self, x, mask_add, output_attentions: bool = False):
-        """x: (B, T, C) -> (B, T, C)."""
+    def forward(self, x, mask_add, output_attentions: bool = False,
+                output_hidden_states: bool = False):
+        """x: (B, T, C) -> (B, T, C). With ``output_hidden_states``, ``hidden_states``
+        holds x and every layer's output, (B, T, C) each, until the next forward."""
+        states = [x] if output_hidden_states else None
         for layer in self.layer:
             x = layer(x, mask_add, output_attentions)                    # (B, T, C)
+            if states is not None:
+                states.append(x)
+        self.hidden_states = tuple(states) if states is not None else None
         return self.ln(x) if hasattr(self, "ln") else x
 
     def backward(self, dout, first_layer: int = 0):
@@ -424,11 +435,14 @@ class BertPooler(Module):
 @dataclass
 class BertModelOutput:
     """last_hidden_state (B, T, C); pooler_output (B, C) or None; attentions: one
-    (B, NH, T, T) array per layer when asked for, else None."""
+    (B, NH, T, T) array per layer when asked for, else None; hidden_states: when asked for,
+    a tuple of num_hidden_layers + 1 arrays (B, T, C), the embeddings' output and each
+    layer's output in order (Hugging Face's ``hidden_states``), else None."""
 
     last_hidden_state: Any
     pooler_output: Any = None
     attentions: list | None = None
+    hidden_states: tuple | None = None
 
 
 @dataclass
@@ -547,6 +561,8 @@ class BertModel(BertPreTrainedModel):
         dtype: parameter dtype, float32 for training, float64 for gradient checks.
     """
 
+    cache_attributes = ("_hidden_meta",)
+
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True, *, seed: int = 0,
                  dtype=np.float32, rng: np.random.Generator | None = None):
         self.config = config
@@ -558,7 +574,8 @@ class BertModel(BertPreTrainedModel):
         self._hidden_meta = None
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                output_attentions: bool = False) -> BertModelOutput:
+                output_attentions: bool = False,
+                output_hidden_states: bool = False) -> BertModelOutput:
         """Encode a batch.
 
         Args:
@@ -566,6 +583,11 @@ class BertModel(BertPreTrainedModel):
             token_type_ids: (B, T) int segment ids, default zeros.
             attention_mask: (B, T) 1 for real tokens, 0 for padding; default all ones.
             output_attentions: also return each layer's attention probabilities.
+            output_hidden_states: also return the embeddings' output and every layer's
+                output (the residual stream between layers). With pre-LN the last of them
+                is the last layer's output before ``encoder.ln``: ``last_hidden_state`` is
+                ``encoder.ln(hidden_states[-1])`` (Hugging Face's Megatron-BERT puts the
+                normalised state last instead); with post-LN it is ``last_hidden_state``.
         Returns:
             :class:`BertModelOutput`.
         Raises:
@@ -575,12 +597,12 @@ class BertModel(BertPreTrainedModel):
                                                        attention_mask)
         x = self.embeddings(input_ids, token_type_ids)                  # (B, T, C)
         mask_add = extended_attention_mask(attention_mask, x.dtype)     # (B, 1, 1, T)
-        h = self.encoder(x, mask_add, output_attentions)                # (B, T, C)
+        h = self.encoder(x, mask_add, output_attentions, output_hidden_states)  # (B, T, C)
         self._hidden_meta = (h.shape, h.dtype)
         pooled = self.pooler(h) if hasattr(self, "pooler") else None    # (B, C)
         attentions = ([layer.attention.self.attention_probs for layer in self.encoder.layer]
                       if output_attentions else None)
-        return BertModelOutput(h, pooled, attentions)
+        return BertModelOutput(h, pooled, attentions, self.encoder.hidden_states)
 
     def backward(self, d_last_hidden_state=None, d_pooler_output=None) -> None:
         """Back-propagate upstream gradients of the two outputs (either may be None) into

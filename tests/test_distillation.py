@@ -3,11 +3,14 @@ checks of each loss (hypothesis-drawn shapes and values, random upstream gradien
 the whole student with its projection, the attention-probability gradient hook, the
 teacher's inference mode, every-other-layer initialisation, and train_mlm.py end to end
 with a tiny teacher (records, loss falling, resume, errors)."""
+import argparse
 import dataclasses
 import json
 import math
+import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,13 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining, BertModel
-from minibert.distillation import (DistillationModel, DistillationWeights, Teacher,
-                                   attention_kl_backward, attention_kl_forward,
-                                   cosine_loss_backward, cosine_loss_forward,
-                                   every_other_layer_config, every_other_layer_state,
-                                   load_teacher, pooled_cosine_loss_backward,
-                                   pooled_cosine_loss_forward, projected_embeddings_state,
-                                   soft_target_kl_backward, soft_target_kl_forward)
+from minibert.distillation import (STUDENT_INITS, DistillationModel, DistillationOptions,
+                                   DistillationWeights, Teacher, attention_kl_backward,
+                                   attention_kl_forward, cosine_loss_backward,
+                                   cosine_loss_forward, every_other_layer_config,
+                                   every_other_layer_state, init_student, load_teacher,
+                                   pooled_cosine_loss_backward, pooled_cosine_loss_forward,
+                                   projected_embeddings_state, resolve_teacher,
+                                   soft_target_kl_backward, soft_target_kl_forward,
+                                   student_config)
 from minibert.gradcheck import check_tensor
 from minibert.nn import attention_backward, attention_forward, softmax_forward
 from minibert.testing import (assert_parameter_gradients, attention_inputs, bert_configs,
@@ -372,7 +377,7 @@ sys.path.insert(0, str(ROOT))
 import train_mlm  # noqa: E402
 from minibert.checkpoint import load_checkpoint  # noqa: E402
 from minibert.hf import load_pretrained_weights, save_hf_directory  # noqa: E402
-from minibert.runs import load_start  # noqa: E402
+from minibert.runs import RunError, load_start  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -643,6 +648,128 @@ def test_bad_distillation_options_give_one_error_line(corpus, teacher_run, bare_
     assert message in err, err
     assert "Traceback" not in err and err.count("error:") == 1
     assert not (out / "checkpoint.npz").exists()
+
+
+# -- the start of a run, without the script ------------------------------------------------------
+
+def test_distillation_options_read_a_namespace_and_check_the_student_init():
+    ns = argparse.Namespace(teacher="t", student_init="pruned", temperature=3.0, alpha_ce=1.0,
+                            alpha_mlm=0.0, alpha_cos=0.5, alpha_att=0.25, alpha_pooled=2.0,
+                            lr=1e-3)
+    options = DistillationOptions.of(ns, {"alpha_ce", "lowercase"})
+    assert options == DistillationOptions("t", "pruned", 3.0, 1.0, 0.0, 0.5, 0.25, 2.0,
+                                          frozenset({"alpha_ce", "lowercase"}))
+    assert options.weights() == DistillationWeights(3.0, 1.0, 0.0, 0.5, 0.25, 2.0)
+    assert set(STUDENT_INITS) == {"preset", "every-other-layer", "projected-embeddings",
+                                  "pruned"}
+    with pytest.raises(ValueError, match="student_init must be one of"):
+        DistillationOptions("t", "half")
+
+
+def test_resolve_teacher_gives_what_the_student_shares(teacher_run, bare_teacher, capsys):
+    r = resolve_teacher(DistillationOptions(str(teacher_run)), vocab=None, lowercase=False,
+                        max_seq_length=24)
+    assert r.vocab == str(teacher_run / "vocab.txt") and r.lowercase is True
+    assert r.weights == DistillationWeights() and r.teacher.config.num_hidden_layers == 3
+    r = resolve_teacher(DistillationOptions(str(bare_teacher), alpha_att=1.0),
+                        vocab=str(bare_teacher / "vocab.txt"), lowercase=True,
+                        max_seq_length=24)
+    assert r.weights == DistillationWeights(alpha_ce=0.0, alpha_att=1.0)
+    assert "has no MLM head (cls.predictions.*): soft-target loss off" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("teacher, fields, kw, message", [
+    ("bare", dict(given={"alpha_ce"}), {}, "--alpha-ce 5: --teacher {bare} has no MLM head"),
+    ("run", {}, dict(vocab="{other_vocab}"), "a student shares its teacher's vocab"),
+    ("run", dict(given={"lowercase"}), dict(lowercase=False), "drop --no-lowercase"),
+    ("run", dict(student_init="every-other-layer", given={"hidden_size", "preset"}), {},
+     "takes the teacher's architecture and weights; drop --preset, --hidden-size"),
+    ("run", {}, dict(max_seq_length=600), "--max-seq-length 600 exceeds the teacher's "
+     "max_position_embeddings 512"),
+    ("run", dict(student_init="projected-embeddings", given={"init_checkpoint"}), {},
+     "--student-init projected-embeddings starts from the teacher's weights; drop "
+     "--init-checkpoint"),
+    ("run", dict(student_init="pruned", given={"norm_position", "hidden_size", "preset"}), {},
+     "takes the teacher's architecture but for its sizes; drop --norm-position"),
+    ("run", dict(alpha_ce=0.0, alpha_mlm=0.0, alpha_cos=0.0), {}, "nothing to learn from"),
+    ("nowhere", {}, {}, "--teacher {nowhere}: not a Hugging Face BERT directory"),
+])
+def test_resolve_teacher_refuses_options_that_contradict_the_teacher(
+        teacher_run, bare_teacher, tmp_path, teacher, fields, kw, message):
+    other = tmp_path / "vocab.txt"
+    other.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
+    names = dict(nowhere=tmp_path / "nowhere", bare=bare_teacher, run=teacher_run,
+                 other_vocab=other)
+    kw = {"vocab": None, "lowercase": True, "max_seq_length": 24,
+          **{k: v.format(**names) if isinstance(v, str) else v for k, v in kw.items()}}
+    with pytest.raises((RunError, ValueError), match=re.escape(message.format(**names))):
+        resolve_teacher(DistillationOptions(str(names[teacher]), **fields), **kw)
+
+
+def test_student_config_of_each_start_and_its_checks():
+    teacher = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3,
+                         num_attention_heads=2, intermediate_size=64)
+    sizes = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                       num_attention_heads=1, intermediate_size=40, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.2)
+    opts = DistillationOptions
+    assert student_config(opts("t"), teacher, sizes) == sizes
+    assert student_config(opts("t", "projected-embeddings"), teacher, sizes) == sizes
+    eol = student_config(opts("t", "every-other-layer"), teacher, sizes)
+    assert eol == dataclasses.replace(teacher, num_hidden_layers=2, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.2)
+    pruned = student_config(opts("t", "pruned"), teacher, sizes)
+    assert pruned == dataclasses.replace(sizes, hidden_act=teacher.hidden_act)
+    fixed = dataclasses.replace(teacher, num_hidden_layers=1)
+    assert student_config(opts("t", "pruned"), teacher, sizes, fixed=fixed) is fixed
+    bad = [(opts("t", "pruned"), dataclasses.replace(sizes, num_attention_heads=2), None,
+            "--student-init pruned: pruning keeps whole heads of size 16"),
+           (opts("t"), sizes, dataclasses.replace(teacher, vocab_size=60),
+            "the student's vocab_size 60 differs from the teacher's 50"),
+           (opts("t", "projected-embeddings"), dataclasses.replace(
+               sizes, hidden_size=64, num_attention_heads=4), None,
+            "the student's hidden size 64 exceeds the teacher's 32; projection only narrows"),
+           (opts("t", alpha_att=1.0), sizes, None,
+            "--alpha-att 1: attention transfer needs the teacher's 2 heads, the student has 1")]
+    for options, s, f, message in bad:
+        with pytest.raises(RunError, match=re.escape(message)):
+            student_config(options, teacher, s, fixed=f)
+
+
+@pytest.mark.parametrize("how", ["preset", "every-other-layer", "projected-embeddings",
+                                 "pruned"])
+def test_init_student_takes_the_teachers_weights(teacher_run, how, capsys):
+    start = load_start(teacher_run)
+    tc = start.config
+    sizes = dataclasses.replace(tc, hidden_size=16, num_attention_heads=1, num_hidden_layers=2,
+                                intermediate_size=40)
+    config = student_config(DistillationOptions(str(teacher_run), how), tc, sizes)
+    model = DistillationModel(config, load_teacher(start), DistillationWeights(),
+                              seq_relationship_head=False)
+    before = model.state_dict()
+    rng = np.random.default_rng(0)
+    batches = [SimpleNamespace(input_ids=rng.integers(5, tc.vocab_size, (4, 9)),
+                               token_type_ids=np.zeros((4, 9), np.int64),
+                               attention_mask=np.ones((4, 9), np.int64))]
+    init_student(model, how, start, batches if how == "pruned" else ())
+    text, got, t = capsys.readouterr().out, model.state_dict(), start.state
+    words = "bert.embeddings.word_embeddings.weight"
+    if how == "preset":
+        assert text == "" and all(np.array_equal(got[k], v) for k, v in before.items())
+    elif how == "every-other-layer":
+        assert "student: layers 0, 2 of the teacher" in text
+        np.testing.assert_array_equal(got["bert.encoder.layer.1.output.dense.weight"],
+                                      t["bert.encoder.layer.2.output.dense.weight"])
+    elif how == "projected-embeddings":
+        tables, basis = projected_embeddings_state(t, 16)
+        assert "projected onto their top 16 principal directions" in text
+        np.testing.assert_array_equal(got[words], tables[words])
+        np.testing.assert_array_equal(got["hidden_projection.weight"], basis)
+    else:
+        assert "student: the teacher pruned to layers" in text
+        assert "(scored on 4 training sequences)" in text
+        channels = got["hidden_projection.weight"].argmax(0)
+        np.testing.assert_array_equal(got[words], t[words][:, channels])
 
 
 def test_all_minilm_l6_v2_as_a_teacher_of_an_every_other_layer_student():

@@ -97,6 +97,110 @@ def test_encoder_is_permutation_equivariant(config, t, seed):
     np.testing.assert_allclose(y_perm, y[:, perm], rtol=1e-9, atol=1e-10)
 
 
+def held_arrays(model) -> list[tuple[str, str]]:
+    """(class, attribute) of every module attribute that holds an array, searched through
+    tuples, lists and dicts, except parameters and the fixed ``*_buffer`` arrays."""
+    def holds(v):
+        if isinstance(v, np.ndarray):
+            return True
+        if isinstance(v, (tuple, list)):
+            return any(holds(x) for x in v)
+        return isinstance(v, dict) and any(holds(x) for x in v.values())
+    return [(type(m).__name__, name) for m in model.modules() for name, v in vars(m).items()
+            if not name.endswith("_buffer") and holds(v)]
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_release_caches_drops_every_activation_and_a_backward_after_it_raises(data, seed):
+    config = data.draw(bert_configs(max_layers=2))
+    batch = data.draw(token_batches(config))
+    kw = batch.model_inputs()
+    model = BertForPreTraining(config, seed=seed, dtype=np.float64).eval()
+    assert held_arrays(model) == []
+    model(**kw, output_attentions=True)
+    assert held_arrays(model)                                     # the caches of a forward
+    assert model.release_caches() is model
+    assert held_arrays(model) == []                               # an inference forward
+    with pytest.raises(RuntimeError, match="preceding forward"):
+        model.backward()
+    bert = model.bert
+    bert(batch.input_ids, batch.token_type_ids, batch.attention_mask,
+         output_attentions=True, output_hidden_states=True)
+    assert ("BertEncoder", "hidden_states") in held_arrays(bert)
+    assert held_arrays(bert.release_caches()) == []
+    with pytest.raises(RuntimeError, match="without a preceding forward"):
+        bert.backward(np.ones((*batch.input_ids.shape, config.hidden_size)))
+    # parameters and buffers stay: a training step after it is a training step
+    fresh = BertForPreTraining(config, seed=seed, dtype=np.float64).eval()
+    for m in (model, fresh):
+        m.zero_grad()
+        m(**kw)
+        m.backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), fresh.named_parameters()):
+        np.testing.assert_array_equal(p.grad, q.grad, err_msg=name)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_output_hidden_states_are_the_embeddings_and_every_layers_output(data, seed):
+    from minibert.nn import extended_attention_mask
+    config = data.draw(bert_configs(max_layers=3))
+    batch = data.draw(token_batches(config))
+    ids, types, mask = batch.input_ids, batch.token_type_ids, batch.attention_mask
+    model = BertModel(config, seed=seed, dtype=np.float64).eval()
+    out = model(ids, types, mask, output_hidden_states=True)
+    assert isinstance(out.hidden_states, tuple)
+    assert len(out.hidden_states) == config.num_hidden_layers + 1
+    want = [model.embeddings(ids, types)]                         # (B, T, C)
+    mask_add = extended_attention_mask(mask, want[0].dtype)
+    for layer in model.encoder.layer:
+        want.append(layer(want[-1], mask_add))                    # each layer's output
+    for i, (got, w) in enumerate(zip(out.hidden_states, want)):
+        assert got.shape == (*ids.shape, config.hidden_size)
+        np.testing.assert_array_equal(got, w, err_msg=f"hidden_states[{i}]")
+    last = model.encoder.ln(want[-1]) if config.norm_position == "pre" else want[-1]
+    np.testing.assert_array_equal(out.last_hidden_state, last)
+    # asking for them changes neither the outputs nor the gradients
+    rng = np.random.default_rng(seed)
+    d_last = rng.standard_normal(out.last_hidden_state.shape)
+    grads = []
+    for flag in (True, False):
+        model.zero_grad()
+        o = model(ids, types, mask, output_hidden_states=flag)
+        assert (o.hidden_states is None) == (not flag)
+        np.testing.assert_array_equal(o.last_hidden_state, out.last_hidden_state)
+        model.backward(d_last)
+        grads.append([p.grad.copy() for p in model.parameters()])
+    for a, b in zip(*grads):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_output_hidden_states_match_transformers():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = BertConfig(vocab_size=30, hidden_size=12, num_hidden_layers=3,
+                        num_attention_heads=3, intermediate_size=20, max_position_embeddings=10)
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(
+        **{k: getattr(config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                           "num_attention_heads", "intermediate_size",
+                                           "max_position_embeddings")},
+        attn_implementation="eager")).double().eval()
+    ours = BertModel(config, dtype=np.float64).eval()
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 30, (2, 7))
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0
+    ref = hf(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+             output_hidden_states=True).hidden_states
+    got = ours(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    assert len(got) == len(ref) == 4
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_layernorm_output_is_normalised():
     from minibert.nn import layernorm_forward
     x = np.random.default_rng(0).standard_normal((4, 7, 16)) * 5 + 3

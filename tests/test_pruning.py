@@ -1,15 +1,17 @@
-"""Structured pruning (minibert.pruning): activation scores on hypothesis-drawn models and
-batches, units that carry nothing score zero and pruning them leaves the function exactly
-as it was, every kept tensor is the teacher's at the kept indices, and config checks."""
+"""Structured pruning (minibert.distillation.pruning): activation scores on hypothesis-drawn
+models and batches, units that carry nothing score zero and pruning them leaves the function
+exactly as it was, every kept tensor is the teacher's at the kept indices, and config
+checks."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig, BertModel
-from minibert.pruning import (ActivationImportance, activation_importance, pruned_config,
-                              pruned_state, top_indices)
-from minibert.testing import bert_configs, token_batches
+from minibert.distillation import (ActivationImportance, activation_importance,
+                                   layer_activations, pruned_config, pruned_state, top_indices)
+from minibert.nn import extended_attention_mask
+from minibert.testing import bert_configs, seeds, token_batches
 
 
 def prefixed(model: BertModel) -> dict:
@@ -45,6 +47,40 @@ def test_keeping_every_unit_gives_back_the_teacher(data):
     assert set(state) == set(want)
     for k, v in state.items():
         np.testing.assert_array_equal(v, want[k].astype(np.float32), err_msg=k)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_layer_activations_are_what_the_projections_read_in_a_forward(data, seed):
+    """Recomputed from a layer's input hidden state, the activations are, bit for bit,
+    the inputs the query/key/value, attention-output, up and down projections read in
+    BertModel.forward (the values the scores are defined on), post- and pre-LN."""
+    config = data.draw(bert_configs(max_layers=3))
+    model = BertModel(config, seed=seed, dtype=np.float64).eval()
+    batch = data.draw(token_batches(config))
+    seen = {}
+
+    def spy(module, key):
+        forward = module.forward
+
+        def recording(x, *args):
+            seen[key] = x
+            return forward(x, *args)
+        module.forward = recording
+
+    names = ("read", "ctx", "normed", "act")
+    for i, layer in enumerate(model.encoder.layer):
+        for name, module in zip(names, (layer.attention.self, layer.attention.output.dense,
+                                        layer.intermediate.dense, layer.output.dense)):
+            spy(module, (i, name))
+    out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
+                output_hidden_states=True)
+    in_forward = dict(seen)
+    mask_add = extended_attention_mask(batch.attention_mask, np.float64)
+    for i, layer in enumerate(model.encoder.layer):
+        got = layer_activations(layer, out.hidden_states[i], mask_add)
+        for name, a in zip(names, got):
+            np.testing.assert_array_equal(a, in_forward[(i, name)], err_msg=f"{i} {name}")
 
 
 @settings(max_examples=25, deadline=None)
@@ -123,6 +159,9 @@ def test_every_kept_tensor_is_the_teachers_at_the_kept_indices(data):
                     t[tp + "attention.self.key.weight"][i, j])
                 assert state[sp + "attention.output.dense.weight"][b, a] == np.float32(
                     t[tp + "attention.output.dense.weight"][j, i])
+        for norm in ("attention.ln.weight", "ln.bias") if config.norm_position == "pre" else ():
+            np.testing.assert_array_equal(state[sp + norm],   # pre-LN's per-layer norms
+                                          t[tp + norm][channels].astype(np.float32))
         for a, n in enumerate(neurons):
             assert state[sp + "intermediate.dense.bias"][a] == np.float32(
                 t[tp + "intermediate.dense.bias"][n])

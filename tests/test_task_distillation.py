@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibert.finetuning.distill import (read_transfer, soft_label_loss_backward,
-                                         soft_label_loss_forward)
+from minibert.distillation import read_transfer, soft_label_loss_backward, soft_label_loss_forward
 from minibert.finetuning import DatasetError
 from minibert.gradcheck import rel_error
 from minibert.testing import seeds

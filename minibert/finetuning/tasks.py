@@ -566,7 +566,7 @@ class FinetuneTask:
 
     Args:
         task: the :class:`TaskBase` (default: sequence classification with ``args``).
-        soft: a :class:`~minibert.finetuning.distill.SoftTargets` (task distillation: the
+        soft: a :class:`~minibert.distillation.SoftTargets` (task distillation: the
             loss on the teacher's soft labels replaces the task's loss), or None.
     """
 

@@ -74,6 +74,8 @@ class Dropout(Module):
         RuntimeError: forward in training mode with p > 0 before a generator was set.
     """
 
+    cache_attributes = ("_mask",)
+
     def __init__(self, p: float):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")

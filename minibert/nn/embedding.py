@@ -55,6 +55,8 @@ class Embedding(Module):
     no gradient from lookups, as in PyTorch (HF ``BertEmbeddings.word_embeddings``).
     """
 
+    cache_attributes = ("_ids",)
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  *, rng: np.random.Generator, std: float = 0.02, dtype=np.float32):
         w = rng.normal(0.0, std, size=(num_embeddings, embedding_dim)).astype(dtype)

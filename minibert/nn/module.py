@@ -5,7 +5,9 @@
   :meth:`Module.zero_grad`. Weight tying is sharing one Parameter object between two
   modules: both uses add into the same ``grad``.
 * A :class:`Module` caches in ``forward`` what its ``backward(dout)`` needs; ``backward``
-  returns the gradient for the input(s) and adds into its parameters' ``grad``.
+  returns the gradient for the input(s) and adds into its parameters' ``grad``. Each
+  module names the attributes that hold such a cache in ``cache_attributes``, so
+  :meth:`Module.release_caches` can drop them all after an inference-only forward.
 
 Parameter names follow the attribute path, as in PyTorch (``encoder.layer.0.attention.
 self.query.weight``), so state dicts line up with Hugging Face checkpoints key for key.
@@ -58,9 +60,17 @@ class Module:
     Sub-modules and Parameters are found from instance attributes in assignment order
     (own Parameters first, then sub-modules, as PyTorch does), which fixes the order of
     ``named_parameters`` and ``state_dict``.
+
+    Attributes:
+        cache_attributes: the names of the instance attributes where ``forward`` keeps what
+            ``backward`` needs (inputs, masks, softmax outputs, shapes) or what it exposes
+            from the last batch only (e.g. attention probabilities). ``("_cache",)`` by
+            default, the convention of every layer; a class that keeps more, or keeps it
+            elsewhere, lists its own. :meth:`release_caches` sets them to None.
     """
 
     training: bool = True
+    cache_attributes: tuple[str, ...] = ("_cache",)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -118,6 +128,18 @@ class Module:
         """Reset every gradient to zero: the one place gradients are cleared."""
         for p in self.parameters():
             p.zero_grad()
+
+    def release_caches(self) -> "Module":
+        """Drop what this module and every sub-module keep from their last forward (each
+        one's ``cache_attributes`` that it has, set to None), so a model used for
+        inference only holds no activations between batches. A ``backward`` after this
+        raises (RuntimeError or TypeError, by layer), as one without a forward does.
+        Returns self."""
+        for m in self.modules():
+            for name in m.cache_attributes:
+                if name in vars(m):
+                    setattr(m, name, None)
+        return self
 
     def train(self, mode: bool = True) -> "Module":
         for m in self.modules():

@@ -89,9 +89,17 @@ def check_options(args, given: set[str], resumed: dict | None) -> Start:
                            f"vocab the weights of --init-checkpoint were trained with")
         args.vocab = str(init.vocab_file)
     if args.teacher:
-        start.teacher, start.weights = distillation.resolve_teacher(args, given)
+        options = distillation.DistillationOptions.of(args, given)
+        found = distillation.resolve_teacher(options, vocab=args.vocab, lowercase=args.lowercase,
+                                             max_seq_length=args.max_seq_length)
+        args.vocab, args.lowercase, args.alpha_ce = (found.vocab, found.lowercase,
+                                                     found.weights.alpha_ce)
+        start.teacher, start.weights = found.teacher, found.weights
+        fixed = (resumed["config"] if resumed is not None
+                 else start.init.config if start.init is not None else None)
         start.config = distillation.student_config(
-            args, start.teacher, resumed, start.init, model_config(args, start.teacher.config.vocab_size))
+            options, found.teacher.config,
+            model_config(args, found.teacher.config.vocab_size), fixed=fixed)
     elif stray := [n for n in distillation.OPTIONS if n in given]:
         raise RunError(", ".join(map(flag, stray)) + ": distillation options, only with --teacher")
     if args.objective == "electra" and args.teacher:

@@ -20,7 +20,10 @@ model from the original. This module does the first two steps for BERT:
     the mean cosine between the hidden states the layer reads and those it writes:
     a layer that barely turns its input matters least.
 
-  Every mean runs over the real (attention-mask) tokens of all batches.
+  Every mean runs over the real (attention-mask) tokens of all batches. The residual
+  stream comes from ``BertModel.forward(output_hidden_states=True)``; the activations
+  inside a layer are recomputed from the layer's input by its sub-modules, forward only
+  (:func:`layer_activations`).
 
 * :func:`pruned_state` slices the teacher's weights down to the student's sizes, keeping
   the highest-scoring units in their original order (ties: the lower index), and
@@ -38,13 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import get_array_module, to_numpy
-from .distillation import release_caches
-from .modeling import BertConfig, BertModel, _check_inputs
-from .nn import extended_attention_mask
+from ..backend import get_array_module, to_numpy
+from ..modeling import BertConfig, BertLayer, BertModel
+from ..nn import extended_attention_mask
+from .students import LAYER_KEY
 
-__all__ = ["ActivationImportance", "activation_importance", "pruned_config", "pruned_state",
-           "top_indices"]
+__all__ = ["PRUNED_SIZES", "ActivationImportance", "activation_importance",
+           "layer_activations", "pruned_config", "pruned_state", "top_indices"]
 
 PRUNED_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads",
                 "intermediate_size")
@@ -90,39 +93,62 @@ def activation_importance(bert: BertModel, batches) -> ActivationImportance:
         for b in batches:
             ids, types, mask = (xp.asarray(a) for a in (b.input_ids, b.token_type_ids,
                                                          b.attention_mask))
-            types, mask = _check_inputs(config, ids, types, mask)
+            out = bert(ids, types, mask, output_hidden_states=True)
             real = mask.astype(bool)                                     # (B, T)
-            # BertModel.forward, one layer at a time to see the residual stream
-            x = bert.embeddings(ids, types)                              # (B, T, C)
-            mask_add = extended_attention_mask(mask, x.dtype)            # (B, 1, 1, T)
+            states = out.hidden_states                                   # L + 1 of (B, T, C)
+            mask_add = extended_attention_mask(mask, states[0].dtype)    # (B, 1, 1, T)
             for i, layer in enumerate(bert.encoder.layer):
-                y = layer(x, mask_add)                                   # (B, T, C)
-                # the inputs the layer's Linears kept for backward (Linear._cache =
-                # (input, weight, has_bias); the fused QKV keeps its own in _cache[0]):
-                # LayerNorm outputs (post-LN: x itself), the context and the activations
-                read = layer.attention.self._cache[0][0][real]           # (N, C)
-                normed = layer.intermediate.dense._cache[0][real]        # (N, C)
-                ctx = layer.attention.output.dense._cache[0][real]       # (N, C)
-                act = layer.output.dense._cache[0][real]                 # (N, I)
+                x, y = states[i], states[i + 1]                          # (B, T, C) each
+                read, ctx, normed, act = (a[real] for a in layer_activations(layer, x,
+                                                                             mask_add))
                 hidden += to_numpy(xp.abs(read).sum(0) + xp.abs(normed).sum(0))
                 heads[i] += to_numpy(xp.linalg.norm(ctx.reshape(len(ctx), H, C // H),
-                                                    axis=-1).sum(0))
-                neurons[i] += to_numpy(xp.abs(act).sum(0))
+                                                    axis=-1).sum(0))    # ctx: (N, C)
+                neurons[i] += to_numpy(xp.abs(act).sum(0))               # act: (N, I)
                 before, after = x[real], y[real]                         # (N, C) each
                 cos = (before * after).sum(-1) / xp.maximum(
                     xp.linalg.norm(before, axis=-1) * xp.linalg.norm(after, axis=-1), 1e-12)
                 turn[i] += float((1.0 - cos).sum())
-                x = y
-            last = bert.encoder.ln(x) if hasattr(bert.encoder, "ln") else x  # (B, T, C)
-            hidden += to_numpy(xp.abs(last[real]).sum(0))
+            hidden += to_numpy(xp.abs(out.last_hidden_state[real]).sum(0))
             tokens += int(real.sum())
+            bert.release_caches()
     finally:
-        release_caches(bert)
+        bert.release_caches()
         bert.train(was_training)
     if tokens == 0:
         raise ValueError("activation_importance needs at least one batch with a real token")
     return ActivationImportance(hidden / tokens, heads / tokens, neurons / tokens,
                                 turn / tokens)
+
+
+def layer_activations(layer: BertLayer, x, mask_add):
+    """What ``layer`` computes inside from its input ``x``, recomputed forward only by its
+    sub-modules as ``BertLayer.forward`` calls them (run it in eval mode for the
+    inference values):
+
+        read = attention's LayerNorm(x) if pre-LN else x               (B, T, C)
+        ctx = attention.self(read)    the heads' context, before the output projection
+        a = attention.output(ctx, x)  the attention sub-layer's output  (B, T, C)
+        normed = feed-forward's LayerNorm(a) if pre-LN else a           (B, T, C)
+        act = intermediate(normed)    the feed-forward activations      (B, T, I)
+
+    Args:
+        layer: a :class:`~minibert.modeling.BertLayer`.
+        x: (B, T, C) its input, e.g. ``hidden_states[i]`` of ``BertModel.forward``.
+        mask_add: (B, 1, 1, T) additive attention mask
+            (:func:`minibert.nn.extended_attention_mask`).
+    Returns:
+        (read, ctx, normed, act): the inputs of the query/key/value projections, of the
+        attention output projection, of the feed-forward up projection and of its down
+        projection. The sub-modules keep caches as after a forward
+        (:meth:`~minibert.nn.Module.release_caches` drops them).
+    """
+    pre_ln = hasattr(layer, "ln")  # pre-LN: attention.ln and ln (Megatron-BERT's names)
+    read = layer.attention.ln(x) if pre_ln else x                        # (B, T, C)
+    ctx = layer.attention.self(read, mask_add)                           # (B, T, C)
+    a = layer.attention.output(ctx, x)                                   # (B, T, C)
+    normed = layer.ln(a) if pre_ln else a                                # (B, T, C)
+    return read, ctx, normed, layer.intermediate(normed)                 # ..., (B, T, I)
 
 
 def top_indices(scores, k: int) -> np.ndarray:
@@ -158,7 +184,6 @@ def pruned_config(teacher: BertConfig, **fields) -> BertConfig:
     return student
 
 
-_LAYER_KEY = re.compile(r"bert\.encoder\.layer\.(\d+)\.(.+)")
 # how each tensor is sliced, one letter per axis: c hidden channels, r rows of the kept
 # heads, n kept neurons, : everything
 _LAYER_RULES = {
@@ -169,6 +194,7 @@ _LAYER_RULES = {
     r"intermediate\.dense\.bias": "n",
     r"output\.dense\.weight": "cn",
     r"(attention\.output|output)\.(dense\.bias|LayerNorm\.(weight|bias))": "c",
+    r"(attention\.)?ln\.(weight|bias)": "c",   # pre-LN's norms before each sub-layer
 }
 _OTHER_RULES = {
     r"bert\.embeddings\.\w+_embeddings\.weight": ":c",
@@ -235,7 +261,7 @@ def pruned_state(state: dict[str, np.ndarray], teacher: BertConfig, student: Ber
 
     out = {}
     for key, tensor in state.items():
-        m = _LAYER_KEY.fullmatch(key)
+        m = LAYER_KEY.fullmatch(key)
         if m is None:
             spec = _rule(_OTHER_RULES, key)
             if spec is not None:

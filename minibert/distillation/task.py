@@ -11,7 +11,7 @@ Better", section 3: pre-trained distillation, the student trained on the teacher
 predictive distribution) use it. The CE mean is over the rows with a gold label; rows of
 an unlabelled transfer set (``--transfer-data``: in-domain text the teacher labels, Turc
 et al.'s transfer set) carry the label -100 and count only in the soft term, whose mean is
-over every row.
+over every row (:func:`~.losses.soft_label_loss_forward`, in :mod:`.losses`).
 
 The teacher runs once, before training, in inference mode and with its own tokenizer
 (:func:`teacher_logits`): its soft labels are a constant (N, K) table indexed by the rows
@@ -27,50 +27,20 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backend import get_array_module
-from ..distillation import soft_target_kl_backward, soft_target_kl_forward
+from ..cli import add_options, float_in
+from ..finetuning.classifier import build_model, split_logits
+from ..finetuning.data import DatasetError, EncodedSplit, Example, encode_split, text_lines
 from ..heads import BertForSequenceClassification
 from ..nn import IGNORE_INDEX
-from ..nn.losses import cross_entropy_backward, cross_entropy_forward
-from ..runs import Pretrained
+from ..runs import Pretrained, load_start
 from ..tokenization import BertTokenizer
-from .classifier import build_model, split_logits
-from .data import DatasetError, EncodedSplit, Example, encode_split, text_lines
+from .losses import soft_label_loss_backward, soft_label_loss_forward
 
-__all__ = ["soft_label_loss_forward", "soft_label_loss_backward", "teacher_logits",
-           "read_transfer", "with_transfer_rows", "SoftTargets"]
+__all__ = ["TASK_OPTIONS", "SoftTargets", "add_task_arguments", "read_transfer", "soft_targets",
+           "teacher_logits", "with_transfer_rows"]
 
-
-def soft_label_loss_forward(logits, labels, teacher, alpha: float, temperature: float):
-    """(1 - alpha) * CE(logits, labels) + alpha * T^2 * KL(softmax(teacher / T) ||
-    softmax(logits / T)) (see the module docstring).
-
-    Args:
-        logits: (B, K) float, the student's logits.
-        labels: (B,) int in [0, K), or -100 for a row without a gold label.
-        teacher: (B, K) float, the teacher's logits for the same rows (a constant).
-        alpha: weight of the soft term in [0, 1].
-        temperature: T > 0.
-    Returns:
-        (loss, cache): loss a 0-d array (nats; the CE is 0 when no row has a gold label).
-    Raises:
-        ValueError: alpha outside [0, 1], T <= 0, shapes that differ, or (on the CPU) a
-            label outside [0, K) that is not -100.
-    """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"soft_label_loss: alpha must be in [0, 1], got {alpha}")
-    every_row = get_array_module(logits).ones(logits.shape[:1])      # (B,) all rows count
-    ce, ce_cache = cross_entropy_forward(logits, labels)
-    kl, kl_cache = soft_target_kl_forward(logits, teacher, every_row, temperature)
-    return (1.0 - alpha) * ce + alpha * kl, (ce_cache, kl_cache, alpha)
-
-
-def soft_label_loss_backward(dloss, cache):
-    """d loss / d logits (B, K) of :func:`soft_label_loss_forward`, times ``dloss``."""
-    ce_cache, kl_cache, alpha = cache
-    # forward: loss = (1 - alpha) * ce + alpha * kl
-    return (cross_entropy_backward(dloss * (1.0 - alpha), ce_cache)
-            + soft_target_kl_backward(dloss * alpha, kl_cache))
+# Options that only mean something with finetune.py --teacher.
+TASK_OPTIONS = ("distill_alpha", "temperature", "transfer_data")
 
 
 def teacher_logits(teacher: Pretrained, examples: Sequence[Example], labels: Sequence[str],
@@ -172,3 +142,56 @@ class SoftTargets:
         """Gradients of the last :meth:`forward`'s loss, times ``dloss``, into ``model``."""
         cache, self._cache = self._cache, None
         model.backward(d_logits=soft_label_loss_backward(dloss, cache))
+
+
+def add_task_arguments(g) -> None:
+    """Task distillation's options (finetune.py): ``--teacher``, ``--distill-alpha``,
+    ``--temperature``, ``--transfer-data``."""
+    g.add_argument("--teacher", metavar="DIR", default=None,
+                   help="a fine-tuned sequence classifier (finetune.py output or Hugging "
+                        "Face directory) with the same labels: the student also learns from "
+                        "its soft labels (Hinton et al. 2015)")
+    g.add_argument("--distill-alpha", type=float_in(0.0, 1.0), default=0.5,
+                   help="weight of the soft-label loss; 1 - it weighs the gold-label loss")
+    add_options(g, temperature=2.0)
+    g.add_argument("--transfer-data", metavar="FILE", default=None,
+                   help="unlabelled in-domain text, one 'sentence' or 'sentence_a<TAB>"
+                        "sentence_b' per line, added to the train rows with the teacher's "
+                        "soft labels only (the transfer set of Turc et al. 2019)")
+
+
+def soft_targets(args, tokenizer, train_split, labels, max_len, xp):
+    """Task distillation's start (``finetune.py --teacher``): the teacher labels every
+    train row once, before training.
+
+    Args:
+        args: finetune.py's options (``teacher``, ``transfer_data``, ``distill_alpha``,
+            ``temperature``, ``eval_batch_size``).
+        train_split: the encoded train split; labels: the class names, in the model's
+            order; max_len: tokens per row; xp: the array module of the device.
+    Returns:
+        (the train split with the ``--transfer-data`` rows added, the
+        :class:`SoftTargets` of every row: (N, K) logits).
+    Raises:
+        ValueError: a teacher that cannot be loaded or has other labels (the message
+            names ``--teacher``). DatasetError: a bad ``--transfer-data`` file.
+    """
+    try:
+        teacher = load_start(args.teacher)
+    except ValueError as e:
+        raise ValueError(f"--teacher {args.teacher}: {e}") from None
+    try:
+        if args.transfer_data:
+            rows = read_transfer(args.transfer_data)
+            train_split = with_transfer_rows(train_split, tokenizer, rows, max_len)
+        logits = teacher_logits(teacher, train_split.examples, labels, max_len,
+                                args.eval_batch_size, xp)
+    except DatasetError as e:
+        raise DatasetError(f"--transfer-data {e}") from None
+    gold = np.asarray(train_split.labels) >= 0
+    agree = float((logits[gold].argmax(-1) == np.asarray(train_split.labels)[gold]).mean())
+    print(f"teacher {teacher.source}: soft labels for {len(train_split)} train rows "
+          f"({int((~gold).sum())} from --transfer-data), its train accuracy {agree:.4f}; "
+          f"loss = {1 - args.distill_alpha:g} * CE + {args.distill_alpha:g} * "
+          f"{args.temperature:g}^2 * KL at T = {args.temperature:g}")
+    return train_split, SoftTargets(logits, args.distill_alpha, args.temperature)
