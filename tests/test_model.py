@@ -141,6 +141,31 @@ def test_release_caches_drops_every_activation_and_a_backward_after_it_raises(da
         np.testing.assert_array_equal(p.grad, q.grad, err_msg=name)
 
 
+def test_take_cache_hands_the_forward_cache_to_one_backward():
+    from minibert.nn import Module
+
+    class Twice(Module):
+        cache_attributes = ("_cache", "_other")
+
+        def forward(self, x):
+            self._cache, self._other = x, -x
+            return 2 * x
+
+    m = Twice()
+    with pytest.raises(RuntimeError, match="needs a preceding forward"):
+        m.take_cache()                                            # no forward yet
+    x = np.arange(3.0)
+    m(x)
+    assert m.take_cache() is x and m._cache is None               # taken once
+    with pytest.raises(RuntimeError, match="needs a preceding forward"):
+        m.take_cache()
+    np.testing.assert_array_equal(m.take_cache("_other"), -x)     # another cache attribute
+    m(x)
+    m.release_caches()
+    with pytest.raises(RuntimeError, match="needs a preceding forward"):
+        m.take_cache("_other")
+
+
 @settings(max_examples=15, deadline=None)
 @given(data=st.data(), seed=seeds)
 def test_output_hidden_states_are_the_embeddings_and_every_layers_output(data, seed):

@@ -215,10 +215,8 @@ class DistillationModel(BertForPreTraining):
         Raises:
             RuntimeError: no forward came before.
         """
-        if self._distill_cache is None:
-            raise RuntimeError("backward() needs a preceding forward")
-        kl_cache, cos_cache, pooled_cache, att_cache, logits_shape = self._distill_cache
-        self._distill_cache = None
+        kl_cache, cos_cache, pooled_cache, att_cache, logits_shape = self.take_cache(
+            "_distill_cache")
         w = self.weights
         d_logits = dh = None
         if kl_cache is not None:

@@ -141,6 +141,20 @@ class Module:
                     setattr(m, name, None)
         return self
 
+    def take_cache(self, name: str = "_cache"):
+        """Hand what the last forward kept under ``name`` (one of ``cache_attributes``) to
+        the backward, once: the attribute is cleared, so a second backward needs a new
+        forward.
+
+        Raises:
+            RuntimeError: no forward came before (or its cache was taken or released).
+        """
+        cache = getattr(self, name, None)
+        if cache is None:
+            raise RuntimeError("backward() needs a preceding forward")
+        setattr(self, name, None)
+        return cache
+
     def train(self, mode: bool = True) -> "Module":
         for m in self.modules():
             m.training = mode

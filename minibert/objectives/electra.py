@@ -210,10 +210,7 @@ class ElectraForPreTraining(BertPreTrainedModel):
         Raises:
             RuntimeError: no forward came before.
         """
-        if self._cache is None:
-            raise RuntimeError("backward() needs a preceding forward")
-        zc, labels, mask, n, dtype = self._cache
-        self._cache = None
+        zc, labels, mask, n, dtype = self.take_cache()
         # forward: rtd_loss = sum(bce(z, y) * mask) / n;  d bce / dz = sigmoid(z) - y
         xp = get_array_module(zc)
         sig = 1.0 / (1.0 + xp.exp(-zc))
