@@ -73,6 +73,40 @@ class _Row(NamedTuple):
     sequences: list[int | None]
 
 
+def _padded_length(pad: str | None, rows, max_length: int | None,
+                   pad_to_multiple_of: int | None) -> int | None:
+    """The length rows are padded to: ``max_length`` (``'max_length'``), the longest row
+    (``'longest'``) or None (no padding), rounded up to a multiple of
+    ``pad_to_multiple_of`` when given."""
+    target = None
+    if pad == "max_length":
+        target = max_length
+    elif pad == "longest":
+        target = max((len(r.ids) for r in rows), default=0)
+    if target is not None and pad_to_multiple_of:
+        target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
+    return target
+
+
+def _as_arrays(out: dict[str, list]) -> dict[str, np.ndarray]:
+    """``return_tensors='np'``: each column as an int64 array (B, T) (offsets (B, T, 2)).
+
+    Raises:
+        ValueError: rows of different lengths (not padded).
+    """
+    widths = {len(r) for r in out["input_ids"]}
+    if len(widths) > 1:
+        raise ValueError(
+            f"return_tensors='np' needs equal lengths, got lengths {sorted(widths)}; pass padding=True"
+        )
+    width = widths.pop() if widths else 0
+    arrays = {}
+    for k, v in out.items():
+        a = np.asarray(v, dtype=np.int64)
+        arrays[k] = a.reshape(len(v), width, 2) if k == "offset_mapping" else a
+    return arrays
+
+
 class BertTokenizer:
     """BERT WordPiece tokenizer reading a standard ``vocab.txt``.
 
@@ -576,71 +610,60 @@ class BertTokenizer:
         if not isinstance(stride, (int, np.integer)) or stride < 0:
             raise ValueError(f"stride must be an int >= 0, got {stride!r}")
         batched, examples = self._examples(text, text_pair, is_split_into_words)
+        rows, sample_of_row = self._encode_rows(
+            examples, is_split_into_words, return_offsets_mapping, add_special_tokens, trunc,
+            max_length, stride, return_overflowing_tokens)
+        columns = [k for k, on in (("token_type_ids", return_token_type_ids),
+                                   ("attention_mask", return_attention_mask),
+                                   ("special_tokens_mask", return_special_tokens_mask),
+                                   ("offset_mapping", return_offsets_mapping)) if on]
+        target = _padded_length(pad, rows, max_length, pad_to_multiple_of)
+        out, word_ids, sequence_ids = self._pad_rows(rows, target, columns)
+        if return_overflowing_tokens:
+            out["overflow_to_sample_mapping"], batched = sample_of_row, True
+        if return_length:
+            out["length"] = [len(r.ids) for r in rows]
+        out = _as_arrays(out) if return_tensors == "np" else out
+        out = out if batched else {k: v[0] for k, v in out.items()}
+        return BatchEncoding(out, word_ids, sequence_ids, batched=batched)
+
+    def _encode_rows(self, examples, is_split_into_words: bool, offsets: bool,
+                     add_special_tokens: bool, trunc, max_length, stride: int,
+                     overflowing: bool) -> tuple[list[_Row], list[int]]:
+        """The unpadded rows of every example (several per example with ``overflowing``
+        windows) and, per row, the index of its example."""
         rows: list[_Row] = []
         sample_of_row: list[int] = []
         for i, (a, b) in enumerate(examples):
-            seq_a = self._as_sequence(a, is_split_into_words, return_offsets_mapping)
-            seq_b = self._as_sequence(b, is_split_into_words, return_offsets_mapping) if b is not None else None
+            seq_a = self._as_sequence(a, is_split_into_words, offsets)
+            seq_b = self._as_sequence(b, is_split_into_words, offsets) if b is not None else None
             for row in self._rows(seq_a, seq_b, add_special_tokens, trunc, max_length, stride,
-                                  return_overflowing_tokens):
+                                  overflowing):
                 rows.append(row)
                 sample_of_row.append(i)
-        if return_overflowing_tokens:
-            batched = True
-        lengths = [len(r.ids) for r in rows]
-        target = None
-        if pad == "max_length":
-            target = max_length
-        elif pad == "longest":
-            target = max(lengths, default=0)
-        if target is not None and pad_to_multiple_of:
-            target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
-        out: dict[str, list] = {"input_ids": []}
-        if return_token_type_ids:
-            out["token_type_ids"] = []
-        if return_attention_mask:
-            out["attention_mask"] = []
-        if return_special_tokens_mask:
-            out["special_tokens_mask"] = []
-        if return_offsets_mapping:
-            out["offset_mapping"] = []
+        return rows, sample_of_row
+
+    def _pad_rows(self, rows: list[_Row], target: int | None, columns: list[str]):
+        """Pad every row on the right to ``target`` tokens (None: no padding): returns
+        ({"input_ids": ..., and each of ``columns``}: lists of lists, word ids per row (None
+        unless every row has them), sequence ids per row)."""
+        pad_of = {"input_ids": self.pad_token_id, "token_type_ids": 0, "attention_mask": 0,
+                  "special_tokens_mask": 1, "offset_mapping": (0, 0)}
+        out: dict[str, list] = {k: [] for k in ("input_ids", *columns)}
         has_words = all(r.words is not None for r in rows)
         word_ids: list[list[int | None]] = []
         sequence_ids: list[list[int | None]] = []
-        pad_id = self.pad_token_id
         for r in rows:
             n_pad = max(0, target - len(r.ids)) if target is not None else 0
-            out["input_ids"].append(r.ids + [pad_id] * n_pad)
-            if return_token_type_ids:
-                out["token_type_ids"].append(r.types + [0] * n_pad)
-            if return_attention_mask:
-                out["attention_mask"].append([1] * len(r.ids) + [0] * n_pad)
-            if return_special_tokens_mask:
-                out["special_tokens_mask"].append(r.special + [1] * n_pad)
-            if return_offsets_mapping:
-                out["offset_mapping"].append(r.offsets + [(0, 0)] * n_pad)
+            values = {"input_ids": r.ids, "token_type_ids": r.types,
+                      "attention_mask": [1] * len(r.ids), "special_tokens_mask": r.special,
+                      "offset_mapping": r.offsets}
+            for k, column in out.items():
+                column.append(values[k] + [pad_of[k]] * n_pad)
             if has_words:
                 word_ids.append(r.words + [None] * n_pad)
             sequence_ids.append(r.sequences + [None] * n_pad)
-        if return_overflowing_tokens:
-            out["overflow_to_sample_mapping"] = sample_of_row
-        if return_length:
-            out["length"] = lengths
-        if return_tensors == "np":
-            widths = {len(r) for r in out["input_ids"]}
-            if len(widths) > 1:
-                raise ValueError(
-                    f"return_tensors='np' needs equal lengths, got lengths {sorted(widths)}; pass padding=True"
-                )
-            width = widths.pop() if widths else 0
-            arrays = {}
-            for k, v in out.items():
-                a = np.asarray(v, dtype=np.int64)
-                arrays[k] = a.reshape(len(v), width, 2) if k == "offset_mapping" else a
-            out = arrays
-        if not batched:
-            out = {k: v[0] for k, v in out.items()}
-        return BatchEncoding(out, word_ids if has_words else None, sequence_ids, batched=batched)
+        return out, (word_ids if has_words else None), sequence_ids
 
     def _examples(self, text, text_pair, is_split_into_words: bool) -> tuple[bool, list[tuple]]:
         """-> (batched, [(a, b_or_None), ...]) from ``__call__``'s ``text`` / ``text_pair``."""

@@ -217,6 +217,79 @@ def _count_words(files, lines, basic: BasicTokenizer, show_progress: bool) -> Co
 
 
 # ---------------------------------------------------------------------------- training
+def _check_settings(algorithm: str, vocab_size, min_frequency, special_tokens: list) -> None:
+    """Raises ValueError for an unknown algorithm, a vocab_size that is not a positive int,
+    a min_frequency that is not an int >= 0, or special tokens that repeat or hold
+    whitespace."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}")
+    if not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    if not isinstance(min_frequency, int) or min_frequency < 0:
+        raise ValueError(f"min_frequency must be an int >= 0, got {min_frequency!r}")
+    if len(set(special_tokens)) != len(special_tokens):
+        raise ValueError(f"special_tokens must be distinct, got {special_tokens}")
+    for s in special_tokens:
+        if not isinstance(s, str) or not s or s != s.strip() or len(s.split()) != 1:
+            raise ValueError(f"special token {s!r} must be a non-empty str without whitespace")
+
+
+def _alphabet(word_counts: Counter, min_frequency: int, max_chars: int,
+              report: TrainingReport) -> tuple[list[str], dict[str, int]]:
+    """The initial symbols: the characters that start a word, then ``##`` + those that
+    continue one, each sorted, leaving out characters seen fewer than ``min_frequency``
+    times (at least once) and words longer than ``max_chars``. Returns (alphabet, the
+    dropped characters -> count); fills ``report.n_long_words`` and ``dropped_chars``."""
+    char_counts: Counter = Counter()
+    heads: set[str] = set()
+    tails: set[str] = set()
+    long_words = 0
+    for w, c in word_counts.items():
+        if len(w) > max_chars:
+            long_words += 1
+            continue
+        heads.add(w[0])
+        tails.update(w[1:])
+        for ch in w:
+            char_counts[ch] += c
+    report.n_long_words = long_words
+    min_char = max(min_frequency, 1)
+    dropped = {ch: n for ch, n in char_counts.items() if n < min_char}
+    report.dropped_chars = dropped
+    alphabet = sorted(ch for ch in heads if ch not in dropped) + sorted(
+        "##" + ch for ch in tails if ch not in dropped
+    )
+    return alphabet, dropped
+
+
+def _spell_words(word_counts: Counter, sym_id: dict[str, int], dropped: dict[str, int],
+                 max_chars: int, min_frequency: int,
+                 report: TrainingReport) -> tuple[list[list[int]], list[int]]:
+    """Each word the merges learn from as a list of alphabet symbol ids (its first
+    character, then ``##`` + each next one), with its count; words longer than
+    ``max_chars`` or holding a dropped character are left out (the latter counted in
+    ``report.n_words_with_dropped_chars`` and logged)."""
+    words: list[list[int]] = []
+    freqs: list[int] = []
+    n_bad = 0
+    for w, c in word_counts.items():
+        if len(w) > max_chars:
+            continue
+        if dropped and any(ch in dropped for ch in w):
+            n_bad += 1
+            continue
+        words.append([sym_id[w[0]]] + [sym_id["##" + ch] for ch in w[1:]])
+        freqs.append(c)
+    report.n_words_with_dropped_chars = n_bad
+    if dropped:
+        logger.warning(
+            "train_wordpiece: %d characters occur fewer than min_frequency=%d times and are left out "
+            "of the vocabulary (%d distinct words holding them will tokenize to [UNK]): %s",
+            len(dropped), max(min_frequency, 1), n_bad, "".join(sorted(dropped))[:200],
+        )
+    return words, freqs
+
+
 def train_wordpiece(
     files_or_iterator,
     vocab_size: int,
@@ -265,19 +338,8 @@ def train_wordpiece(
             :func:`~minibert.tokenization.vocab.check_writable`).
     """
     t0 = time.perf_counter()
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}")
-    if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-    if not isinstance(min_frequency, int) or min_frequency < 0:
-        raise ValueError(f"min_frequency must be an int >= 0, got {min_frequency!r}")
     special_tokens = list(special_tokens)
-    if len(set(special_tokens)) != len(special_tokens):
-        raise ValueError(f"special_tokens must be distinct, got {special_tokens}")
-    for s in special_tokens:
-        if not isinstance(s, str) or not s or s != s.strip() or len(s.split()) != 1:
-            raise ValueError(f"special token {s!r} must be a non-empty str without whitespace")
-
+    _check_settings(algorithm, vocab_size, min_frequency, special_tokens)
     if output is not None:
         check_writable(output)  # before the hours of counting and merging, not after
     files, lines = _resolve_sources(files_or_iterator)
@@ -293,26 +355,7 @@ def train_wordpiece(
     report.n_words = sum(word_counts.values())
     report.n_distinct_words = len(word_counts)
 
-    # ---- alphabet
-    char_counts: Counter = Counter()
-    heads: set[str] = set()
-    tails: set[str] = set()
-    long_words = 0
-    for w, c in word_counts.items():
-        if len(w) > max_input_chars_per_word:
-            long_words += 1
-            continue
-        heads.add(w[0])
-        tails.update(w[1:])
-        for ch in w:
-            char_counts[ch] += c
-    report.n_long_words = long_words
-    min_char = max(min_frequency, 1)
-    dropped = {ch: n for ch, n in char_counts.items() if n < min_char}
-    report.dropped_chars = dropped
-    alphabet = sorted(ch for ch in heads if ch not in dropped) + sorted(
-        "##" + ch for ch in tails if ch not in dropped
-    )
+    alphabet, dropped = _alphabet(word_counts, min_frequency, max_input_chars_per_word, report)
     taken = set(special_tokens)
     # A character that is also a special token stays a symbol of the words that hold it,
     # but enters the vocabulary once, as the special token.
@@ -325,28 +368,10 @@ def train_wordpiece(
             f"{len(new_alphabet)} alphabet symbols (characters seen >= min_frequency={min_frequency} times) "
             f"already need {needed}; use vocab_size >= {needed} or a higher min_frequency"
         )
-
-    # ---- symbols and words
     sym_str: list[str] = list(alphabet)
     sym_id: dict[str, int] = {s: i for i, s in enumerate(sym_str)}
-    words: list[list[int]] = []
-    freqs: list[int] = []
-    n_bad = 0
-    for w, c in word_counts.items():
-        if len(w) > max_input_chars_per_word:
-            continue
-        if dropped and any(ch in dropped for ch in w):
-            n_bad += 1
-            continue
-        words.append([sym_id[w[0]]] + [sym_id["##" + ch] for ch in w[1:]])
-        freqs.append(c)
-    report.n_words_with_dropped_chars = n_bad
-    if dropped:
-        logger.warning(
-            "train_wordpiece: %d characters occur fewer than min_frequency=%d times and are left out "
-            "of the vocabulary (%d distinct words holding them will tokenize to [UNK]): %s",
-            len(dropped), min_char, n_bad, "".join(sorted(dropped))[:200],
-        )
+    words, freqs = _spell_words(word_counts, sym_id, dropped, max_input_chars_per_word,
+                                min_frequency, report)
     del word_counts
 
     merged = _merge_loop(
@@ -487,6 +512,244 @@ def _repush_likelihood(a, b, sym_pairs, sym_count, pair_count, spell_of, touched
         keys.difference_update(dead)
 
 
+class _Merger:
+    """The state of the merge loop over ``words`` (symbol-id lists, updated in place, with
+    their ``freqs``) and the symbol table ``sym_str`` / ``sym_id`` (extended in place). A
+    pair (a, b) is keyed by the int ``a * M + b``.
+
+    Heap invariant (what makes the lazy heap exact): every eligible pair has an entry
+    whose key is <= its current key ``(-score, -count, pair)``. Popping the smallest
+    entry and finding it equal to the pair's current key therefore gives the best pair
+    (:meth:`pop_best`); an entry that no longer matches is replaced by the current key and
+    the loop goes on. Scores that only fall need no action; every pair whose score may
+    rise after a merge is pushed again (:meth:`repush`):
+
+    - every score: pairs whose count rose (they contain the new symbol);
+    - ``wordpiece`` and ``wordpiece-ratio``: pairs that contain a or b (their counts fell,
+      which raises the score; pairs whose own count fell all contain a or b); for
+      ``wordpiece`` in :func:`_repush_likelihood`;
+    - ``wordpiece``: pairs spelling the new unit's string (its count rose, which raises
+      their gain). The total ``n`` falls by one merge's worth each time, which lowers
+      every gain (``-G(n, m)`` grows with n), so it needs no push.
+    """
+
+    M = 1 << 32
+
+    def __init__(self, words: list[list[int]], freqs: list[int], sym_str: list[str],
+                 sym_id: dict[str, int], min_frequency: int, algorithm: str):
+        self.words, self.freqs, self.sym_str, self.sym_id = words, freqs, sym_str, sym_id
+        self.likelihood = algorithm == "wordpiece"
+        self.ratio = algorithm == "wordpiece-ratio"
+        self.min_pair = max(min_frequency, 1)
+        self._count_pairs()
+        # pair key -> id of the existing unit its two symbols spell (so c_new can be > 0);
+        # set when such a unit is created (split enumeration) or such a pair appears
+        self.spell_of: dict[int, int] = {}
+        self.heap = [self.entry(k, c) for k, c in self.pair_count.items() if c >= self.min_pair]
+        heapq.heapify(self.heap)
+
+    def _count_pairs(self) -> None:
+        """Symbol counts, pair counts, the words each pair occurs in, each symbol's pairs
+        (scores by symbols only) and the counts of a-a runs (likelihood only)."""
+        M, words, freqs = self.M, self.words, self.freqs
+        self.pair_count: dict[int, int] = {}
+        self.pair_where: dict[int, set[int]] = {}
+        self.sym_count: list[int] = [0] * len(self.sym_str)
+        self.sym_pairs: dict[int, set[int]] = {}  # symbol -> keys of its pairs (a superset)
+        self.self_count: dict[int, int] = {}  # symbol a -> leftmost non-overlapping a a count
+        pair_count, pair_where, sym_count = self.pair_count, self.pair_where, self.sym_count
+        for i, w in enumerate(words):
+            f = freqs[i]
+            for s in w:
+                sym_count[s] += f
+            for j in range(len(w) - 1):
+                k = w[j] * M + w[j + 1]
+                pair_count[k] = pair_count.get(k, 0) + f
+                ws = pair_where.get(k)
+                if ws is None:
+                    pair_where[k] = {i}
+                else:
+                    ws.add(i)
+            if self.likelihood:
+                for s, r in _self_merges(w):
+                    self.self_count[s] = self.self_count.get(s, 0) + r * f
+        self.total = sum(sym_count)  # n: units in the corpus
+        if self.likelihood or self.ratio:
+            for k in pair_count:
+                a, b = divmod(k, M)
+                self.sym_pairs.setdefault(a, set()).add(k)
+                self.sym_pairs.setdefault(b, set()).add(k)
+
+    def entry(self, k: int, c: int):
+        """The heap key ``(-score, -count, pair)`` of pair ``k`` with count ``c`` now."""
+        a, b = divmod(k, self.M)
+        sym_count = self.sym_count
+        if self.likelihood:
+            s_new = self.spell_of.get(k)
+            c_new = 0 if s_new is None else sym_count[s_new]
+            if a == b:
+                return (-likelihood_gain(sym_count[a], 0, c_new, self.self_count[a], self.total,
+                                         True), -c, k)
+            return (-_gain_pair(sym_count[a], sym_count[b], c_new + c, c, self.total), -c, k)
+        if self.ratio:
+            return (-c / (sym_count[a] * sym_count[b]), -c, k)
+        return (-c, -c, k)
+
+    def pop_best(self) -> int | None:
+        """The key of the best eligible pair (None when none is left)."""
+        heap, pair_count = self.heap, self.pair_count
+        while heap:
+            top = heapq.heappop(heap)
+            k = top[2]
+            c = pair_count.get(k, 0)
+            if c < self.min_pair:
+                continue
+            fresh = self.entry(k, c)
+            if fresh == top:
+                return k
+            heapq.heappush(heap, fresh)
+        return None
+
+    def symbol(self, s: str) -> tuple[int, bool]:
+        """The id of symbol ``s`` and whether it is new (then appended to the table)."""
+        nid = self.sym_id.get(s)
+        if nid is not None:
+            return nid, False
+        nid = len(self.sym_str)
+        self.sym_str.append(s)
+        self.sym_id[s] = nid
+        self.sym_count.append(0)
+        return nid, True
+
+    def merge(self, k: int, nid: int) -> set[int]:
+        """Replace pair ``k`` = (a, b) by symbol ``nid`` in every word that holds it (left to
+        right, non-overlapping) and update the counts; returns the keys of the pairs that
+        gained count (they contain nid)."""
+        M, words, freqs = self.M, self.words, self.freqs
+        pair_count, pair_where, sym_count = self.pair_count, self.pair_where, self.sym_count
+        by_symbols = self.likelihood or self.ratio
+        a, b = divmod(k, M)
+        touched: set[int] = set()
+        for i in pair_where.pop(k, ()):
+            w = words[i]
+            n = len(w)
+            out = []
+            j = 0
+            m = 0
+            while j < n:
+                if j + 1 < n and w[j] == a and w[j + 1] == b:
+                    out.append(nid)
+                    j += 2
+                    m += 1
+                else:
+                    out.append(w[j])
+                    j += 1
+            if not m:
+                continue  # stale entry: the pair was merged away in this word already
+            f = freqs[i]
+            sym_count[a] -= m * f
+            sym_count[b] -= m * f
+            sym_count[nid] += m * f
+            self.total -= m * f
+            for j in range(n - 1):
+                kk = w[j] * M + w[j + 1]
+                cc = pair_count[kk] - f
+                if cc:
+                    pair_count[kk] = cc
+                else:
+                    del pair_count[kk]
+            for j in range(len(out) - 1):
+                x, y = out[j], out[j + 1]
+                kk = x * M + y
+                pair_count[kk] = pair_count.get(kk, 0) + f
+                if x == nid or y == nid:
+                    touched.add(kk)
+                    ws = pair_where.get(kk)
+                    if ws is None:
+                        pair_where[kk] = {i}
+                    else:
+                        ws.add(i)
+                    if by_symbols:
+                        self.sym_pairs.setdefault(x, set()).add(kk)
+                        self.sym_pairs.setdefault(y, set()).add(kk)
+            if self.likelihood:
+                self._recount_runs(w, out, f)
+            words[i] = out
+        pair_count.pop(k, None)
+        return touched
+
+    def _recount_runs(self, before: list[int], after: list[int], f: int) -> None:
+        """Runs of one symbol change only where a, b or nid sit (words with no run at all
+        are the common case and cost one pass each)."""
+        self_count = self.self_count
+        for x, r in _self_merges(before):
+            cc = self_count[x] - r * f
+            if cc:
+                self_count[x] = cc
+            else:
+                del self_count[x]
+        for x, r in _self_merges(after):
+            self_count[x] = self_count.get(x, 0) + r * f
+
+    def repush(self, a: int, b: int, s: str, nid: int, touched: set[int]) -> None:
+        """After merging a b into ``nid`` (spelled ``s``): push every pair whose score may
+        have risen (see the class docstring), then bound the heap's stale entries."""
+        heap, pair_count, min_pair, entry = self.heap, self.pair_count, self.min_pair, self.entry
+        if self.likelihood:
+            _repush_likelihood(a, b, self.sym_pairs, self.sym_count, pair_count, self.spell_of,
+                               touched, self.total, min_pair, heap, entry)
+        elif self.ratio:
+            self._repush_ratio(a, b, touched)
+        if self.likelihood:
+            self._update_spellings(s, nid, touched)
+        for kk in touched:
+            cc = pair_count.get(kk, 0)
+            if cc >= min_pair:
+                heapq.heappush(heap, entry(kk, cc))
+        if len(heap) > 4 * len(pair_count) + 100_000:
+            # drop stale entries: rebuild from the live counts (bounds memory)
+            self.heap = [entry(kk, cc) for kk, cc in pair_count.items() if cc >= min_pair]
+            heapq.heapify(self.heap)
+
+    def _repush_ratio(self, a: int, b: int, touched: set[int]) -> None:
+        """a and b became rarer: every pair containing them may score higher now."""
+        for sym in (a, b):
+            keys = self.sym_pairs.get(sym)
+            if not keys:
+                continue
+            if self.sym_count[sym] == 0:
+                del self.sym_pairs[sym]  # the symbol is gone: its pairs all have count 0
+                continue
+            dead = []
+            for kk in keys:
+                cc = self.pair_count.get(kk, 0)
+                if cc <= 0:
+                    dead.append(kk)
+                elif cc >= self.min_pair and kk not in touched:
+                    heapq.heappush(self.heap, self.entry(kk, cc))
+            keys.difference_update(dead)
+
+    def _update_spellings(self, s: str, nid: int, touched: set[int]) -> None:
+        """Pairs that appeared in this merge (they contain nid) may spell a unit; the unit
+        spelled ``s`` became more frequent, so pairs x y spelling ``s`` gain more now."""
+        M, sym_str, sym_id, spell_of = self.M, self.sym_str, self.sym_id, self.spell_of
+        for kk in touched:
+            if kk not in spell_of:
+                x, y = divmod(kk, M)
+                u = sym_id.get(sym_str[x] + sym_str[y][2:])
+                if u is not None:
+                    spell_of[kk] = u
+        for j in range(1, len(s)):
+            x = sym_id.get(s[:j])
+            y = sym_id.get("##" + s[j:])
+            if x is not None and y is not None:
+                kk = x * M + y
+                spell_of[kk] = nid
+                cc = self.pair_count.get(kk, 0)
+                if cc >= self.min_pair and kk not in touched:
+                    heapq.heappush(self.heap, self.entry(kk, cc))
+
+
 def _merge_loop(
     words: list[list[int]],
     freqs: list[int],
@@ -499,203 +762,20 @@ def _merge_loop(
     show_progress: bool,
     report: TrainingReport,
 ) -> list[str]:
-    """Merge pairs until ``n_new`` new tokens exist; returns them in creation order.
-
-    ``words`` (symbol-id lists) and ``sym_str`` / ``sym_id`` are updated in place.
-    A pair (a, b) is keyed by the int ``a * M + b``.
-
-    Heap invariant (what makes the lazy heap exact): every eligible pair has an entry
-    whose key is <= its current key ``(-score, -count, pair)``. Popping the smallest
-    entry and finding it equal to the pair's current key therefore gives the best pair;
-    an entry that no longer matches is replaced by the current key and the loop goes on.
-    Scores that only fall need no action; every pair whose score may rise after a merge
-    is pushed again:
-
-    - every score: pairs whose count rose (they contain the new symbol);
-    - ``wordpiece`` and ``wordpiece-ratio``: pairs that contain a or b (their counts fell,
-      which raises the score; pairs whose own count fell all contain a or b); for
-      ``wordpiece`` in :func:`_repush_likelihood`;
-    - ``wordpiece``: pairs spelling the new unit's string (its count rose, which raises
-      their gain). The total ``n`` falls by one merge's worth each time, which lowers
-      every gain (``-G(n, m)`` grows with n), so it needs no push.
-    """
-    M = 1 << 32
-    likelihood = algorithm == "wordpiece"
-    ratio = algorithm == "wordpiece-ratio"
-    by_symbols = likelihood or ratio
-    min_pair = max(min_frequency, 1)
-
-    pair_count: dict[int, int] = {}
-    pair_where: dict[int, set[int]] = {}
-    sym_count: list[int] = [0] * len(sym_str)
-    sym_pairs: dict[int, set[int]] = {}  # symbol -> keys of pairs it is part of (superset)
-    self_count: dict[int, int] = {}  # symbol a -> leftmost non-overlapping count of a a
-    for i, w in enumerate(words):
-        f = freqs[i]
-        for s in w:
-            sym_count[s] += f
-        for j in range(len(w) - 1):
-            k = w[j] * M + w[j + 1]
-            pair_count[k] = pair_count.get(k, 0) + f
-            ws = pair_where.get(k)
-            if ws is None:
-                pair_where[k] = {i}
-            else:
-                ws.add(i)
-        if likelihood:
-            for s, r in _self_merges(w):
-                self_count[s] = self_count.get(s, 0) + r * f
-    total = sum(sym_count)  # n: units in the corpus
-    # pair key -> id of the existing unit its two symbols spell (so c_new can be > 0);
-    # set when such a unit is created (split enumeration below) or such a pair appears
-    spell_of: dict[int, int] = {}
-    gain_pair = _gain_pair
-    if by_symbols:
-        for k in pair_count:
-            a, b = divmod(k, M)
-            sym_pairs.setdefault(a, set()).add(k)
-            sym_pairs.setdefault(b, set()).add(k)
-
-    def entry(k: int, c: int):
-        a, b = divmod(k, M)
-        if likelihood:
-            s_new = spell_of.get(k)
-            c_new = 0 if s_new is None else sym_count[s_new]
-            if a == b:
-                return (-likelihood_gain(sym_count[a], 0, c_new, self_count[a], total, True), -c, k)
-            return (-gain_pair(sym_count[a], sym_count[b], c_new + c, c, total), -c, k)
-        if ratio:
-            return (-c / (sym_count[a] * sym_count[b]), -c, k)
-        return (-c, -c, k)
-
-    heap = [entry(k, c) for k, c in pair_count.items() if c >= min_pair]
-    heapq.heapify(heap)
-    heappush, heappop = heapq.heappush, heapq.heappop
-
+    """Merge the best pair (:class:`_Merger`) until ``n_new`` new tokens exist or no
+    eligible pair is left; returns the new tokens in creation order (a merged string that
+    is a special token in ``taken`` is a symbol but no new token). ``words`` and
+    ``sym_str`` / ``sym_id`` are updated in place; ``report.n_merges`` counts the merges."""
+    merger = _Merger(words, freqs, sym_str, sym_id, min_frequency, algorithm)
     new_tokens: list[str] = []
     with tqdm(total=n_new, desc=f"merging ({algorithm})", unit=" tokens", disable=not show_progress) as bar:
-        while len(new_tokens) < n_new and heap:
-            top = heappop(heap)
-            k = top[2]
-            c = pair_count.get(k, 0)
-            if c < min_pair:
-                continue
-            fresh = entry(k, c)
-            if fresh != top:
-                heappush(heap, fresh)
-                continue
-            a, b = divmod(k, M)
+        while len(new_tokens) < n_new and (k := merger.pop_best()) is not None:
+            a, b = divmod(k, merger.M)
             s = sym_str[a] + sym_str[b][2:]
-            nid = sym_id.get(s)
-            if nid is None:
-                nid = len(sym_str)
-                sym_str.append(s)
-                sym_id[s] = nid
-                sym_count.append(0)
-                if s not in taken:
-                    new_tokens.append(s)
-                    bar.update(1)
+            nid, new = merger.symbol(s)
+            if new and s not in taken:
+                new_tokens.append(s)
+                bar.update(1)
             report.n_merges += 1
-            touched: set[int] = set()  # pairs that gained count (they contain nid)
-            for i in pair_where.pop(k, ()):
-                w = words[i]
-                n = len(w)
-                out = []
-                j = 0
-                m = 0
-                while j < n:
-                    if j + 1 < n and w[j] == a and w[j + 1] == b:
-                        out.append(nid)
-                        j += 2
-                        m += 1
-                    else:
-                        out.append(w[j])
-                        j += 1
-                if not m:
-                    continue  # stale entry: the pair was merged away in this word already
-                f = freqs[i]
-                sym_count[a] -= m * f
-                sym_count[b] -= m * f
-                sym_count[nid] += m * f
-                total -= m * f
-                for j in range(n - 1):
-                    kk = w[j] * M + w[j + 1]
-                    cc = pair_count[kk] - f
-                    if cc:
-                        pair_count[kk] = cc
-                    else:
-                        del pair_count[kk]
-                for j in range(len(out) - 1):
-                    x, y = out[j], out[j + 1]
-                    kk = x * M + y
-                    pair_count[kk] = pair_count.get(kk, 0) + f
-                    if x == nid or y == nid:
-                        touched.add(kk)
-                        ws = pair_where.get(kk)
-                        if ws is None:
-                            pair_where[kk] = {i}
-                        else:
-                            ws.add(i)
-                        if by_symbols:
-                            sym_pairs.setdefault(x, set()).add(kk)
-                            sym_pairs.setdefault(y, set()).add(kk)
-                if likelihood:
-                    # runs of one symbol change only where a, b or nid sit (note: words with
-                    # no run at all are the common case and cost one pass each)
-                    for x, r in _self_merges(w):
-                        cc = self_count[x] - r * f
-                        if cc:
-                            self_count[x] = cc
-                        else:
-                            del self_count[x]
-                    for x, r in _self_merges(out):
-                        self_count[x] = self_count.get(x, 0) + r * f
-                words[i] = out
-            pair_count.pop(k, None)
-            if likelihood:
-                _repush_likelihood(a, b, sym_pairs, sym_count, pair_count, spell_of, touched, total, min_pair,
-                                   heap, entry)
-            elif ratio:
-                # a and b became rarer: every pair containing them may score higher now
-                for sym in (a, b):
-                    keys = sym_pairs.get(sym)
-                    if not keys:
-                        continue
-                    if sym_count[sym] == 0:
-                        del sym_pairs[sym]  # the symbol is gone: its pairs all have count 0
-                        continue
-                    dead = []
-                    for kk in keys:
-                        cc = pair_count.get(kk, 0)
-                        if cc <= 0:
-                            dead.append(kk)
-                        elif cc >= min_pair and kk not in touched:
-                            heappush(heap, entry(kk, cc))
-                    keys.difference_update(dead)
-            if likelihood:
-                # pairs that appeared in this merge (they contain nid) may spell a unit
-                for kk in touched:
-                    if kk not in spell_of:
-                        x, y = divmod(kk, M)
-                        u = sym_id.get(sym_str[x] + sym_str[y][2:])
-                        if u is not None:
-                            spell_of[kk] = u
-                # the unit spelled s became more frequent: pairs x y spelling s gain more now
-                for j in range(1, len(s)):
-                    x = sym_id.get(s[:j])
-                    y = sym_id.get("##" + s[j:])
-                    if x is not None and y is not None:
-                        kk = x * M + y
-                        spell_of[kk] = nid
-                        cc = pair_count.get(kk, 0)
-                        if cc >= min_pair and kk not in touched:
-                            heappush(heap, entry(kk, cc))
-            for kk in touched:
-                cc = pair_count.get(kk, 0)
-                if cc >= min_pair:
-                    heappush(heap, entry(kk, cc))
-            if len(heap) > 4 * len(pair_count) + 100_000:
-                # drop stale entries: rebuild from the live counts (bounds memory)
-                heap = [entry(kk, cc) for kk, cc in pair_count.items() if cc >= min_pair]
-                heapq.heapify(heap)
+            merger.repush(a, b, s, nid, merger.merge(k, nid))
     return new_tokens
