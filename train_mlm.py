@@ -29,8 +29,8 @@ from pathlib import Path
 from minibert import distillation, distributed
 from minibert.atomic import atomic_write_bytes
 from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
-                          float_in, int_at_least, leader_first, non_negative_float,
-                          non_negative_int, positive_int, probability, start_job)
+                          float_in, int_at_least, leader_first, non_negative_int, positive_int,
+                          probability, start_job)
 from minibert.modeling import PRESETS
 from minibert.objectives import OBJECTIVES
 from minibert.optim import AdamW

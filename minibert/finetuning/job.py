@@ -51,7 +51,6 @@ from ..hf import HFFormatError, save_hf_directory
 from ..optim import AdamW
 from ..runs import MetricsLog, RunError, load_start, write_args
 from ..tokenization import BertTokenizer
-from .data import DatasetError
 from .tasks import make_task, task_for_model
 
 DEFAULT_INIT = "runs/pretrain"
