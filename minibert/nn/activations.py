@@ -143,8 +143,11 @@ def softmax_forward(x, axis: int = -1, out=None):
     dtype = x.dtype
     if compute_dtype(dtype) != dtype:                    # float16: normalise in float32
         x, out = x.astype(compute_dtype(dtype)), None
-    e = xp.exp(x - x.max(axis=axis, keepdims=True))      # shape of x, largest entry 1
-    probs = xp.divide(e, e.sum(axis=axis, keepdims=True), out=out)
+    # one buffer (out, else a new array) holds x - max, then its exp, then the probabilities:
+    # on the GPU the attention scores are normalised in place, without (B, NH, T, T) copies
+    e = xp.subtract(x, x.max(axis=axis, keepdims=True), out=out)   # shape of x, largest 0
+    xp.exp(e, out=e)                                                # largest entry 1
+    probs = xp.divide(e, e.sum(axis=axis, keepdims=True), out=e)
     probs = probs.astype(dtype, copy=False)
     return probs, (probs, axis)
 
