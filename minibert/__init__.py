@@ -4,10 +4,11 @@ from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     SequenceClassifierOutput, TokenClassifierOutput)
 from .modeling import (PRESETS, BertConfig, BertForPreTraining, BertForPreTrainingOutput,
                        BertModel, BertModelOutput)
+from .pipelines import pipeline
 
 __all__ = ["PRESETS", "BertConfig", "BertForPreTraining", "BertForPreTrainingOutput",
            "BertForQuestionAnswering", "BertForSequenceClassification",
            "BertForTokenClassification", "BertModel", "BertModelOutput",
            "QuestionAnsweringModelOutput", "SequenceClassifierOutput",
-           "TokenClassifierOutput"]
+           "TokenClassifierOutput", "pipeline"]
 __version__ = "0.1.0"

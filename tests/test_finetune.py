@@ -276,8 +276,12 @@ def test_end_to_end_from_minibert_checkpoint(dataset, pretrained_run, tmp_path, 
     assert best >= 0.75  # the task is one word away from trivial
     lines = (out / "predictions_test.tsv").read_text().splitlines()
     assert lines[0] == "line\tgold\tpredicted\tp_neg\tp_pos" and len(lines) == 17
-    printed = capsys.readouterr().out
-    assert "pos\t" in printed and "neg\t" in printed
+    printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[{")]
+    assert len(printed) == 1                   # --predict: every label, most probable first
+    scores = json.loads(printed[0])
+    assert sorted(s["label"] for s in scores) == ["neg", "pos"]
+    assert scores[0]["score"] >= scores[1]["score"]
+    assert sum(s["score"] for s in scores) == pytest.approx(1.0, abs=1e-6)
     assert (out / "attention.png").read_bytes()[:4] == b"\x89PNG"
 
     # the saved model predicts the same without training, and carries its labels
@@ -285,8 +289,7 @@ def test_end_to_end_from_minibert_checkpoint(dataset, pretrained_run, tmp_path, 
     assert pre.labels == ["neg", "pos"]
     rc = finetune.main(["--model", str(out), "--predict", "very good film"])
     again = capsys.readouterr().out
-    assert rc == 0 and [l for l in again.splitlines() if "\t" in l] == \
-        [l for l in printed.splitlines() if l.startswith(("pos\t", "neg\t"))]
+    assert rc == 0 and again.splitlines() == printed
 
     # the exported HF directory gives the same probabilities in transformers
     torch = pytest.importorskip("torch")
@@ -298,7 +301,7 @@ def test_end_to_end_from_minibert_checkpoint(dataset, pretrained_run, tmp_path, 
     with torch.no_grad():
         p = torch.softmax(hf(**{k: torch.from_numpy(v[None]) for k, v in enc.items()}).logits,
                           -1)[0].numpy()
-    probs = dict(l.split("\t") for l in again.splitlines() if "\t" in l)
+    probs = {s["label"]: s["score"] for s in scores}
     assert float(probs["pos"]) == pytest.approx(float(p[1]), abs=1e-4)
 
 

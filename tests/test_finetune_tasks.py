@@ -134,10 +134,13 @@ def test_pos_tagging_end_to_end_and_model_predict(en_run, pos_data, tmp_path, ca
     rows = [l.split("\t") for l in blocks[0].splitlines()]
     assert [r[0] for r in rows] == dev[0].words and [r[1] for r in rows] == dev[0].tags
     assert all(r[2] in tags for r in rows)
-    # --predict: word/TAG for each word, the same from the saved model alone
-    line = [l for l in printed.splitlines() if l.startswith("The/")][0]
-    pairs = [w.rsplit("/", 1) for w in line.split(" ")]
-    assert [w for w, _ in pairs] == text.split() and all(t in tags for _, t in pairs)
+    # --predict: the token-classification pipeline's words (POS tags have no O: every
+    # word, with its character span), the same from the saved model alone
+    line = [l for l in printed.splitlines() if l.startswith("[")][0]
+    words = json.loads(line)
+    assert [w["word"] for w in words] == text.split()
+    assert all(text[w["start"]:w["end"]] == w["word"] and w["entity"] in tags
+               and 0 < w["score"] <= 1 for w in words)
     assert run_ft("--model", out, "--predict", text) == 0
     assert capsys.readouterr().out.strip() == line
     pre = load_start(out)
@@ -165,9 +168,9 @@ def test_chinese_ner_entity_metrics_char_predict_and_long_sentence_warning(zh_ru
         assert set(m["per_type"]) <= {"PER", "LOC", "ORG"}
     assert json.loads((out / "args.json").read_text())["label_all_tokens"] is True
     assert run_ft("--model", out, "--predict", "江泽民在北京") == 0
-    words = capsys.readouterr().out.split()
-    assert [w.split("/")[0] for w in words] == list("江泽民在北京")  # one tag per character
-    assert all(w.split("/")[1] in summary["labels"] for w in words)
+    words = json.loads(capsys.readouterr().out)     # one tag per character, O left out
+    assert all(w["end"] == w["start"] + 1 and "江泽民在北京"[w["start"]] == w["word"]
+               and w["entity"] in summary["labels"] and w["entity"] != "O" for w in words)
 
 
 # ------------------------------------------------------------------ question answering
@@ -195,10 +198,9 @@ def test_question_answering_end_to_end_and_model_predict(en_run, qa_data, tmp_pa
     # the saved model answers from a context; its settings (doc stride ...) came with it
     context = "The Normans were led by Rollo. They settled in Normandy in 911."
     assert run_ft("--model", out, "--predict", "Who led the Normans?", context) == 0
-    lines = capsys.readouterr().out.splitlines()
-    answer = lines[0].removeprefix("answer: ")
-    a, b = map(int, re.search(r"characters (\d+)-(\d+)", lines[2]).groups())
-    assert context[a:b] == answer and re.match(r"score: -?\d+\.\d{4}", lines[1])
+    answer = json.loads(capsys.readouterr().out)
+    assert context[answer["start"]:answer["end"]] == answer["answer"]
+    assert 0 <= answer["score"] <= 1
     assert load_start(tmp_path / "hf").architecture == "BertForQuestionAnswering"
     err = fails(capsys, "--model", out, "--predict", "Who led the Normans?")
     assert "QUESTION CONTEXT" in err

@@ -11,7 +11,7 @@ from ..hf import load_pretrained_weights
 from ..heads import BertForQuestionAnswering, BertForSequenceClassification
 from ..modeling import BertConfig
 from ..runs import Pretrained
-from .data import EncodedSplit, pad_batch
+from .data import EncodedSplit, length_batches
 from .metrics import classification_metrics, softmax_np
 
 
@@ -71,11 +71,8 @@ def eval_batches(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, x
     rows a batch holds). The model's train/eval mode is restored afterwards."""
     was_training = model.training
     model.eval()
-    order = np.argsort(np.fromiter(map(len, split.input_ids), dtype=np.int64,
-                                   count=len(split)), kind="stable")
     try:
-        for i in range(0, len(order), batch_size):
-            b = pad_batch(split, order[i:i + batch_size], pad_id)
+        for b in length_batches(split, batch_size, pad_id):
             d = b.to(xp)
             yield b, model(d.input_ids, d.token_type_ids, d.attention_mask)
     finally:

@@ -213,6 +213,16 @@ def pad_batch(split: EncodedSplit, index: Sequence[int], pad_id: int = 0) -> Bat
     return Batch(ids, tt, mask, labels, index)
 
 
+def length_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0):
+    """Every row of ``split`` once, as padded :class:`Batch` es of ``batch_size`` rows
+    taken in order of length (shortest first, ties in split order), so that a batch holds
+    rows of similar length and little padding; ``batch.index`` says which rows."""
+    order = np.argsort(np.fromiter(map(len, split.input_ids), dtype=np.int64,
+                                   count=len(split)), kind="stable")
+    for i in range(0, len(order), batch_size):
+        yield pad_batch(split, order[i:i + batch_size], pad_id)
+
+
 def length_grouped_batches(lengths: np.ndarray, batch_size: int,
                            rng: np.random.Generator | None,
                            mega_batch_mult: int | None = None) -> list[np.ndarray]:
@@ -293,5 +303,5 @@ def iterate_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0, *,
 
 
 __all__ = ["DatasetError", "Example", "read_tsv", "label_list", "label_ids", "EncodedSplit",
-           "encode_split", "Batch", "pad_batch", "length_grouped_batches",
+           "encode_split", "Batch", "pad_batch", "length_batches", "length_grouped_batches",
            "iterate_batches"]

@@ -35,6 +35,7 @@ predictions_{dev,test}.json), training_curves.png.
 """
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ from ..atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
 from ..hf import HFFormatError, save_hf_directory
 from ..optim import AdamW
+from ..pipelines import for_finetune_task
 from ..runs import MetricsLog, RunError, load_start, write_args
 from ..tokenization import BertTokenizer
 from .tasks import make_task, task_for_model
@@ -283,7 +285,7 @@ def load_model(args, given: set[str]):
 
 
 def use_model(args, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
-    """``--predict`` (print the task's predictions), ``--plot-attention`` (attention.png
+    """``--predict`` (the pipeline's result, one JSON line), ``--plot-attention`` (attention.png
     and attention_cls.png in ``out``) and ``--export-hf`` with a ready model, its
     ``labels`` (None for QA) and the start ``pre`` whose vocab and tokenizer options it uses.
 
@@ -292,12 +294,22 @@ def use_model(args, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
             OSError: the export directory cannot be written (``--export-hf DIR: ...``).
     """
     if args.predict:
+        pipe = for_finetune_task(task, model, tokenizer, labels)
+        t = args.predict
+        if task.name == "question-answering" and len(t) != 2:
+            raise ValueError("--predict: question-answering takes QUESTION CONTEXT")
+        if task.name == "sequence-classification" and len(t) > 2:
+            raise ValueError("--predict: sequence-classification takes TEXT [TEXT_B]")
+        inputs = {"question-answering": lambda: {"question": t[0], "context": t[1]},
+                  "token-classification": lambda: " ".join(t),
+                  "sequence-classification": lambda: {"text": t[0], "text_pair": (
+                      t[1] if len(t) > 1 else None)}}[task.name]()
+        options = {"top_k": None} if task.name == "sequence-classification" else {}
         try:
-            lines = task.predict(model, tokenizer, labels, args.predict, xp)
+            result = pipe(inputs, **options)
         except ValueError as e:
             raise ValueError(f"--predict: {e}") from None
-        for line in lines:
-            print(line)
+        print(json.dumps(result, ensure_ascii=False))
     if args.plot_attention:
         for path in viz.plot_attention(model, tokenizer, args.plot_attention,
                                        task.max_len(model.config), xp, out):

@@ -291,20 +291,27 @@ def decode_tags(split: TaggedSplit, predictions: Sequence[np.ndarray], tags: Seq
                          f"{len(predictions)}")
     if fill_tag is None:
         fill_tag = "O" if "O" in tags else tags[0]
-    out = [[fill_tag] * len(s.words) for s in split.sentences]
     for r, pred in enumerate(predictions):
-        pred = np.asarray(pred)
-        if pred.ndim == 2:
-            pred = pred.argmax(axis=-1)
-        wids = split.word_ids[r]
-        if pred.shape[0] < len(wids):
-            raise ValueError(f"row {r}: {len(wids)} tokens but a prediction of length "
-                             f"{pred.shape[0]}")
+        if np.shape(pred)[0] < len(split.word_ids[r]):
+            raise ValueError(f"row {r}: {len(split.word_ids[r])} tokens but a prediction of "
+                             f"length {np.shape(pred)[0]}")
+    ids = [np.asarray(p) if np.ndim(p) == 1 else np.asarray(p).argmax(axis=-1)
+           for p in predictions]
+    return [[fill_tag if p is None else tags[int(ids[p[0]][p[1]])] for p in pieces]
+            for pieces in first_pieces(split)]
+
+
+def first_pieces(split: TaggedSplit) -> list[list[tuple[int, int] | None]]:
+    """Where each word of every sentence of ``split`` is read: ``(row, token)`` of its
+    first piece (HF's convention; a word cut across windows is read in the last window
+    that holds a piece of it), or None for a word without a piece."""
+    out: list[list[tuple[int, int] | None]] = [[None] * len(s.words) for s in split.sentences]
+    for r, wids in enumerate(split.word_ids):
         words = out[split.sentence_index[r]]
         prev = None
         for t, w in enumerate(wids):
             if w is not None and w != prev:
-                words[w] = tags[int(pred[t])]
+                words[w] = (r, t)
             prev = w
     return out
 

@@ -30,6 +30,7 @@ F = QA features (windows).
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -44,11 +45,11 @@ from ..checkpoint import save_checkpoint
 from ..heads import (BertForQuestionAnswering, BertForSequenceClassification,
                      BertForTokenClassification)
 from .classifier import build_model, eval_batches, evaluate as evaluate_classifier
-from .metrics import log_softmax_np, softmax_np
+from .metrics import log_softmax_np
 from .data import DatasetError, EncodedSplit, encode_split, iterate_batches, label_list, read_tsv
-from .qa import (QAExample, exact_match_score, f1_score, postprocess_qa_predictions,
+from .qa import (exact_match_score, f1_score, postprocess_qa_predictions,
                  prepare_qa_features, read_squad, squad_metrics)
-from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, TaggedSentence, decode_tags,
+from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, decode_tags,
                       encode_tagging, is_entity_tagset, read_conll, tag_list, tagging_metrics,
                       warn_long_sentences)
 
@@ -221,15 +222,6 @@ class SequenceClassification(TaskBase):
         atomic_write_bytes(path, ("\n".join(rows) + "\n").encode("utf-8"))
         return [path]
 
-    def predict(self, model, tokenizer, labels, texts, xp) -> list[str]:
-        """``label<TAB>probability`` lines, most probable first, for TEXT [TEXT_B]."""
-        enc = tokenizer(texts[0], texts[1] if len(texts) > 1 else None, truncation=True,
-                        max_length=self.max_len(model.config), return_tensors="np")
-        ids = xp.asarray(enc["input_ids"][None])
-        model.eval()
-        logits = model(ids, xp.asarray(enc["token_type_ids"][None]), xp.ones_like(ids)).logits
-        probs = softmax_np(to_numpy(logits))[0]
-        return [f"{l}\t{p:.4f}" for l, p in sorted(zip(labels, probs), key=lambda kv: -kv[1])]
 
 
 # --------------------------------------------------------------------------------------
@@ -317,29 +309,28 @@ class TokenClassification(TaskBase):
         return {"accuracy": totals.get("correct", 0.0) / max(totals.get("count", 0.0), 1.0),
                 **super().summarize(totals)}
 
-    def _row_predictions(self, model, split, batch_size, xp, pad_id=0):
-        """Per row, (T_r,) int class ids; and the mean cross-entropy (nats) over the
-        labelled pieces (0 without labels)."""
-        preds: list[np.ndarray | None] = [None] * len(split)
+    def row_probabilities(self, model, split, batch_size, xp, pad_id=0):
+        """Per row of ``split``, (T_r, K) float64 tag probabilities (the softmax of the
+        logits); and the mean cross-entropy (nats) over the labelled pieces (0 without
+        labels). One device read per batch."""
+        probs: list[np.ndarray | None] = [None] * len(split)
         loss_sum, n = 0.0, 0
         for b, out in eval_batches(model, split, batch_size, pad_id, xp):
-            logits = to_numpy(out.logits).astype(np.float64)               # (B, T, K)
+            logp = log_softmax_np(to_numpy(out.logits).astype(np.float64))  # (B, T, K)
             if b.labels is not None:
                 m = b.labels != IGNORE_INDEX
-                loss_sum -= float(log_softmax_np(logits[m])[np.arange(int(m.sum())),
-                                                          b.labels[m]].sum())
+                loss_sum -= float(logp[m][np.arange(int(m.sum())), b.labels[m]].sum())
                 n += int(m.sum())
-            am = logits.argmax(-1)                                         # (B, T)
             for r, i in enumerate(b.index):
-                preds[i] = am[r, :len(split.input_ids[i])]
-        return preds, loss_sum / max(n, 1)
+                probs[i] = np.exp(logp[r, :len(split.input_ids[i])])
+        return probs, loss_sum / max(n, 1)
 
     def evaluate(self, model, split, batch_size: int, xp, pad_id: int = 0):
         """(:func:`~minibert.finetuning.tagging_metrics` + ``loss``, predicted tags per
         sentence)."""
         tags = self.labels
-        preds, loss = self._row_predictions(model, split, batch_size, xp, pad_id)
-        words = decode_tags(split, preds, tags)
+        probs, loss = self.row_probabilities(model, split, batch_size, xp, pad_id)
+        words = decode_tags(split, probs, tags)
         m = tagging_metrics([s.tags for s in split.sentences], words, tags)
         m["loss"] = loss
         return m, words
@@ -362,23 +353,13 @@ class TokenClassification(TaskBase):
         atomic_write_bytes(path, ("\n".join(lines)).encode("utf-8"))
         return [path]
 
-    def words_of(self, text: str) -> list[str]:
-        """The words of a ``--predict`` text: its characters (spaces dropped) for a
-        character-level tagger, else its whitespace-separated words."""
-        if self.option("word_unit", "whitespace") == "char":
-            return [c for c in text if not c.isspace()]
-        return text.split()
+    def word_spans(self, text: str) -> list[tuple[str, int, int]]:
+        """The words of a text to tag, each with its character offsets ``(word, start,
+        end)``: its characters (spaces dropped) for a character-level tagger (settings
+        ``word_unit == "char"``), else its whitespace-separated words."""
+        pattern = r"\S" if self.option("word_unit", "whitespace") == "char" else r"\S+"
+        return [(m.group(), m.start(), m.end()) for m in re.finditer(pattern, text)]
 
-    def predict(self, model, tokenizer, labels, texts, xp) -> list[str]:
-        """One line: ``word/TAG`` for each word of the text (texts joined by a space)."""
-        words = self.words_of(" ".join(texts))
-        if not words:
-            return ["(no words)"]
-        sentence = TaggedSentence(words, ["O"] * len(words), 0, "--predict")
-        split = encode_tagging(tokenizer, [sentence], self.max_len(model.config), None)
-        preds, _ = self._row_predictions(model, split, 8, xp)
-        tags = decode_tags(split, preds, labels)[0]
-        return [" ".join(f"{w}/{t}" for w, t in zip(words, tags))]
 
 
 # --------------------------------------------------------------------------------------
@@ -409,7 +390,7 @@ class QuestionAnswering(TaskBase):
                 "n_best_size": int(self.option("n_best_size", 20)),
                 "max_answer_length": int(self.option("max_answer_length", 30))}
 
-    def _features(self, tokenizer, examples, max_len):
+    def features(self, tokenizer, examples, max_len):
         s = self._settings()
         return prepare_qa_features(tokenizer, examples, max_len, s["doc_stride"],
                                    s["max_query_length"])
@@ -417,9 +398,9 @@ class QuestionAnswering(TaskBase):
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
         train_ex, dev_ex, test_ex = self._read_splits(read_squad, paths, max_train_examples)
-        train = self._features(tokenizer, train_ex, max_len)
-        dev = self._features(tokenizer, dev_ex, max_len)
-        test = self._features(tokenizer, test_ex, max_len) if test_ex else None
+        train = self.features(tokenizer, train_ex, max_len)
+        dev = self.features(tokenizer, dev_ex, max_len)
+        test = self.features(tokenizer, test_ex, max_len) if test_ex else None
         self.settings.update(self._settings(), max_seq_length=max_len)
         no_answer = int((train.labels == 0).all(axis=1).sum())
         s = self._settings()
@@ -447,7 +428,7 @@ class QuestionAnswering(TaskBase):
         return {k + "_accuracy": totals.get(k + "_correct", 0.0) / n
                 for k in ("start", "end", "span")} | super().summarize(totals)
 
-    def _logits(self, model, split, batch_size, xp, pad_id=0):
+    def logits(self, model, split, batch_size, xp, pad_id=0):
         """Per feature (T_f,) start and end logits (float64), and the mean loss
         ((start CE + end CE) / 2 over the padded batch, as the model's; 0 without
         labels)."""
@@ -467,8 +448,8 @@ class QuestionAnswering(TaskBase):
                 starts[i], ends[i] = s[r, :n], e[r, :n]
         return starts, ends, loss_sum / max(F, 1)
 
-    def _answers(self, model, split, batch_size, xp, pad_id=0):
-        starts, ends, loss = self._logits(model, split, batch_size, xp, pad_id)
+    def answers(self, model, split, batch_size, xp, pad_id=0):
+        starts, ends, loss = self.logits(model, split, batch_size, xp, pad_id)
         s = self._settings()
         preds = postprocess_qa_predictions(split, starts, ends, s["n_best_size"],
                                            s["max_answer_length"])
@@ -477,7 +458,7 @@ class QuestionAnswering(TaskBase):
     def evaluate(self, model, split, batch_size: int, xp, pad_id: int = 0):
         """(:func:`~minibert.finetuning.squad_metrics` + ``loss`` (features) and
         ``n_features``, {id: :class:`~minibert.finetuning.QAPrediction`})."""
-        preds, loss = self._answers(model, split, batch_size, xp, pad_id)
+        preds, loss = self.answers(model, split, batch_size, xp, pad_id)
         m = squad_metrics(split.examples, preds)
         m["loss"], m["n_features"] = loss, len(split)
         return m, preds
@@ -505,19 +486,6 @@ class QuestionAnswering(TaskBase):
         atomic_write_bytes(tpath, ("\n".join(rows) + "\n").encode("utf-8"))
         return [jpath, tpath]
 
-    def predict(self, model, tokenizer, labels, texts, xp) -> list[str]:
-        """The answer span for ``texts`` = (QUESTION, CONTEXT): the answer, its score
-        (start + end logit) and its character offsets in the context."""
-        if len(texts) != 2:
-            raise ValueError("question answering takes QUESTION CONTEXT")
-        ex = QAExample("predict", "", texts[1], texts[0], [], [], 0, "--predict")
-        feats = self._features(tokenizer, [ex], self.max_len(model.config))
-        p = self._answers(model, feats, 8, xp)[0]["predict"]
-        if p.start < 0:
-            return ["answer: (none: no valid span in the context)"]
-        return [f"answer: {p.text}",
-                f"score: {p.score:.4f} (start + end logit; {len(feats)} window(s))",
-                f"span: characters {p.start}-{p.end} of the context"]
 
 
 TASKS: dict[str, type[TaskBase]] = {t.name: t for t in (SequenceClassification,
