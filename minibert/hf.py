@@ -206,7 +206,8 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     tc = directory / TOKENIZER_CONFIG_NAME
     if tc.is_file():
         t = json.loads(tc.read_text(encoding="utf-8"))
-        for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars"):
+        for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
+                  "clean_up_tokenization_spaces"):
             if k in t:
                 tok_opts[k] = t[k]
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
@@ -305,7 +306,8 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
     atomic_write(directory / CONFIG_NAME,
                  lambda f: f.write(json.dumps(cfg, indent=2).encode("utf-8")))
     tok = {"tokenizer_class": "BertTokenizer", "do_lower_case": True,
-           "model_max_length": model.config.max_position_embeddings}
+           "model_max_length": model.config.max_position_embeddings,
+           "clean_up_tokenization_spaces": True}     # our decode's default (transformers 5: False)
     tok.update(tokenizer_options or {})
     atomic_write(directory / TOKENIZER_CONFIG_NAME,
                  lambda f: f.write(json.dumps(tok, indent=2).encode("utf-8")))

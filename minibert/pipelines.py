@@ -211,7 +211,7 @@ class FillMaskPipeline(Pipeline):
         top = (xp.argpartition(-probs, k - 1, axis=-1)[..., :k] if k < probs.shape[-1]
                else xp.broadcast_to(xp.arange(k), probs.shape))
         vals = xp.take_along_axis(probs, top, -1)
-        order = xp.argsort(-vals, axis=-1, kind="stable")
+        order = xp.argsort(-vals, axis=-1)
         top, vals = xp.take_along_axis(top, order, -1), xp.take_along_axis(vals, order, -1)
         return vals, (targets[top] if targets is not None else top)
 
@@ -282,19 +282,21 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
 # --------------------------------------------------------------------- fine-tuned tasks
 class _FinetunedPipeline(Pipeline):
     """A pipeline over a fine-tuned model: its :class:`~minibert.finetuning.tasks.TaskBase`
-    (``task_obj``, the settings it was trained with) and label set (``labels``; default
-    ``LABEL_0`` ... as transformers)."""
+    (``task_obj``, the settings it was trained with, whose ``max_seq_length`` is the
+    default ``max_length``) and label set (``labels``; default ``LABEL_0`` ... as
+    transformers)."""
 
     finetune_task = ""
 
     def __init__(self, model, tokenizer, *, labels: Sequence[str] | None = None,
-                 task_obj: TaskBase | None = None, **kwargs):
-        super().__init__(model, tokenizer, **kwargs)
+                 task_obj: TaskBase | None = None, max_length: int | None = None, **kwargs):
         n = getattr(model, "num_labels", 0)
         self.labels = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(n)]
         if n and len(self.labels) != n:
             raise PipelineError(f"{len(self.labels)} labels for a model with {n} outputs")
         self.task_obj = task_obj or make_task(self.finetune_task, None, None, self.labels)
+        super().__init__(model, tokenizer, max_length=max_length or self.task_obj.max_len(
+            model.config), **kwargs)
 
 
 class TextClassificationPipeline(_FinetunedPipeline):
@@ -546,8 +548,7 @@ def for_finetune_task(task: TaskBase, model, tokenizer, labels, **kwargs) -> Pip
     """The pipeline of a fine-tuning task object (``finetune.py --predict``)."""
     name = next(k for k, c in PIPELINES.items()
                 if getattr(c, "finetune_task", None) == task.name)
-    return PIPELINES[name](model, tokenizer, labels=labels, task_obj=task,
-                           max_length=task.max_len(model.config), **kwargs)
+    return PIPELINES[name](model, tokenizer, labels=labels, task_obj=task, **kwargs)
 
 
 __all__ = ["PIPELINES", "Pipeline", "PipelineError", "FillMaskPipeline",

@@ -800,7 +800,7 @@ _NUMPY_NAMES = (
     "logical_and logical_not logical_or matmul max maximum mean min minimum multiply "
     "negative not_equal ones ones_like outer power prod repeat reshape round sign sin sqrt "
     "square squeeze stack subtract sum take tanh tile transpose true_divide vdot where "
-    "zeros zeros_like nonzero flatnonzero argwhere unique").split()
+    "zeros zeros_like nonzero flatnonzero argwhere unique argpartition take_along_axis").split()
 _PASSED_THROUGH = ("bool_ int8 int16 int32 int64 uint8 uint32 uint64 float16 float32 float64 "
                    "complex64 complex128 dtype finfo iinfo inf nan newaxis pi e "
                    "result_type can_cast").split()

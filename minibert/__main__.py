@@ -1,0 +1,196 @@
+"""Command line: ``python -m minibert COMMAND ...``.
+
+    python -m minibert predict fill-mask runs/pretrain "the man went to the [MASK] ."
+    python -m minibert predict feature-extraction MODEL --input texts.txt --pooling mean \\
+        --normalize --output embeddings.jsonl
+    python -m minibert predict feature-extraction MODEL --pairs --input pairs.tsv
+    python -m minibert predict text-classification runs/finetune "a gripping film"
+    python -m minibert predict question-answering runs/qa "Who wrote it?" "Ann wrote it."
+
+``predict`` runs a :func:`minibert.pipeline` on the TEXTs or on the lines of ``--input``
+and writes one JSON object per input, ``{"input": ..., "output": ...}``, to stdout or
+(atomically) to ``--output``. Pairs (a text and its pair for text classification, a
+question and its context, two texts to compare with ``--pairs``) are two TEXTs in a row,
+or one input line with a tab between them; an input line may also be a JSON object
+(``{"text", "text_pair"}``, ``{"question", "context"}``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .cli import add_options, fail, int_at_least
+
+PROG = "python -m minibert"
+PAIRED = ("question-answering",)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .pipelines import PIPELINES
+    ap = argparse.ArgumentParser(prog=PROG, description="Use a trained minibert model.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("predict", help="run a pipeline (fill-mask, feature-extraction, "
+                       "text / token classification, question answering) on texts")
+    p.add_argument("task", choices=list(PIPELINES))
+    p.add_argument("model", help="a minibert run directory or checkpoint, or a Hugging "
+                                 "Face BERT directory")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="inputs (or use --input)")
+    p.add_argument("--input", type=Path, help="a UTF-8 file, one input per line")
+    p.add_argument("--output", type=Path, help="write the JSON lines here (default stdout)")
+    p.add_argument("--batch-size", type=int_at_least(1), default=32)
+    p.add_argument("--max-length", type=int_at_least(3),
+                   help="tokens per input (default: the model's maximum)")
+    p.add_argument("--top-k", type=int_at_least(1),
+                   help="fill-mask: tokens per mask (5); text-classification: labels (1)")
+    p.add_argument("--pooling", choices=("mean", "cls"),
+                   help="feature-extraction: one sentence vector (default: token states)")
+    p.add_argument("--normalize", action="store_true",
+                   help="feature-extraction: L2-normalise the pooled vector")
+    p.add_argument("--pairs", action="store_true",
+                   help="feature-extraction: the cosine similarity of two texts per input "
+                        "(pooling mean unless --pooling)")
+    p.add_argument("--aggregation-strategy", choices=("none", "simple"),
+                   help="token-classification: per word (none) or merged entities (simple)")
+    add_options(p, device=None, progress=True)
+    return ap
+
+
+def _inputs(args) -> list:
+    """The raw inputs: TEXTs, or the --input file's non-blank lines (JSON objects kept)."""
+    from .finetuning.data import DatasetError, text_lines
+    if args.input is None:
+        if not args.texts:
+            raise ValueError("give TEXT arguments or --input FILE")
+        return list(args.texts)
+    if args.texts:
+        raise ValueError("give TEXT arguments or --input FILE, not both")
+    items = []
+    try:
+        for lineno, line in text_lines(args.input):
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("{"):
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{args.input}:{lineno}: not a JSON object ({e.msg})")
+            else:
+                items.append(line)
+    except (DatasetError, OSError) as e:
+        raise ValueError(str(e)) from None
+    if not items:
+        raise ValueError(f"--input {args.input}: no inputs (the file is empty)")
+    return items
+
+
+def _paired(items: list, names: tuple[str, str], what: str) -> list:
+    """Inputs that come in pairs: dicts as given, tab-separated lines split, plain TEXTs
+    taken two at a time."""
+    if all(isinstance(x, dict) for x in items):
+        return items
+    if all(isinstance(x, str) and "\t" in x for x in items):
+        return [dict(zip(names, x.split("\t", 1))) for x in items]
+    if len(items) % 2 or any(not isinstance(x, str) for x in items):
+        raise ValueError(f"{what} takes pairs: {names[0].upper()} {names[1].upper()} "
+                         "arguments, or lines with a tab between the two")
+    return [dict(zip(names, items[i:i + 2])) for i in range(0, len(items), 2)]
+
+
+def _shape(args, items: list) -> list:
+    """The inputs as the task takes them: pairs joined into dicts where it takes pairs."""
+    if args.pairs:
+        return _paired(items, ("text", "text_pair"), "--pairs")
+    if args.task == "question-answering":
+        return _paired(items, ("question", "context"), args.task)
+    if args.task == "text-classification":
+        return [_paired([x], ("text", "text_pair"), args.task)[0]
+                if isinstance(x, str) and "\t" in x else x for x in items]
+    return items
+
+
+def _run(args, pipe, items: list) -> list:
+    """(input, output) per input, in batches of 256 inputs under a progress bar."""
+    from tqdm import tqdm
+    options = {k: v for k, v in (("top_k", args.top_k), ("pooling", args.pooling),
+                                 ("normalize", args.normalize or None),
+                                 ("aggregation_strategy", args.aggregation_strategy))
+               if v is not None and k in pipe.options}
+    if args.pairs:
+        options.setdefault("pooling", "mean")
+    out = []
+    step = 256
+    with tqdm(total=len(items), disable=not (args.progress and args.input), unit="input",
+              file=sys.stderr) as bar:
+        for i in range(0, len(items), step):
+            chunk = items[i:i + step]
+            if args.pairs:
+                vecs = pipe([x["text"] for x in chunk] + [x["text_pair"] for x in chunk],
+                            **options)
+                res = [{"cosine": _cosine(vecs[j], vecs[len(chunk) + j])}
+                       for j in range(len(chunk))]
+            else:
+                res = pipe(chunk, **options)
+            out += zip(chunk, res)
+            bar.update(len(chunk))
+    return out
+
+
+def _cosine(a, b) -> float:
+    from .pipelines import cosine_similarity
+    return cosine_similarity(a, b)
+
+
+def _jsonable(x):
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, list):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    return x
+
+
+def predict(args) -> None:
+    """``predict``: load, run, write (see the module docstring)."""
+    from .atomic import atomic_write_bytes
+    from .backend import BackendError, set_device
+    from .pipelines import pipeline
+
+    if args.pairs and args.task != "feature-extraction":
+        raise ValueError("--pairs needs the feature-extraction task")
+    items = _shape(args, _inputs(args))
+    try:
+        set_device(args.device)
+    except BackendError as e:
+        raise ValueError(f"--device: {e}") from None
+    pipe = pipeline(args.task, args.model, batch_size=args.batch_size,
+                    max_length=args.max_length)
+    lines = [json.dumps({"input": x, "output": _jsonable(y)}, ensure_ascii=False)
+             for x, y in _run(args, pipe, items)]
+    text = "\n".join(lines) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        atomic_write_bytes(args.output, text.encode("utf-8"))
+    except OSError as e:
+        raise ValueError(f"--output {args.output}: {e.strerror or e}") from None
+    print(f"wrote {len(lines)} results to {args.output}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    """Run a command; bad input ends in one ``error:`` line and exit status 2."""
+    args = _parser().parse_args(argv)
+    try:
+        {"predict": predict}[args.command](args)
+    except ValueError as e:            # RunError, PipelineError, DatasetError included
+        fail(PROG, str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
