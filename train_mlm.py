@@ -94,6 +94,9 @@ def add_data_arguments(p) -> None:
                    help="share of documents held out for evaluation")
     g.add_argument("--eval-instances", type=positive_int, default=1024,
                    help="held-out sequences evaluated each time")
+    g.add_argument("--eval-samples", type=non_negative_int, default=3,
+                   help="held-out sentences whose masked word the model guesses at each "
+                        "evaluation, shown in the log and metrics.jsonl (0: none)")
 
 
 

@@ -58,8 +58,8 @@ def _l2_normalize(xp, v, eps: float = 1e-12):
 
 
 class Pipeline:
-    """What the five pipelines share: the model in eval mode on its device, the tokenizer,
-    batching, and calling on one input or a list.
+    """What the five pipelines share: the model on its device (in eval mode during a call,
+    its mode restored after), the tokenizer, batching, and calling on one input or a list.
 
     Args:
         model: a minibert model (the class the task needs, see :func:`pipeline`).
@@ -84,7 +84,7 @@ class Pipeline:
                                 f"got {type(model).__name__}")
         if int(batch_size) < 1:
             raise PipelineError(f"batch_size must be >= 1, got {batch_size}")
-        self.model, self.tokenizer = model.eval(), tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.batch_size = int(batch_size)
         cap = model.config.max_position_embeddings
         self.max_length = min(int(max_length), cap) if max_length else cap
@@ -109,7 +109,12 @@ class Pipeline:
         opts = {**self.defaults, **self._check_options(options)}
         single = self._single(inputs)
         items = [inputs] if single else list(inputs)
-        out = self._run(items, **opts) if items else []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self._run(items, **opts) if items else []
+        finally:
+            self.model.train(was_training)
         return out[0] if single else out
 
     def _run(self, items: list, **options) -> list:
@@ -202,6 +207,7 @@ class FillMaskPipeline(Pipeline):
         """Probabilities (softmax over the vocabulary, float32) and ids of the k best, best
         first: (B, P, k) each."""
         xp = self.xp
+        logits = logits.astype(xp.float32)                           # float16 runs too
         z = logits - logits.max(-1, keepdims=True)
         probs = xp.exp(z)
         probs /= probs.sum(-1, keepdims=True)                        # (B, P, V)

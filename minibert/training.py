@@ -71,7 +71,9 @@ class Task(Protocol):
     ``dloss`` when the task computes the loss itself from the model's outputs (e.g. soft
     labels); without it the loop calls ``model.backward(dloss=dloss)``.
     ``summarize(totals)`` turns host totals of those sums (and ``steps``) into metrics.
-    ``evaluate(step)`` (may be None) evaluates and returns a record (host floats).
+    ``evaluate(step)`` (may be None) evaluates and returns a record (host floats). A task
+    may also have ``samples`` (None, or a callable returning JSON-able dicts with a
+    ``lines(dicts)`` method), written after each evaluation as a "samples" record.
     ``trainer_record()`` returns job fields for the checkpoint (job name, arguments ...).
     """
 
@@ -442,13 +444,20 @@ class _RunOutputs:
         self.bar.set_postfix(_progress_fields(record))
 
     def log_eval(self, step: int, task: Task) -> dict[str, Any]:
-        """Run ``task.evaluate(step)`` (leader only), write and print its "eval" record."""
+        """Run ``task.evaluate(step)`` (leader only), write and print its "eval" record;
+        then, for a task with ``samples``, its "samples" record and lines."""
         record = {"kind": "eval", "step": step, "elapsed_s": round(self.elapsed(), 3),
                   **task.evaluate(step)}
         self.write(record)
         self.bar.write(f"step {step}: " + ", ".join(
             f"{key} {v:.4g}" for key, v in record.items()
             if isinstance(v, float) and key != "elapsed_s"))
+        samples = getattr(task, "samples", None)
+        if samples is not None:
+            filled = samples()
+            self.write({"kind": "samples", "step": step, "samples": filled})
+            for line in samples.lines(filled):
+                self.bar.write(line)
         return record
 
     def save(self, model, optimizer, task: Task, state: TrainState, guard: NonfiniteGuard,
@@ -494,7 +503,7 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         optimizer: :class:`minibert.optim.AdamW` over the model's parameters.
         task: the job's :class:`Task`.
         metrics_path: the run's metrics.jsonl (:class:`minibert.runs.MetricsLog`): records
-            {"kind": "train" | "eval" | "grad_flow", "step", "elapsed_s", ...}; the records
+            {"kind": "train" | "eval" | "samples" | "grad_flow", "step", "elapsed_s", ...}; the records
             after ``state.step`` (of an interrupted run) are dropped first.
         checkpoint_path: where the resumable state is saved (atomically).
         comm: the data-parallel :class:`~minibert.distributed.Communicator` (None: one

@@ -63,7 +63,23 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
     assert all(r["nsp_majority"] == summary["nsp_majority"] for r in evals)
     ckpt = load_checkpoint(out / "checkpoint.npz")
     assert ckpt["trainer"]["step"] == 8 and ckpt["config"].hidden_size == 32
-    assert "unigram baseline" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "unigram baseline" in printed
+    # samples: the same held-out sentences at each evaluation, their masked word guessed
+    samples = records(out, "samples")
+    assert [r["step"] for r in samples] == [4, 8]
+    texts = [s["text"] for s in samples[0]["samples"]]
+    assert len(texts) == 3 and texts == [s["text"] for s in samples[1]["samples"]]
+    for s in samples[-1]["samples"]:
+        assert s["text"].count("[MASK]") == 1 and s["answer"].isalpha()
+        probs = [p for _, p in s["top"]]
+        assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < probs[0] <= 1
+        assert f"(was: {s['answer']})" in printed
+    # the last samples are what the saved model's fill-mask pipeline answers
+    from minibert import pipeline
+    filled = pipeline("fill-mask", out)(texts, top_k=3)
+    assert [[t for t, _ in s["top"]] for s in samples[-1]["samples"]] == \
+        [[r["token_str"] for r in f] for f in filled]
 
 
 def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeypatch):

@@ -41,6 +41,7 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
                      resolve_corpus_files, split_documents, token_counts,
                      unigram_cross_entropy)
 from .masking import VocabInfo
+from .samples import MaskSamples, pick_samples
 
 # Training sequences (the first, in corpus order) that --student-init pruned scores the
 # teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
@@ -50,7 +51,7 @@ ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
 # schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
-               "eval_instances", "save_every", "max_nonfinite_steps")
+               "eval_instances", "eval_samples", "save_every", "max_nonfinite_steps")
 
 
 @dataclass
@@ -348,6 +349,10 @@ class PretrainTask:
         self.reference = reference
         self.eval_batches, self.model, self.xp = eval_batches, model, xp
         self.evaluate = self._evaluate if eval_batches else None
+        picked = (pick_samples(data.held_out, data.tokenizer, args.eval_samples, args.seed + 3)
+                  if eval_batches and args.eval_samples else [])
+        mlm = getattr(model, "generator", model)       # ELECTRA: its generator fills masks
+        self.samples = MaskSamples(mlm, data.tokenizer, picked) if picked else None
         self.data_kw = dict(masking=args.masking, dupe_factor=args.dupe_factor,
                             short_seq_prob=args.short_seq_prob,
                             masked_lm_prob=args.masked_lm_prob,
