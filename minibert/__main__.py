@@ -6,6 +6,7 @@
     python -m minibert predict feature-extraction MODEL --pairs --input pairs.tsv
     python -m minibert predict text-classification runs/finetune "a gripping film"
     python -m minibert predict question-answering runs/qa "Who wrote it?" "Ann wrote it."
+    python -m minibert score runs/pretrain "the dogs bark ." "the dogs barks ." [--per-token]
 
 ``predict`` runs a :func:`minibert.pipeline` on the TEXTs or on the lines of ``--input``
 and writes one JSON object per input, ``{"input": ..., "output": ...}``, to stdout or
@@ -13,6 +14,9 @@ and writes one JSON object per input, ``{"input": ..., "output": ...}``, to stdo
 question and its context, two texts to compare with ``--pairs``) are two TEXTs in a row,
 or one input line with a tab between them; an input line may also be a JSON object
 (``{"text", "text_pair"}``, ``{"question", "context"}``).
+
+``score`` writes the pseudo-log-likelihood of each sentence (:mod:`minibert.scoring`),
+``{"text", "score" (nats), "tokens"}`` and with ``--per-token`` ``"token_scores"``.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .cli import add_options, fail, int_at_least
+from .scoring import METHODS
 
 PROG = "python -m minibert"
 PAIRED = ("question-answering",)
@@ -56,6 +61,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--aggregation-strategy", choices=("none", "simple"),
                    help="token-classification: per word (none) or merged entities (simple)")
     add_options(p, device=None, progress=True)
+
+    sc = sub.add_parser("score", help="pseudo-log-likelihood of sentences under a masked LM")
+    sc.add_argument("model", help="a pretraining run or checkpoint, or a Hugging Face BERT "
+                                  "directory with its MLM head")
+    sc.add_argument("texts", nargs="*", metavar="TEXT", help="sentences (or use --input)")
+    sc.add_argument("--input", type=Path, help="a UTF-8 file, one sentence per line")
+    sc.add_argument("--output", type=Path, help="write the JSON lines here (default stdout)")
+    sc.add_argument("--method", choices=METHODS, default="pll-word-l2r",
+                    help="pll-word-l2r (Kauf & Ivanova 2023, default) or pll (Salazar et "
+                         "al. 2020)")
+    sc.add_argument("--per-token", action="store_true", help="also each piece's log p")
+    sc.add_argument("--batch-size", type=int_at_least(1), default=64,
+                    help="masked copies per forward")
+    add_options(sc, device=None, progress=True)
     return ap
 
 
@@ -154,24 +173,18 @@ def _jsonable(x):
     return x
 
 
-def predict(args) -> None:
-    """``predict``: load, run, write (see the module docstring)."""
-    from .atomic import atomic_write_bytes
+def _set_device(args) -> None:
     from .backend import BackendError, set_device
-    from .pipelines import pipeline
-
-    if args.pairs and args.task != "feature-extraction":
-        raise ValueError("--pairs needs the feature-extraction task")
-    items = _shape(args, _inputs(args))
     try:
         set_device(args.device)
     except BackendError as e:
         raise ValueError(f"--device: {e}") from None
-    pipe = pipeline(args.task, args.model, batch_size=args.batch_size,
-                    max_length=args.max_length)
-    lines = [json.dumps({"input": x, "output": _jsonable(y)}, ensure_ascii=False)
-             for x, y in _run(args, pipe, items)]
-    text = "\n".join(lines) + "\n"
+
+
+def _write(args, records: list) -> None:
+    """JSON lines to stdout, or atomically to ``--output``."""
+    from .atomic import atomic_write_bytes
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if args.output is None:
         sys.stdout.write(text)
         return
@@ -179,14 +192,49 @@ def predict(args) -> None:
         atomic_write_bytes(args.output, text.encode("utf-8"))
     except OSError as e:
         raise ValueError(f"--output {args.output}: {e.strerror or e}") from None
-    print(f"wrote {len(lines)} results to {args.output}", file=sys.stderr)
+    print(f"wrote {len(records)} results to {args.output}", file=sys.stderr)
+
+
+def predict(args) -> None:
+    """``predict``: load, run, write (see the module docstring)."""
+    from .pipelines import pipeline
+
+    if args.pairs and args.task != "feature-extraction":
+        raise ValueError("--pairs needs the feature-extraction task")
+    items = _shape(args, _inputs(args))
+    _set_device(args)
+    pipe = pipeline(args.task, args.model, batch_size=args.batch_size,
+                    max_length=args.max_length)
+    _write(args, [{"input": x, "output": _jsonable(y)} for x, y in _run(args, pipe, items)])
+
+
+def score(args) -> None:
+    """``score``: the PLL of each sentence (:func:`minibert.scoring.score_texts`), in
+    chunks of 256 sentences under a progress bar."""
+    from tqdm import tqdm
+    from .pipelines import load_model
+    from .scoring import score_texts
+
+    texts = _inputs(args)
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("score takes sentences, one per line (not JSON objects)")
+    _set_device(args)
+    model, tokenizer, _ = load_model("fill-mask", args.model)
+    out = []
+    with tqdm(total=len(texts), disable=not (args.progress and args.input), unit="sentence",
+              file=sys.stderr) as bar:
+        for i in range(0, len(texts), 256):
+            out += score_texts(model, tokenizer, texts[i:i + 256], args.method,
+                               args.batch_size, args.per_token)
+            bar.update(len(texts[i:i + 256]))
+    _write(args, out)
 
 
 def main(argv=None) -> int:
     """Run a command; bad input ends in one ``error:`` line and exit status 2."""
     args = _parser().parse_args(argv)
     try:
-        {"predict": predict}[args.command](args)
+        {"predict": predict, "score": score}[args.command](args)
     except ValueError as e:            # RunError, PipelineError, DatasetError included
         fail(PROG, str(e))
     return 0
