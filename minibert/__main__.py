@@ -75,6 +75,22 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--batch-size", type=int_at_least(1), default=64,
                     help="masked copies per forward")
     add_options(sc, device=None, progress=True)
+
+    mp = sub.add_parser("minimal-pairs", help="accuracy on BLiMP-format minimal pairs, "
+                        "beside a random-weights and a word-trigram floor")
+    mp.add_argument("paths", nargs="+", metavar="MODEL_OR_PAIRS",
+                    help="models (run directories, checkpoints, Hugging Face directories) "
+                         "and BLiMP-format .jsonl pair files, in any order")
+    mp.add_argument("--method", choices=METHODS, default="pll-word-l2r")
+    mp.add_argument("--output", type=Path, help="write the results as JSON here")
+    mp.add_argument("--plot", type=Path, help="write the bar chart per field here (PNG)")
+    mp.add_argument("--corpus", nargs="+", help="the trigram floor's text (default: the "
+                    "first model's pretraining corpus, as its run recorded it)")
+    mp.add_argument("--no-floors", dest="floors", action="store_false",
+                    help="score the models only")
+    mp.add_argument("--batch-size", type=int_at_least(1), default=128,
+                    help="masked copies per forward")
+    add_options(mp, device=None)
     return ap
 
 
@@ -230,11 +246,87 @@ def score(args) -> None:
     _write(args, out)
 
 
+def _trigram_corpus(args, starts) -> list[str] | None:
+    """--corpus, else the first model's recorded pretraining corpus, else None."""
+    if args.corpus:
+        return args.corpus
+    for pre in starts:
+        corpus = pre.trainer.get("args", {}).get("corpus")
+        if corpus:
+            return list(corpus)
+    return None
+
+
+def _floors(args, starts, pairs) -> dict:
+    """The random-weights floor (the first model's architecture, seed 0) and the
+    trigram floor; a note on stderr when the trigram has no corpus."""
+    from .evaluation.minimal_pairs import score_pairs_lm, score_pairs_mlm
+    from .evaluation.ngram import KneserNeyTrigram
+    from .modeling import BertForPreTraining
+    from .pretraining.corpus import CorpusError, iter_documents, resolve_corpus_files
+    from .tokenization import BertTokenizer
+
+    first = starts[0]
+    random = BertForPreTraining(first.config, seq_relationship_head=False)
+    tok = BertTokenizer(first.vocab_file, **first.tokenizer_options)
+    out = {"random weights": score_pairs_mlm(random, tok, pairs, args.method,
+                                             args.batch_size)}
+    corpus = _trigram_corpus(args, starts)
+    if corpus is None:
+        print("note: no trigram floor: the models record no pretraining corpus; give "
+              "--corpus", file=sys.stderr)
+        return out
+    try:
+        files = resolve_corpus_files(corpus)
+        lm = KneserNeyTrigram().fit(s for doc in iter_documents(files) for s in doc)
+    except CorpusError as e:
+        raise ValueError(f"--corpus: {e}") from None
+    out["trigram (KN, own corpus)"] = score_pairs_lm(lm, pairs)
+    return out
+
+
+def minimal_pairs(args) -> None:
+    """``minimal-pairs``: score every model and floor on the pairs, print the table,
+    write the JSON and the chart when asked."""
+    from .atomic import atomic_write_json
+    from .evaluation.minimal_pairs import read_pairs, score_pairs_mlm, table
+    from .pipelines import load_model
+    from .runs import load_start
+
+    pair_files = [p for p in args.paths if p.endswith(".jsonl") and Path(p).is_file()]
+    models = [p for p in args.paths if p not in pair_files]
+    if not pair_files or not models:
+        raise ValueError("give at least one model and one .jsonl pairs file")
+    pairs = [p for f in pair_files for p in read_pairs(f)]
+    _set_device(args)
+    results, starts = {}, []
+    for m in models:
+        starts.append(load_start(m, "model"))
+        model, tok, _ = load_model("fill-mask", starts[-1], "model")
+        results[m] = score_pairs_mlm(model, tok, pairs, args.method, args.batch_size)
+    if args.floors:
+        results.update(_floors(args, starts, pairs))
+    print(f"{len(pairs)} pairs, {len(results[models[0]]['paradigms'])} paradigms "
+          f"({args.method}); accuracy in %, chance 50")
+    print(table(results))
+    if args.output:
+        try:
+            atomic_write_json(args.output, {"method": args.method, "pairs": len(pairs),
+                                            "files": pair_files, "results": results})
+        except OSError as e:
+            raise ValueError(f"--output {args.output}: {e.strerror or e}") from None
+        print(f"wrote {args.output}")
+    if args.plot:
+        from .viz import plot_minimal_pairs
+        print(f"wrote {plot_minimal_pairs(results, args.plot)}")
+
+
 def main(argv=None) -> int:
     """Run a command; bad input ends in one ``error:`` line and exit status 2."""
     args = _parser().parse_args(argv)
     try:
-        {"predict": predict, "score": score}[args.command](args)
+        {"predict": predict, "score": score,
+         "minimal-pairs": minimal_pairs}[args.command](args)
     except ValueError as e:            # RunError, PipelineError, DatasetError included
         fail(PROG, str(e))
     return 0

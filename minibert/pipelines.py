@@ -471,9 +471,10 @@ PIPELINES: dict[str, type[Pipeline]] = {c.task: c for c in (
     TokenClassificationPipeline, QuestionAnsweringPipeline)}
 
 
-def load_model(task: str, path: str | os.PathLike, option: str = "model"):
+def load_model(task: str, path, option: str = "model"):
     """(model, tokenizer, extra pipeline arguments) for ``task`` from the start at ``path``
-    (see :func:`minibert.runs.load_start`), on the current device.
+    (see :func:`minibert.runs.load_start`; or an already loaded
+    :class:`~minibert.runs.Pretrained`), on the current device.
 
     fill-mask needs the masked-LM head (``cls.predictions.*``); feature-extraction takes
     the encoder of any start; the fine-tuned tasks need a model fine-tuned on that task.
@@ -483,10 +484,10 @@ def load_model(task: str, path: str | os.PathLike, option: str = "model"):
             the task needs, or fine-tuned on another task.
     """
     from .backend import get_device
-    from .runs import RunError, load_start
+    from .runs import Pretrained, RunError, load_start
     from .tokenization import BertTokenizer
 
-    pre = load_start(path, option)
+    pre = path if isinstance(path, Pretrained) else load_start(path, option)
     extra: dict[str, Any] = {}
     if task == "fill-mask":
         if not any(k.startswith("cls.predictions.") for k in pre.state):

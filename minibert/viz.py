@@ -314,3 +314,36 @@ def plot_accuracy_vs_labels(rows: Sequence[Mapping], sizes: Mapping[str, int],
         ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path, dpi)
+
+
+def plot_minimal_pairs(results: Mapping[str, Mapping], path: str | os.PathLike,
+                       dpi: int = 110) -> Path:
+    """Minimal-pair accuracy per field: grouped bars, one colour per system (models and
+    floors), the macro mean as the last group, a dashed line at chance (50%).
+
+    Args:
+        results: system name -> :func:`~minibert.evaluation.minimal_pairs.accuracy`'s
+            dict (``fields``: field -> percent; ``macro``: percent).
+        path: the PNG to write.
+    Returns:
+        the path written.
+    """
+    plt = _pyplot()
+    names = list(results)
+    groups = sorted({f for r in results.values() for f in r["fields"]}) + ["macro"]
+    width = 0.8 / max(len(names), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * max(len(names), 1) / 2), 4))
+    x = np.arange(len(groups))
+    for i, n in enumerate(names):
+        r = results[n]
+        y = [r["fields"].get(g, np.nan) if g != "macro" else r["macro"] for g in groups]
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, y, width, label=n[-40:])
+    ax.axhline(50, linestyle="--", color="grey", linewidth=1)
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path, dpi)

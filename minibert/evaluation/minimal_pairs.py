@@ -1,0 +1,129 @@
+"""Minimal pairs: does a model prefer the grammatical sentence of two that differ in one
+place? BLiMP's protocol (Warstadt et al. 2020): a pair counts as right when the good
+sentence scores higher; accuracy per paradigm (``UID``), per field (the mean of its
+paradigms' accuracies) and the macro mean over paradigms; chance is 50%.
+
+Pairs are read in BLiMP's JSON-lines format: one object per line with ``sentence_good``,
+``sentence_bad``, ``UID``, ``field`` and ``linguistics_term`` (other fields ignored).
+A masked LM scores a sentence by its pseudo-log-likelihood (:mod:`minibert.scoring`); the
+floors score the same pairs with the same architecture's random weights and with a word
+trigram (:class:`~minibert.evaluation.ngram.KneserNeyTrigram`) on the model's own
+pretraining corpus.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+FIELDS = ("sentence_good", "sentence_bad", "UID", "field", "linguistics_term")
+
+
+class PairsError(ValueError):
+    """A pairs file that cannot be read; the message names the file, line and field."""
+
+
+@dataclass
+class MinimalPair:
+    """One pair of a BLiMP-format file (``line``: 1-based line in ``path``)."""
+
+    good: str
+    bad: str
+    uid: str
+    field: str
+    term: str
+    line: int
+    path: str = ""
+
+
+def read_pairs(path: str | Path) -> list[MinimalPair]:
+    """The pairs of a BLiMP-format JSON-lines file (blank lines skipped).
+
+    Raises:
+        PairsError: a missing or non-UTF-8 file, a line that is not a JSON object, a
+            missing or non-string field, an empty sentence, or no pairs at all.
+    """
+    from ..finetuning.data import DatasetError, text_lines
+    path = Path(path)
+    pairs = []
+    try:
+        for lineno, line in text_lines(path):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PairsError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            if not isinstance(d, dict):
+                raise PairsError(f"{path}:{lineno}: expected a JSON object, got "
+                                 f"{type(d).__name__}")
+            for f in FIELDS:
+                if not isinstance(d.get(f), str) or (f.startswith("sentence")
+                                                      and not d[f].strip()):
+                    what = "missing" if f not in d else f"not a non-empty string ({d[f]!r})"
+                    raise PairsError(f"{path}:{lineno}: field {f!r} is {what}")
+            pairs.append(MinimalPair(d["sentence_good"], d["sentence_bad"], d["UID"],
+                                     d["field"], d["linguistics_term"], lineno, str(path)))
+    except DatasetError as e:
+        raise PairsError(str(e)) from None
+    if not pairs:
+        raise PairsError(f"{path}: no pairs (the file is empty)")
+    return pairs
+
+
+def accuracy(pairs: Sequence[MinimalPair], good: Sequence[float], bad: Sequence[float]
+             ) -> dict:
+    """``{"macro", "fields": {field: acc}, "paradigms": {uid: acc}, "pairs": n}`` in
+    percent, from each pair's two scores (right when good > bad; a tie counts half)."""
+    right = np.where(np.asarray(good) > np.asarray(bad), 1.0,
+                     np.where(np.asarray(good) == np.asarray(bad), 0.5, 0.0))
+    by_uid: dict[str, list[float]] = {}
+    field_of: dict[str, str] = {}
+    for p, r in zip(pairs, right):
+        by_uid.setdefault(p.uid, []).append(float(r))
+        field_of[p.uid] = p.field
+    paradigms = {u: 100.0 * float(np.mean(v)) for u, v in sorted(by_uid.items())}
+    fields: dict[str, list[float]] = {}
+    for u, acc in paradigms.items():
+        fields.setdefault(field_of[u], []).append(acc)
+    return {"macro": float(np.mean(list(paradigms.values()))),
+            "fields": {f: float(np.mean(v)) for f, v in sorted(fields.items())},
+            "paradigms": paradigms, "pairs": len(pairs)}
+
+
+def score_pairs_mlm(model, tokenizer, pairs: Sequence[MinimalPair],
+                    method: str = "pll-word-l2r", batch_size: int = 128) -> dict:
+    """:func:`accuracy` of a masked LM by PLL (both sentences of every pair batched)."""
+    from ..scoring import score_texts
+    n = len(pairs)
+    s = score_texts(model, tokenizer, [p.good for p in pairs] + [p.bad for p in pairs],
+                    method, batch_size)
+    scores = [r["score"] for r in s]
+    return accuracy(pairs, scores[:n], scores[n:])
+
+
+def score_pairs_lm(lm, pairs: Sequence[MinimalPair]) -> dict:
+    """:func:`accuracy` of a sentence scorer with ``score(sentences) -> log-probs``."""
+    return accuracy(pairs, lm.score([p.good for p in pairs]), lm.score([p.bad for p in pairs]))
+
+
+def table(results: dict[str, dict]) -> str:
+    """A text table: one row per field and the macro mean, one column per system."""
+    names = list(results)
+    fields = sorted({f for r in results.values() for f in r["fields"]})
+    width = max(len("macro (paradigms)"), *(len(f) for f in fields))
+    head = "".join(f"  {n[-24:]:>24}" for n in names)
+    lines = [f"{'field':<{width}}{head}"]
+    for f in fields:
+        lines.append(f"{f:<{width}}" + "".join(
+            f"  {results[n]['fields'].get(f, float('nan')):>24.1f}" for n in names))
+    lines.append(f"{'macro (paradigms)':<{width}}" + "".join(
+        f"  {results[n]['macro']:>24.1f}" for n in names))
+    return "\n".join(lines)
+
+
+__all__ = ["FIELDS", "MinimalPair", "PairsError", "accuracy", "read_pairs",
+           "score_pairs_lm", "score_pairs_mlm", "table"]
