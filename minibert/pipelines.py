@@ -488,6 +488,8 @@ def load_model(task: str, path, option: str = "model"):
     from .tokenization import BertTokenizer
 
     pre = path if isinstance(path, Pretrained) else load_start(path, option)
+    if isinstance(path, Pretrained):
+        path = pre.source
     extra: dict[str, Any] = {}
     if task == "fill-mask":
         if not any(k.startswith("cls.predictions.") for k in pre.state):
