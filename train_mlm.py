@@ -41,6 +41,7 @@ from minibert.tokenization.trainer import ALGORITHMS
 from minibert.training import TrainingConfig, TrainingError, train
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
+DEFAULT_PAIRS = Path(__file__).resolve().parent / "data" / "minimal_pairs" / "en" / "pairs.jsonl"
 DEFAULT_OBJECTIVE = "mlm+nsp"
 
 fail = partial(_fail, "train_mlm.py")  # PROG: error: MESSAGE, exit status 2
@@ -97,6 +98,11 @@ def add_data_arguments(p) -> None:
     g.add_argument("--eval-samples", type=non_negative_int, default=3,
                    help="held-out sentences whose masked word the model guesses at each "
                         "evaluation, shown in the log and metrics.jsonl (0: none)")
+    g.add_argument("--eval-pairs", default=str(DEFAULT_PAIRS),
+                   help="BLiMP-format minimal pairs scored at each evaluation (pairs_acc, "
+                        "macro %% over paradigms, beside the word-trigram floor on the corpus)")
+    g.add_argument("--eval-pairs-per-paradigm", type=non_negative_int, default=25,
+                   help="the first N pairs of each paradigm of --eval-pairs (0: no pairs)")
 
 
 

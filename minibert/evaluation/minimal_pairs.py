@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -110,6 +110,43 @@ def score_pairs_lm(lm, pairs: Sequence[MinimalPair]) -> dict:
     return accuracy(pairs, lm.score([p.good for p in pairs]), lm.score([p.bad for p in pairs]))
 
 
+def first_per_paradigm(pairs: Sequence[MinimalPair], n: int) -> list[MinimalPair]:
+    """The first ``n`` pairs of every paradigm, in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in pairs:
+        if seen.get(p.uid, 0) < n:
+            seen[p.uid] = seen.get(p.uid, 0) + 1
+            out.append(p)
+    return out
+
+
+class PairsProbe:
+    """The minimal-pair macro accuracy of a masked LM during pretraining: a fixed set of
+    pairs, tokenized once, scored by PLL-word-l2r in one batched pass per call.
+
+    Pairs with a sentence the tokenizer turns into nothing but ``[UNK]`` are dropped
+    (``dropped`` counts them), so another language's vocabulary costs no error.
+    """
+
+    def __init__(self, pairs: Sequence[MinimalPair], tokenizer, batch_size: int = 256):
+        unk = tokenizer.unk_token_id
+        known = lambda s: any(i != unk for i in tokenizer.text_to_ids(s))  # noqa: E731
+        self.pairs = [p for p in pairs if known(p.good) and known(p.bad)]
+        self.dropped = len(pairs) - len(self.pairs)
+        self.tokenizer, self.batch_size = tokenizer, batch_size
+
+    def __call__(self, model) -> float:
+        """Macro accuracy (percent) of ``model`` (a BertForPreTraining, eval mode)."""
+        return score_pairs_mlm(model, self.tokenizer, self.pairs,
+                               batch_size=self.batch_size)["macro"]
+
+    def trigram_floor(self, sentences: Iterable[str]) -> float:
+        """Macro accuracy (percent) of a Kneser-Ney trigram fitted on ``sentences``."""
+        from .ngram import KneserNeyTrigram
+        return score_pairs_lm(KneserNeyTrigram().fit(sentences), self.pairs)["macro"]
+
+
 def table(results: dict[str, dict]) -> str:
     """A text table: one row per field and the macro mean, one column per system."""
     names = list(results)
@@ -125,5 +162,6 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FIELDS", "MinimalPair", "PairsError", "accuracy", "read_pairs",
+__all__ = ["FIELDS", "MinimalPair", "PairsError", "PairsProbe", "accuracy",
+           "first_per_paradigm", "read_pairs",
            "score_pairs_lm", "score_pairs_mlm", "table"]

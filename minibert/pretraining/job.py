@@ -42,6 +42,7 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
                      unigram_cross_entropy)
 from .masking import VocabInfo
 from .samples import MaskSamples, pick_samples
+from ..evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
 
 # Training sequences (the first, in corpus order) that --student-init pruned scores the
 # teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
@@ -51,7 +52,8 @@ ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
 # schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
-               "eval_instances", "eval_samples", "save_every", "max_nonfinite_steps")
+               "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
+               "save_every", "max_nonfinite_steps")
 
 
 @dataclass
@@ -169,22 +171,26 @@ def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer
 
 @dataclass
 class PretrainData:
-    """The objective, tokenizer, :class:`~.masking.VocabInfo` and the training and
-    held-out :class:`~.corpus.TokenStore` of a run (:func:`prepare_data`)."""
+    """The objective, tokenizer, :class:`~.masking.VocabInfo`, the training and held-out
+    :class:`~.corpus.TokenStore` of a run and the minimal pairs it is evaluated on (a
+    :class:`~minibert.evaluation.minimal_pairs.PairsProbe` or None) (:func:`prepare_data`)."""
 
     objective: Any
     tokenizer: BertTokenizer
     vocab: VocabInfo
     train: TokenStore
     held_out: TokenStore
+    pairs: PairsProbe | None = None
 
 
 def prepare_data(args, run, reuse_vocab: bool) -> PretrainData:
     """Corpus files, tokenizer (:func:`prepare_tokenizer`), the token store cached in
-    ``RUN/cache`` and the held-out documents (``--eval-fraction``).
+    ``RUN/cache``, the held-out documents (``--eval-fraction``) and the minimal pairs
+    (:func:`pairs_probe`).
 
     Raises:
         CorpusError: unreadable, empty or too small corpus; a bad ``--vocab``.
+        PairsError: an unreadable ``--eval-pairs`` file.
     """
     objective = get_objective(args.objective)
     files = resolve_corpus_files(args.corpus)
@@ -195,7 +201,7 @@ def prepare_data(args, run, reuse_vocab: bool) -> PretrainData:
     train, held_out = split_documents(store, eval_fraction=args.eval_fraction, seed=args.seed,
                                       min_documents=objective.min_documents)
     return PretrainData(objective, tokenizer, VocabInfo.from_tokenizer(tokenizer), train,
-                        held_out)
+                        held_out, pairs_probe(args, tokenizer))
 
 
 def check_corpus_shape(data: PretrainData) -> None:
@@ -298,8 +304,10 @@ def build_model(args, config: BertConfig, data: PretrainData, start: Start,
 def reference_losses(args, data: PretrainData, eval_batches, model, xp) -> dict[str, float]:
     """Baselines printed beside every evaluation (nats per masked token; accuracies):
     the unigram baseline (every masked token predicted from training-token frequencies),
-    the majority share of the sentence task's labels and, with a teacher that has an MLM
-    head, the teacher's held-out MLM loss. Empty without held-out batches."""
+    the majority share of the sentence task's labels, the minimal-pair macro accuracy
+    (percent) of a Kneser-Ney word trigram fitted on the corpus (``pairs_trigram_acc``,
+    beside the model's ``pairs_acc``) and, with a teacher that has an MLM head, the
+    teacher's held-out MLM loss. Empty without held-out batches."""
     if not eval_batches:
         return {}
     counts = token_counts(data.train, model.config.vocab_size)
@@ -311,6 +319,10 @@ def reference_losses(args, data: PretrainData, eval_batches, model, xp) -> dict[
         # one segment, which the reference always pairs with a random B
         share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
         reference[f"{task}_majority"] = max(share, 1.0 - share)
+    if data.pairs is not None:
+        files = resolve_corpus_files(args.corpus)
+        reference["pairs_trigram_acc"] = data.pairs.trigram_floor(
+            s for doc in iter_documents(files) for s in doc)
     if args.teacher and model.teacher.has_mlm_head:
         total, count = model.teacher.mlm_loss_sums(eval_batches, xp)
         reference["teacher_mlm_loss"] = total / count if count else float("nan")
@@ -351,8 +363,9 @@ class PretrainTask:
         self.evaluate = self._evaluate if eval_batches else None
         picked = (pick_samples(data.held_out, data.tokenizer, args.eval_samples, args.seed + 3)
                   if eval_batches and args.eval_samples else [])
-        mlm = getattr(model, "generator", model)       # ELECTRA: its generator fills masks
-        self.samples = MaskSamples(mlm, data.tokenizer, picked) if picked else None
+        self.mlm = getattr(model, "generator", model)   # ELECTRA: its generator fills masks
+        self.samples = MaskSamples(self.mlm, data.tokenizer, picked) if picked else None
+        self.pairs = data.pairs if eval_batches else None
         self.data_kw = dict(masking=args.masking, dupe_factor=args.dupe_factor,
                             short_seq_prob=args.short_seq_prob,
                             masked_lm_prob=args.masked_lm_prob,
@@ -383,11 +396,27 @@ class PretrainTask:
         for b in self.eval_batches:   # summed on the device, read once
             for k, v in self.forward(self.model, b)[1].items():
                 sums[k] = sums.get(k, 0) + v
-        return {**self.summarize({k: float(v) for k, v in sums.items()}), **self.reference}
+        grammar = {"pairs_acc": self.pairs(self.mlm)} if self.pairs else {}
+        return {**self.summarize({k: float(v) for k, v in sums.items()}), **grammar,
+                **self.reference}
 
     def trainer_record(self) -> dict:
         return {"job": "pretrain", "args": vars(self.args),
                 "tokenizer": {"do_lower_case": self.args.lowercase}}
+
+
+def pairs_probe(args, tokenizer) -> PairsProbe | None:
+    """The minimal pairs of ``--eval-pairs`` (the first ``--eval-pairs-per-paradigm`` of
+    each paradigm), or None when that is 0 or no pair survives the vocabulary.
+
+    Raises:
+        PairsError: an unreadable pairs file (the message names file, line and field).
+    """
+    if not args.eval_pairs_per_paradigm:
+        return None
+    pairs = first_per_paradigm(read_pairs(args.eval_pairs), args.eval_pairs_per_paradigm)
+    probe = PairsProbe(pairs, tokenizer)
+    return probe if probe.pairs else None
 
 
 def write_summary(args, run, task: PretrainTask, state, last_eval: dict | None,
