@@ -49,7 +49,7 @@ from ..atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
 from ..hf import HFFormatError, save_hf_directory
 from ..optim import AdamW
-from ..runs import MetricsLog, RunError, load_start, write_args
+from ..runs import MetricsLog, RunError, load_start, lock_run_dir, write_args
 from ..tokenization import BertTokenizer
 from .tasks import make_task, task_for_model
 
@@ -284,12 +284,15 @@ def load_model(args, given: set[str]):
 
 def use_model(args, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
     """``--predict`` (print the task's predictions), ``--plot-attention`` (attention.png
-    and attention_cls.png in ``out``) and ``--export-hf`` with a ready model, its
-    ``labels`` (None for QA) and the start ``pre`` whose vocab and tokenizer options it uses.
+    and attention_cls.png in ``out``, which this process then owns) and ``--export-hf``
+    (into the directory :func:`minibert.cli.start_job` took and checked) with a ready model,
+    its ``labels`` (None for QA) and the start ``pre`` whose vocab and tokenizer options it
+    uses.
 
     Raises:
-        ValueError: texts the task cannot take (``--predict: ...``). HFFormatError,
-            OSError: the export directory cannot be written (``--export-hf DIR: ...``).
+        ValueError: texts the task cannot take (``--predict: ...``); RunError: another job
+            owns ``out``. HFFormatError, OSError: the export directory cannot be written
+            (``--export-hf DIR: ...``).
     """
     if args.predict:
         try:
@@ -299,6 +302,7 @@ def use_model(args, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
         for line in lines:
             print(line)
     if args.plot_attention:
+        lock_run_dir(out)  # owned already when ``out`` is this job's run directory
         for path in viz.plot_attention(model, tokenizer, args.plot_attention,
                                        task.max_len(model.config), xp, out):
             print(f"wrote {path}")
