@@ -303,7 +303,8 @@ def _prologue(out: Job, args, given, job, leader, resume_fixed, resume_defaults,
     if leader and getattr(args, "export_hf", None):
         source = args.model if job is None else args.output_dir
         prepare_export_dir(args.export_hf, source, overwrite=args.overwrite,
-                           inputs={**input_paths(args), "run": source})
+                           inputs={**input_paths(args), flag("output_dir"): source}
+                           if job is not None else input_paths(args))
     if job is not None and not resume:
         out.run = (prepare_run_dir(args.output_dir, job, overwrite=args.overwrite)
                    if leader else RunDir(Path(args.output_dir), job))
@@ -394,10 +395,11 @@ def write_message(prog: str, e: OSError) -> str:
     unchanged (files are written atomically, :mod:`minibert.atomic`)."""
     from .atomic import WriteError
     if isinstance(e, WriteError):
-        what = f"{e} (it is left as it was)" if Path(e.filename).exists() else str(e)
+        what = str(e)
+        if Path(e.filename).exists() and Path(e.filename).name != "checkpoint.npz":
+            what += " (it is left as it was)"
     else:
-        what = (f"{e.filename}: {e.strerror or e}" if e.filename else
-                f"{e.strerror or e}")
+        what = f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
     kept, again = _kept(prog)
     return "; ".join(filter(None, [what, kept, again and f"once that is fixed, go on with: "
                                                          f"{again}"]))

@@ -13,7 +13,7 @@ A run directory (``--output-dir``) belongs to one run of one job (``pretrain`` o
                      "elapsed_s", ...}
     summary.json     the job's final numbers
 
-    .lock            the owner's lock (:func:`lock_run_dir`), holding its pid
+    .lock            while a job runs: its lock (:func:`lock_run_dir`), holding its pid
 
 Rules (:func:`prepare_run_dir`): a directory has one owner at a time: every job that
 writes one takes an exclusive ``fcntl.flock`` lock on its ``.lock`` file first, before it
@@ -115,11 +115,11 @@ def lock_run_dir(path: str | os.PathLike, option: str = "--output-dir",
     when missing) before anything there is read, cleaned or written: an exclusive,
     non-blocking ``fcntl.flock`` on ``path/.lock``, which then holds this process's pid.
 
-    The lock is held until :func:`release_run_dirs` (the end of the job) or the end of the
-    process; the operating system lets it go when the process dies, so a killed job leaves
-    no stale lock. The ``.lock`` file itself stays (removing it would let two processes
-    lock two different files). A directory this process owns already is returned at once
-    (``job``, when given, is recorded for :func:`held_runs`).
+    The lock is held until :func:`release_run_dirs` (the end of the job: the ``.lock`` file
+    is removed then) or the end of the process; the operating system lets it go when the
+    process dies, so a killed job leaves an unlocked ``.lock`` file that the next owner
+    takes over, never a stale lock. A directory this process owns already is returned at
+    once (``job``, when given, is recorded for :func:`held_runs`).
 
     Returns:
         ``path`` as a Path.
@@ -142,28 +142,57 @@ def lock_run_dir(path: str | os.PathLike, option: str = "--output-dir",
 
 
 def _take_lock(path: Path, option: str) -> int:
-    """The descriptor of ``path/.lock``, exclusively locked, with this pid written in it."""
-    try:
-        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except OSError as e:
-        raise RunError(f"{option} {path}: not writable ({e.strerror or e})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    """The descriptor of ``path/.lock``, exclusively locked, with this pid written in it.
+
+    The file locked must still be the one at ``path/.lock``: an owner removes it when it
+    lets go (:func:`release_run_dirs`), and a file opened just before that is not the
+    lock any more, so the open is tried again."""
+    lock = path / LOCK
+    for _ in range(100):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise RunError(f"{option} {path}: not writable ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+            os.close(fd)
+            if holder is None:
+                raise RunError(f"{option} {path}: cannot be locked ({e.strerror or e})") from None
+            raise RunError(f"{option} {path}: in use by another job (pid {holder}); wait for "
+                           "it to end, or choose another directory") from None
+        if _same_file(fd, lock):
+            break
         os.close(fd)
-        if holder is None:
-            raise RunError(f"{option} {path}: cannot be locked ({e.strerror or e})") from None
-        raise RunError(f"{option} {path}: in use by another job (pid {holder}); wait for it "
-                       "to end, or choose another directory") from None
+    else:
+        raise RunError(f"{option} {path}: cannot be locked (its {LOCK} keeps changing)")
     mine = f"{os.getpid()}\n".encode()
     try:  # in place, not atomically: the lock belongs to this file, not to its name
         os.pwrite(fd, mine, 0)
         os.ftruncate(fd, len(mine))
     except OSError as e:
-        os.close(fd)
+        _let_go(fd, lock)
         raise RunError(f"{option} {path}: not writable ({e.strerror or e})") from None
     return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _let_go(fd: int, lock: Path) -> None:
+    """Remove the lock file (while it is still locked, so that no other process can hold
+    it) and close it, which releases the lock."""
+    try:
+        lock.unlink(missing_ok=True)
+    except OSError:  # a read-only directory: the file stays, unlocked
+        pass
+    os.close(fd)
 
 
 def _holder(fd: int) -> str:
@@ -178,10 +207,11 @@ def _holder(fd: int) -> str:
 
 
 def release_run_dirs() -> None:
-    """Let go of every directory this process owns (:func:`lock_run_dir`): the end of a
-    job (:func:`minibert.cli.job_main`)."""
+    """Let go of every directory this process owns (:func:`lock_run_dir`): its ``.lock``
+    file is removed and the lock released. The end of a job (:func:`minibert.cli.job_main`)."""
     while _HELD:
-        os.close(_HELD.popitem()[1].fd)
+        held = _HELD.popitem()[1]
+        _let_go(held.fd, held.path / LOCK)
 
 
 def held_runs() -> list[RunDir]:

@@ -122,7 +122,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         train_mlm.main(args_for(corpus, out, "--max-nonfinite-steps", "2"))
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "not finite in 2 steps in a row since step 6" in err and "checkpoint.npz" in err
+    assert "not finite in 2 steps in a row since step 6" in err and "checkpoint.npz (step 4)" in err
     assert load_checkpoint(out / "checkpoint.npz")["trainer"]["step"] == 4
     # the skipped steps left the parameters alone: the log shows them skipped, loss finite
     train = records(out, "train")
