@@ -240,11 +240,11 @@ def check_inputs(output: str | os.PathLike, inputs: Mapping[str, Any],
             if not p.exists():
                 continue
             r = p.resolve()
-            if r == resolved or resolved in r.parents or (out.exists() and p.samefile(out)):
-                where = "is" if r == resolved or p.samefile(out) else "is inside"
-                raise RunError(f"{option} {output}: {where} an input of this job ({name} "
-                               f"{value}); a job does not write over its own inputs: choose "
-                               f"another {option}")
+            same = r == resolved or (out.exists() and p.samefile(out))
+            if same or resolved in r.parents:
+                raise RunError(f"{option} {output}: {'is' if same else 'holds'} an input of "
+                               f"this job ({name} {value}); a job does not write over its own "
+                               f"inputs: choose another {option}")
 
 
 # What a Hugging Face loader reads from a BERT directory: an export replacing another
@@ -273,14 +273,19 @@ def prepare_export_dir(path: str | os.PathLike, source: str | os.PathLike, *,
     Returns:
         the directory, created and owned by this process.
     Raises:
-        RunError: an input is there; another job owns it; it holds files that are not an
-            earlier export of ``source`` and ``overwrite`` is not set.
+        RunError: an input is there, or ``source`` (which a new run creates later); another
+            job owns it; it holds files that are not an earlier export of ``source`` and
+            ``overwrite`` is not set.
     """
     path = Path(path)
     check_inputs(path, inputs, option)
+    target, source = path.resolve(), Path(source).resolve()
+    if source == target or target in source.parents:  # source may not exist yet: a new run
+        raise RunError(f"{option} {path}: is the directory of the model it exports "
+                       f"({source}) or holds it: choose another {option}")
     lock_run_dir(path, option)
     remove_stale_tmp(path)
-    mark, source = path / EXPORT_MARK, str(Path(source).resolve())
+    mark, source = path / EXPORT_MARK, str(source)
     try:
         earlier = json.loads(mark.read_text(encoding="utf-8")).get("exported_from")
     except (OSError, ValueError, AttributeError):
