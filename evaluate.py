@@ -129,8 +129,8 @@ def main(argv=None) -> int:
             runs, sizes[task] = harness.evaluate_task(args, task, args.task_dirs[task], starts,
                                                       out, ROOT / "finetune.py")
             records += runs
-    except (backend.BackendError, DatasetError, ValueError, RuntimeError, OSError) as e:
-        fail(str(e))
+    except (backend.BackendError, DatasetError, ValueError, RuntimeError) as e:
+        fail(str(e))  # an OSError ends in job_main's line
     rows = harness.summarize(records)
     harness.print_table(rows)
     atomic_write_json(out / "results.json", {"settings": settings, "summary": rows,
