@@ -354,11 +354,11 @@ def job_main(prog: str):
             try:
                 return main(argv)
             except KeyboardInterrupt as e:
-                _stop(f"{prog}: {interrupted_message(prog, getattr(e, 'step', None))}", 130)
+                _stop(f"{prog}: {_interrupted_message(prog, getattr(e, 'step', None))}", 130)
             except MemoryError as e:
-                fail(prog, memory_message(e, _noted), status=1)
+                fail(prog, _memory_message(e, _noted), status=1)
             except OSError as e:
-                fail(prog, write_message(prog, e), status=1)
+                fail(prog, _write_message(prog, e), status=1)
             finally:
                 release_run_dirs()
                 _noted.clear()
@@ -383,20 +383,21 @@ def _kept(prog: str) -> tuple[str, str]:
     return "", ""
 
 
-def interrupted_message(prog: str, step: int | None) -> str:
+def _interrupted_message(prog: str, step: int | None) -> str:
     """The one line of a Ctrl-C: where the run was, what is kept, how to go on."""
     at = f"interrupted at step {step}" if step is not None else "interrupted"
     kept, again = _kept(prog)
     return "; ".join(filter(None, [at, kept, again and f"go on with: {again}"]))
 
 
-def write_message(prog: str, e: OSError) -> str:
+def _write_message(prog: str, e: OSError) -> str:
     """An OSError's message: the path and the reason, and that the last good checkpoint is
     unchanged (files are written atomically, :mod:`minibert.atomic`)."""
     from .atomic import WriteError
+    from .runs import CHECKPOINT
     if isinstance(e, WriteError):
-        what = str(e)
-        if Path(e.filename).exists() and Path(e.filename).name != "checkpoint.npz":
+        what = str(e)  # the checkpoint's own case is said by _kept
+        if Path(e.filename).exists() and Path(e.filename).name != CHECKPOINT:
             what += " (it is left as it was)"
     else:
         what = f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
@@ -405,7 +406,7 @@ def write_message(prog: str, e: OSError) -> str:
                                                          f"{again}"]))
 
 
-def memory_message(e: MemoryError, args: Mapping[str, Any]) -> str:
+def _memory_message(e: MemoryError, args: Mapping[str, Any]) -> str:
     """An out-of-memory message: the allocation that failed, the sizes asked for
     (:data:`SIZE_OPTIONS` in ``args``) and what to lower."""
     sizes = [f"{flag(k)} {args[k]}" for k in SIZE_OPTIONS if args.get(k) is not None]

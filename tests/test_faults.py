@@ -2,7 +2,6 @@
 "Faults end cleanly"): a failed write (disk full, read-only, permission), an exhausted
 memory and Ctrl-C end every job in one line, never a traceback; the last good checkpoint is
 unchanged and ``--resume`` continues from it exactly."""
-import contextlib
 import errno
 import os
 import re
