@@ -284,15 +284,12 @@ def load_model(args, given: set[str]):
 
 def use_model(args, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
     """``--predict`` (print the task's predictions), ``--plot-attention`` (attention.png
-    and attention_cls.png in ``out``, which this process then owns) and ``--export-hf``
-    (into the directory :func:`minibert.cli.start_job` took and checked) with a ready model,
-    its ``labels`` (None for QA) and the start ``pre`` whose vocab and tokenizer options it
-    uses.
+    and attention_cls.png in ``out``) and ``--export-hf`` with a ready model, its
+    ``labels`` (None for QA) and the start ``pre`` whose vocab and tokenizer options it uses.
 
     Raises:
-        ValueError: texts the task cannot take (``--predict: ...``); RunError: another job
-            owns ``out``. HFFormatError, OSError: the export directory cannot be written
-            (``--export-hf DIR: ...``).
+        ValueError: texts the task cannot take (``--predict: ...``). HFFormatError,
+            OSError: the export directory cannot be written (``--export-hf DIR: ...``).
     """
     if args.predict:
         try:
@@ -302,7 +299,7 @@ def use_model(args, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
         for line in lines:
             print(line)
     if args.plot_attention:
-        lock_run_dir(out)  # owned already when ``out`` is this job's run directory
+        lock_run_dir(out)  # its one writer (RunError: another job owns it)
         for path in viz.plot_attention(model, tokenizer, args.plot_attention,
                                        task.max_len(model.config), xp, out):
             print(f"wrote {path}")
