@@ -37,7 +37,8 @@ from pathlib import Path
 
 from minibert import backend
 from minibert.atomic import atomic_write_json
-from minibert.cli import add_options, fail as _fail, float_in, int_at_least, positive_int
+from minibert.cli import (add_options, fail as _fail, float_in, int_at_least, job_main,
+                          note_args, positive_int)
 from minibert.evaluation import harness
 from minibert.finetuning import DatasetError
 from minibert.runs import load_start
@@ -107,8 +108,10 @@ def parse_args(argv=None):
     return args
 
 
+@job_main("evaluate.py")  # a fault ends in one line; the output directory is let go
 def main(argv=None) -> int:
     args = parse_args(argv)
+    note_args(vars(args))
     try:
         backend.set_device(args.device)
         starts = {s: load_start(s.removeprefix("random:"), "START")
@@ -126,8 +129,8 @@ def main(argv=None) -> int:
             runs, sizes[task] = harness.evaluate_task(args, task, args.task_dirs[task], starts,
                                                       out, ROOT / "finetune.py")
             records += runs
-    except (backend.BackendError, DatasetError, ValueError, RuntimeError, OSError) as e:
-        fail(str(e))
+    except (backend.BackendError, DatasetError, ValueError, RuntimeError) as e:
+        fail(str(e))  # an OSError ends in job_main's line
     rows = harness.summarize(records)
     harness.print_table(rows)
     atomic_write_json(out / "results.json", {"settings": settings, "summary": rows,

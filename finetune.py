@@ -28,7 +28,8 @@ from pathlib import Path
 
 from minibert import distillation, distributed
 from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
-                          flag, float_in, int_at_least, positive_float, positive_int, start_job)
+                          flag, float_in, int_at_least, job_main, positive_float, positive_int,
+                          start_job)
 from minibert.finetuning import job as finetuning
 from minibert.finetuning.tasks import TASKS, FinetuneTask
 from minibert.training import TrainingConfig, TrainingError, train
@@ -132,8 +133,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "(token-classification); exact_match (question-answering)")
     distributed.add_arguments(g)
     g = p.add_argument_group("output")
-    add_options(g, output_dir="runs/finetune", overwrite=False, resume=None, log_every=10,
-                progress=True)
+    add_options(g, output_dir="runs/finetune", resume=None, log_every=10, progress=True,
+                overwrite=dict(default=False, help="replace the run in --output-dir and what "
+                               "--export-hf DIR holds (default: refuse to write over them)"))
     g.add_argument("--predict", nargs="+", metavar="TEXT",
                    help="sequence-classification: print each label's probability for TEXT "
                         "(or a pair TEXT_A TEXT_B); token-classification: print word/TAG "
@@ -145,7 +147,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
                         "attends to, averaged over heads)")
     g.add_argument("--export-hf", metavar="DIR",
-                   help="also write the best model as a Hugging Face directory")
+                   help="also write the best model as a Hugging Face directory: a new or "
+                        "empty one, or an earlier export of the same model (else --overwrite)")
     args = p.parse_args(argv)
     given = explicit_options(p, argv)
     if args.resume:
@@ -183,6 +186,7 @@ def use_model(args, given) -> int:
     return 0
 
 
+@job_main("finetune.py")  # a fault ends in one line; the run directory is let go
 def main(argv=None) -> int:
     args, given = parse_args(argv)
     if args.model:

@@ -29,8 +29,8 @@ from pathlib import Path
 from minibert import distillation, distributed
 from minibert.atomic import atomic_write_bytes
 from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
-                          float_in, int_at_least, leader_first, non_negative_int, positive_int,
-                          probability, start_job)
+                          float_in, int_at_least, job_main, leader_first, non_negative_int,
+                          positive_int, probability, start_job)
 from minibert.modeling import PRESETS
 from minibert.objectives import OBJECTIVES
 from minibert.optim import AdamW
@@ -183,6 +183,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
     return args, given
 
 
+@job_main("train_mlm.py")  # a fault ends in one line; the run directory is let go
 def main(argv=None) -> int:
     args, given = parse_args(argv)
     job = start_job(args, given, "train_mlm.py", "pretrain",

@@ -4,7 +4,10 @@ A file is written to a temporary name in its own directory, flushed and fsync-ed
 the permissions a plain ``open(path, "w")`` would give (0666 less the umask; ``mkstemp``
 alone gives 0600, which hides a model from other users), then renamed over the target.
 A crash or a kill at any moment leaves either the old file or the new one, never a torn
-one; what it can leave is a ``*.tmp`` file, which :func:`remove_stale_tmp` clears.
+one; what it can leave is a ``*.tmp`` file, which :func:`remove_stale_tmp` clears (only
+the owner of the directory does, :func:`minibert.runs.lock_run_dir`). A write that fails
+(disk full, read-only file system, permission) raises :class:`WriteError` naming the
+target, which is then as it was before.
 """
 from __future__ import annotations
 
@@ -15,6 +18,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 TMP_SUFFIX = ".tmp"
+
+
+class WriteError(OSError):
+    """A file could not be written; ``filename`` is the target path, which is left as it
+    was (the old file, or no file); ``errno`` / ``strerror`` are the system's."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
 
 
 def _umask() -> int:
@@ -28,12 +39,16 @@ def atomic_write(path: str | os.PathLike, write: Callable) -> Path:
     ``path`` (parent directories are created). Returns the final path.
 
     Raises:
-        OSError: the directory cannot be created or written; the temporary file is
-            removed and ``path`` is left as it was.
+        WriteError: the directory cannot be created or the file written (any OSError on
+            the way: disk full, read-only, permission); the temporary file is removed and
+            ``path`` is left as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=TMP_SUFFIX, dir=path.parent)
+    except OSError as e:
+        raise WriteError(e.errno, e.strerror or str(e), str(path)) from e
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -41,8 +56,13 @@ def atomic_write(path: str | os.PathLike, write: Callable) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        try:
+            Path(tmp).unlink(missing_ok=True)
+        except OSError:  # left for the directory's owner to clear (remove_stale_tmp)
+            pass
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise WriteError(e.errno, e.strerror or str(e), str(path)) from e
         raise
     return path
 
@@ -63,7 +83,7 @@ def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     same file. Returns ``dst``.
 
     Raises:
-        OSError: ``src`` cannot be read or ``dst`` written.
+        OSError: ``src`` cannot be read; WriteError: ``dst`` cannot be written.
     """
     src, dst = Path(src), Path(dst)
     if dst.exists() and src.resolve() == dst.resolve():

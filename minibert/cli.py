@@ -1,7 +1,9 @@
 """What the job scripts share on the command line: range-checked argparse types, the options
 several jobs take (defined once here, each with its one range check), the start-of-job
-prologue (communicator, device, run directory, resume) and the one way a job stops on bad
-input (an ``error:`` line naming the problem, exit status 2, no traceback)."""
+prologue (communicator, device, run directory and its lock, resume), the one way a job
+stops on bad input (an ``error:`` line naming the problem, exit status 2, no traceback)
+and the one top-level handler of faults (:func:`job_main`: a failed write, memory, Ctrl-C).
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,22 +11,28 @@ import math
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 
-def fail(prog: str, message: str) -> NoReturn:
-    """Print ``PROG: error: MESSAGE`` to stderr and exit with status 2 (argparse's).
-
-    In a data-parallel run with several ranks the line names the rank, and every rank is
-    stopped (``MPI_Abort``), so that none is left waiting in a collective."""
+def _stop(line: str, status: int) -> NoReturn:
+    """Print ``line`` to stderr and exit with ``status``; with several ranks the line names
+    the rank and every rank is stopped (``MPI_Abort``), so none is left waiting in a
+    collective."""
     from .distributed import current
     comm = current()
     where = f" [rank {comm.rank} of {comm.world_size}]" if comm.world_size > 1 else ""
-    print(f"{prog}: error: {message}{where}", file=sys.stderr)
-    comm.abort(2)
-    sys.exit(2)  # abort does not return
+    print(f"{line}{where}", file=sys.stderr)
+    comm.abort(status)
+    sys.exit(status)  # abort does not return
+
+
+def fail(prog: str, message: str, status: int = 2) -> NoReturn:
+    """Print ``PROG: error: MESSAGE`` to stderr and exit with ``status``: 2 (argparse's) for
+    bad input, 1 for a fault of the machine (:func:`job_main`). In a data-parallel run the
+    line names the rank, and every rank is stopped."""
+    _stop(f"{prog}: error: {message}", status)
 
 
 def _number(kind, text: str):
@@ -219,28 +227,43 @@ def leader_first(comm):
         comm.barrier()
 
 
+# Options whose values a job reads (files or directories): no job writes where they are.
+INPUT_OPTIONS = ("corpus", "vocab", "init_checkpoint", "init", "teacher", "model", "data",
+                 "train", "dev", "test")
+
+
+def input_paths(args) -> dict[str, Any]:
+    """The job's inputs: option spelling -> value(s), of :data:`INPUT_OPTIONS` that ``args``
+    has and sets."""
+    return {flag(d): getattr(args, d) for d in INPUT_OPTIONS if getattr(args, d, None)}
+
+
 def start_job(args, given: set[str], prog: str, job: str | None = None, *,
               resume_fixed=(), resume_defaults=None,
               check: Callable[[dict | None], Any] = lambda resumed: None) -> Job:
     """The prologue of a job: communicator (``--distributed``), device (``--device``,
     ``--tf32``) and, for a ``job`` ("pretrain", "finetune"), its run directory, rank 0 first.
 
-    With ``--resume`` the run's checkpoint is loaded and its arguments are taken into
-    ``args`` (:func:`minibert.runs.resume_args`; ``resume_fixed`` may not change,
-    ``resume_defaults`` stand in for arguments older checkpoints lack). Then
+    With ``--resume`` the run directory is taken first (:func:`minibert.runs.prepare_run_dir`
+    locks it before reading its checkpoint), the checkpoint is loaded and its arguments are
+    taken into ``args`` (:func:`minibert.runs.resume_args`; ``resume_fixed`` may not change,
+    ``resume_defaults`` stand in for arguments older checkpoints lack). A fresh run's
+    ``--output-dir`` may hold none of its inputs (:data:`INPUT_OPTIONS`). Then
     ``check(resumed)`` validates the remaining options and starting points before anything
-    is written; its return value comes back as ``Job.checked``. Last, a fresh run's
-    directory is prepared (:func:`minibert.runs.prepare_run_dir`, ``--overwrite``).
+    is written; its return value comes back as ``Job.checked``. Then ``--export-hf DIR``,
+    where the job has it, is taken and checked (:func:`minibert.runs.prepare_export_dir`;
+    source: ``--model``, else the run), and last a fresh run's directory is taken and
+    prepared (``--overwrite``). The directories stay this process's until the job ends
+    (:func:`job_main`).
 
     Any :class:`ValueError` (RunError, CheckpointError, CorpusError, HFFormatError ...) or
     :class:`OSError` raised on the way ends the job with ``PROG: error: ...``.
     """
     from . import backend, distributed
-    from .checkpoint import load_checkpoint
-    from .runs import RunDir, prepare_run_dir, resume_args
 
     stop = partial(fail, prog)
     comm = distributed.start(args, stop)
+    note_args(vars(args))
     try:
         device = backend.set_device(args.device)
         if args.tf32:
@@ -248,26 +271,148 @@ def start_job(args, given: set[str], prog: str, job: str | None = None, *,
     except backend.BackendError as e:
         stop(str(e))
     out = Job(comm, device, backend.xp_for(device))
-    if job is None:
-        return out
-    leader, resume = comm.is_leader, args.resume is not None
     try:
         with leader_first(comm):
-            if resume:
-                out.run = (prepare_run_dir(args.output_dir, job, resume=True) if leader
-                           else RunDir(Path(args.output_dir), job))
-                out.resumed = load_checkpoint(out.run.checkpoint)
-                resume_args(args, (resume_defaults or {}) | out.resumed["trainer"].get("args", {}),
-                            resume_fixed, given, str(out.run.checkpoint))
-            out.checked = check(out.resumed)
-            if not resume:
-                out.run = (prepare_run_dir(args.output_dir, job, overwrite=args.overwrite)
-                           if leader else RunDir(Path(args.output_dir), job))
+            _prologue(out, args, given, job, comm.is_leader, resume_fixed, resume_defaults,
+                      check)
     except ValueError as e:
         stop(str(e))
     except OSError as e:
         stop(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
-    if args.batch_size < comm.world_size:
+    if job is not None and args.batch_size < comm.world_size:
         stop(f"--batch-size {args.batch_size} is the global batch, split over "
              f"{comm.world_size} ranks: it must be at least {comm.world_size}")
     return out
+
+
+def _prologue(out: Job, args, given, job, leader, resume_fixed, resume_defaults, check):
+    """:func:`start_job`'s run directory, resume, checks and export directory, in order."""
+    from .checkpoint import load_checkpoint
+    from .runs import RunDir, check_inputs, prepare_export_dir, prepare_run_dir, resume_args
+
+    resume = job is not None and args.resume is not None
+    if resume:
+        out.run = (prepare_run_dir(args.output_dir, job, resume=True) if leader
+                   else RunDir(Path(args.output_dir), job))
+        out.resumed = load_checkpoint(out.run.checkpoint)
+        resume_args(args, (resume_defaults or {}) | out.resumed["trainer"].get("args", {}),
+                    resume_fixed, given, str(out.run.checkpoint))
+    elif job is not None and leader:
+        check_inputs(args.output_dir, input_paths(args))
+    out.checked = check(out.resumed) if job is not None else None
+    if leader and getattr(args, "export_hf", None):
+        source = args.model if job is None else args.output_dir
+        prepare_export_dir(args.export_hf, source, overwrite=args.overwrite,
+                           inputs={**input_paths(args), flag("output_dir"): source}
+                           if job is not None else input_paths(args))
+    if job is not None and not resume:
+        out.run = (prepare_run_dir(args.output_dir, job, overwrite=args.overwrite)
+                   if leader else RunDir(Path(args.output_dir), job))
+
+
+# ---------------------------------------------------------------------------------------
+# The top of every job: faults end in one line, the run directories are let go
+# ---------------------------------------------------------------------------------------
+
+# Options that size what a job allocates, named when it runs out of memory.
+SIZE_OPTIONS = ("preset", "num_hidden_layers", "hidden_size", "intermediate_size",
+                "vocab_size", "max_seq_length", "batch_size", "eval_batch_size",
+                "gradient_accumulation_steps", "eval_instances")
+
+_noted: dict[str, Any] = {}  # the running job's arguments, for job_main's messages
+
+
+def note_args(args: Mapping[str, Any]) -> None:
+    """Tell :func:`job_main` the running job's arguments (``vars(args)``), so that an
+    out-of-memory message can name the sizes asked for."""
+    _noted.clear()
+    _noted.update(args)
+
+
+def job_main(prog: str):
+    """Decorator of a script's ``main(argv=None) -> int``: the one place where a job's
+    faults are turned into one line on stderr instead of a traceback, and where the
+    directories it owns are let go (:func:`minibert.runs.release_run_dirs`) when it ends.
+
+    * ``KeyboardInterrupt`` (Ctrl-C): ``PROG: interrupted at step N; ...`` naming the last
+      checkpoint (which an atomic write never leaves torn) and the ``--resume`` command;
+      exit status 130 (128 + SIGINT, the shell's convention).
+    * ``MemoryError`` (NumPy's or CuPy's): ``PROG: error: out of memory ...`` with the
+      allocation that failed, the sizes asked for (:data:`SIZE_OPTIONS`) and what to
+      lower; exit status 1.
+    * ``OSError`` (disk full, read-only file system, permission): ``PROG: error: cannot
+      write PATH: REASON ...``, saying that the last good checkpoint is unchanged and how
+      to resume; exit status 1.
+
+    Bad input is not handled here: it ends earlier with :func:`fail` (status 2).
+    """
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        @wraps(main)
+        def run(argv=None) -> int:
+            from .runs import release_run_dirs
+            _noted.clear()
+            try:
+                return main(argv)
+            except KeyboardInterrupt as e:
+                _stop(f"{prog}: {_interrupted_message(prog, getattr(e, 'step', None))}", 130)
+            except MemoryError as e:
+                fail(prog, _memory_message(e, _noted), status=1)
+            except OSError as e:
+                fail(prog, _write_message(prog, e), status=1)
+            finally:
+                release_run_dirs()
+                _noted.clear()
+        return run
+    return wrap
+
+
+def _kept(prog: str) -> tuple[str, str]:
+    """(what of the owned run is kept, how to go on), either "" when there is nothing to
+    say (a job without a run directory)."""
+    from .runs import checkpoint_job, held_runs
+    for run in held_runs():
+        if run.job == "evaluate":
+            return (f"the finished fine-tuning runs in {run.path} are kept",
+                    f"the same python {prog} command")
+        if run.job in ("pretrain", "finetune"):
+            if not run.checkpoint.is_file():
+                return "no checkpoint had been written yet", ""
+            _, step = checkpoint_job(run.checkpoint)
+            return (f"the last checkpoint, {run.checkpoint} (step {step}), is unchanged",
+                    f"python {prog} --resume {run.path}")
+    return "", ""
+
+
+def _interrupted_message(prog: str, step: int | None) -> str:
+    """The one line of a Ctrl-C: where the run was, what is kept, how to go on."""
+    at = f"interrupted at step {step}" if step is not None else "interrupted"
+    kept, again = _kept(prog)
+    return "; ".join(filter(None, [at, kept, again and f"go on with: {again}"]))
+
+
+def _write_message(prog: str, e: OSError) -> str:
+    """An OSError's message: the path and the reason, and that the last good checkpoint is
+    unchanged (files are written atomically, :mod:`minibert.atomic`)."""
+    from .atomic import WriteError
+    from .runs import CHECKPOINT
+    if isinstance(e, WriteError):
+        what = str(e)  # the checkpoint's own case is said by _kept
+        if Path(e.filename).exists() and Path(e.filename).name != CHECKPOINT:
+            what += " (it is left as it was)"
+    else:
+        what = f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
+    kept, again = _kept(prog)
+    return "; ".join(filter(None, [what, kept, again and f"once that is fixed, go on with: "
+                                                         f"{again}"]))
+
+
+def _memory_message(e: MemoryError, args: Mapping[str, Any]) -> str:
+    """An out-of-memory message: the allocation that failed, the sizes asked for
+    (:data:`SIZE_OPTIONS` in ``args``) and what to lower."""
+    sizes = [f"{flag(k)} {args[k]}" for k in SIZE_OPTIONS if args.get(k) is not None]
+    asked = (f"the sizes asked for: {', '.join(sizes)}; lower them" if sizes else
+             "lower the batch size, the sequence length or the model size")
+    if "gradient_accumulation_steps" in args:
+        asked += " (a smaller --batch-size with a larger --gradient-accumulation-steps keeps "\
+                 "the step's batch)"
+    return f"out of memory ({e or 'an allocation failed'}); {asked}"

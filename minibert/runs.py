@@ -13,11 +13,19 @@ A run directory (``--output-dir``) belongs to one run of one job (``pretrain`` o
                      "elapsed_s", ...}
     summary.json     the job's final numbers
 
-Rules (:func:`prepare_run_dir`): a job never writes into a directory that holds another
-run's checkpoint unless ``--overwrite`` is given, so a fine-tuning run can never replace a
-pretraining checkpoint; ``--resume`` continues the run whose checkpoint is there (same
-job); stale ``*.tmp`` files of a killed write are removed. Every file is written through
-:mod:`minibert.atomic`.
+    .lock            while a job runs: its lock (:func:`lock_run_dir`), holding its pid
+
+Rules (:func:`prepare_run_dir`): a directory has one owner at a time: every job that
+writes one takes an exclusive ``fcntl.flock`` lock on its ``.lock`` file first, before it
+reads, cleans or writes anything there, and holds it to its end (the operating system lets
+it go when the process dies); a second job is refused and touches nothing. A job never
+writes into a directory that holds another run's checkpoint unless ``--overwrite`` is
+given, so a fine-tuning run can never replace a pretraining checkpoint; ``--resume``
+continues the run whose checkpoint is there (same job); stale ``*.tmp`` files of a killed
+write are removed, by the owner only. No job writes where its own inputs are
+(:func:`check_inputs`). A Hugging Face export goes to an empty or new directory or over
+an earlier export of the same model (:func:`prepare_export_dir`). Every file is written
+through :mod:`minibert.atomic`.
 
 Starting points (:func:`load_start`, used by ``finetune.py --init`` and ``train_mlm.py
 --init-checkpoint``): a run directory, a checkpoint file with ``vocab.txt`` beside it, or a
@@ -25,15 +33,18 @@ Hugging Face BERT directory.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .atomic import atomic_write_bytes, atomic_write_json, remove_stale_tmp
+from .atomic import WriteError, atomic_write_bytes, atomic_write_json, remove_stale_tmp
 from .checkpoint import CheckpointError, load_checkpoint
 from .modeling import BertConfig
 
@@ -44,6 +55,8 @@ CONFIG = "config.json"
 ARGS = "args.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+LOCK = ".lock"
+EXPORT_MARK = ".minibert-export.json"
 
 
 class RunError(ValueError):
@@ -82,32 +95,239 @@ def _job_of(trainer: Mapping[str, Any]) -> str:
     return str(trainer.get("job") or ("finetune" if "labels" in trainer else "pretrain"))
 
 
+# ---------------------------------------------------------------------------------------
+# One owner per directory
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Held:
+    fd: int
+    path: Path
+    job: str | None = None
+
+
+_HELD: dict[Path, _Held] = {}  # resolved directory -> this process's lock on it
+
+
+def lock_run_dir(path: str | os.PathLike, option: str = "--output-dir",
+                 job: str | None = None) -> Path:
+    """Make this process the one owner of the directory ``path`` (created with its parents
+    when missing) before anything there is read, cleaned or written: an exclusive,
+    non-blocking ``fcntl.flock`` on ``path/.lock``, which then holds this process's pid.
+
+    The lock is held until :func:`release_run_dirs` (the end of the job: the ``.lock`` file
+    is removed then) or the end of the process; the operating system lets it go when the
+    process dies, so a killed job leaves an unlocked ``.lock`` file that the next owner
+    takes over, never a stale lock. A directory this process owns already is returned at
+    once (``job``, when given, is recorded for :func:`held_runs`).
+
+    Returns:
+        ``path`` as a Path.
+    Raises:
+        RunError: ``path`` is a file or cannot be created; its lock file cannot be opened
+            or written (read-only, permission, disk full); another process holds the lock
+            (the message names its pid). Nothing in the directory is changed then.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunError(f"{option} {path}: is a file, not a directory")
+    if (held := _HELD.get(path.resolve())) is None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"{option} {path}: cannot be created ({e.strerror or e})") from None
+        held = _HELD[path.resolve()] = _Held(_take_lock(path, option), path)
+    held.job = job or held.job
+    return path
+
+
+def _take_lock(path: Path, option: str) -> int:
+    """The descriptor of ``path/.lock``, exclusively locked, with this pid written in it.
+
+    The file locked must still be the one at ``path/.lock``: an owner removes it when it
+    lets go (:func:`release_run_dirs`), and a file opened just before that is not the
+    lock any more, so the open is tried again."""
+    lock = path / LOCK
+    for _ in range(100):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise RunError(f"{option} {path}: not writable ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+            os.close(fd)
+            if holder is None:
+                raise RunError(f"{option} {path}: cannot be locked ({e.strerror or e})") from None
+            raise RunError(f"{option} {path}: in use by another job (pid {holder}); wait for "
+                           "it to end, or choose another directory") from None
+        if _same_file(fd, lock):
+            break
+        os.close(fd)
+    else:
+        raise RunError(f"{option} {path}: cannot be locked (its {LOCK} keeps changing)")
+    mine = f"{os.getpid()}\n".encode()
+    try:  # in place, not atomically: the lock belongs to this file, not to its name
+        os.pwrite(fd, mine, 0)
+        os.ftruncate(fd, len(mine))
+    except OSError as e:
+        _let_go(fd, lock)
+        raise RunError(f"{option} {path}: not writable ({e.strerror or e})") from None
+    return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _let_go(fd: int, lock: Path) -> None:
+    """Remove the lock file (while it is still locked, so that no other process can hold
+    it) and close it, which releases the lock."""
+    try:
+        lock.unlink(missing_ok=True)
+    except OSError:  # a read-only directory: the file stays, unlocked
+        pass
+    os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    """The pid written in a lock file that another process holds (it writes its pid just
+    after it takes the lock: wait up to half a second for it), or "unknown"."""
+    for _ in range(50):
+        first, newline, _ = os.pread(fd, 64, 0).decode("ascii", "replace").partition("\n")
+        if newline and first.strip().isdigit():
+            return first.strip()
+        time.sleep(0.01)
+    return "unknown"
+
+
+def release_run_dirs() -> None:
+    """Let go of every directory this process owns (:func:`lock_run_dir`): its ``.lock``
+    file is removed and the lock released. The end of a job (:func:`minibert.cli.job_main`)."""
+    while _HELD:
+        held = _HELD.popitem()[1]
+        _let_go(held.fd, held.path / LOCK)
+
+
+def held_runs() -> list[RunDir]:
+    """The run directories this process owns, with the job recorded for each, in the
+    order they were locked."""
+    return [RunDir(h.path, h.job) for h in _HELD.values() if h.job]
+
+
+def check_inputs(output: str | os.PathLike, inputs: Mapping[str, Any],
+                 option: str = "--output-dir") -> None:
+    """Refuse an output where the job's own inputs are: no input path (that exists) may be
+    ``output`` itself (the same file or directory) or lie inside it. Only paths are
+    compared; nothing is read.
+
+    Args:
+        output: the directory (or file) the job writes.
+        inputs: option name -> a path, a list of paths, or None.
+    Raises:
+        RunError: naming the output option and the input.
+    """
+    out = Path(output)
+    resolved = out.resolve()
+    for name, values in inputs.items():
+        for value in [values] if isinstance(values, (str, os.PathLike)) else values or ():
+            p = Path(value)
+            if not p.exists():
+                continue
+            r = p.resolve()
+            same = r == resolved or (out.exists() and p.samefile(out))
+            if same or resolved in r.parents:
+                raise RunError(f"{option} {output}: {'is' if same else 'holds'} an input of "
+                               f"this job ({name} {value}); a job does not write over its own "
+                               f"inputs: choose another {option}")
+
+
+# What a Hugging Face loader reads from a BERT directory: an export replacing another
+# model (--overwrite) removes them all, so that none of the old model's files is read
+# beside the new one's (an old tokenizer.json would win over the new vocab.txt).
+HF_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json",
+                  "pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5",
+                  "flax_model.msgpack", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "added_tokens.json")
+
+
+def prepare_export_dir(path: str | os.PathLike, source: str | os.PathLike, *,
+                       inputs: Mapping[str, Any], overwrite: bool = False,
+                       option: str = "--export-hf") -> Path:
+    """Take (:func:`lock_run_dir`) and check the directory of a Hugging Face export of the
+    model in ``source`` (a run directory), then mark it as that model's export
+    (``.minibert-export.json``: ``{"exported_from": the resolved source}``).
+
+    An export goes into a new or empty directory, or over an earlier export of the same
+    source; anything else only with ``overwrite``, which first removes the files of
+    :data:`HF_MODEL_FILES` there (other files are left alone).
+
+    Args:
+        inputs: the job's inputs (option -> path(s)), ``source`` among them; none may be
+            the directory or lie inside it (:func:`check_inputs`).
+    Returns:
+        the directory, created and owned by this process.
+    Raises:
+        RunError: an input is there, or ``source`` (which a new run creates later); another
+            job owns it; it holds files that are not an earlier export of ``source`` and
+            ``overwrite`` is not set.
+    """
+    path = Path(path)
+    check_inputs(path, inputs, option)
+    target, source = path.resolve(), Path(source).resolve()
+    if source == target or target in source.parents:  # source may not exist yet: a new run
+        raise RunError(f"{option} {path}: is the directory of the model it exports "
+                       f"({source}) or holds it: choose another {option}")
+    lock_run_dir(path, option)
+    remove_stale_tmp(path)
+    mark, source = path / EXPORT_MARK, str(source)
+    try:
+        earlier = json.loads(mark.read_text(encoding="utf-8")).get("exported_from")
+    except (OSError, ValueError, AttributeError):
+        earlier = None
+    others = sorted(p.name for p in path.iterdir() if p.name not in (LOCK, EXPORT_MARK))
+    if others and earlier != source and not overwrite:
+        what = (f"the export of another model ({earlier})" if isinstance(earlier, str) else
+                f"files that are not a minibert export ({', '.join(others[:4])}"
+                f"{', ...' if len(others) > 4 else ''})")
+        raise RunError(f"{option} {path}: holds {what}; pass --overwrite to replace them, or "
+                       f"choose another {option}")
+    if overwrite:
+        for name in HF_MODEL_FILES:
+            (path / name).unlink(missing_ok=True)
+    atomic_write_json(mark, {"exported_from": source})
+    return path
+
+
 def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = False,
                     overwrite: bool = False, option: str = "--output-dir") -> RunDir:
-    """Check and create a run directory for ``job`` before anything is written.
+    """Take (:func:`lock_run_dir`), check and create a run directory for ``job`` before
+    anything is written there.
 
     Args:
         output_dir: the directory.
-        job: "pretrain" or "finetune".
+        job: "pretrain", "finetune" or "evaluate".
         resume: the run continues from the checkpoint there.
         overwrite: replace another run: its checkpoint, metrics, summary and other
             outputs are deleted first (its vocab.txt is rewritten by the new run).
     Returns:
-        the :class:`RunDir`, created, writable, without stale ``*.tmp`` files.
+        the :class:`RunDir`, created, owned by this process, writable, without stale
+        ``*.tmp`` files.
     Raises:
-        RunError: the path is a file or cannot be created or written; it holds another
+        RunError: the path is a file or cannot be created or written; another job owns
+            it (nothing there is touched then); it holds another
             run's checkpoint and neither ``resume`` nor ``overwrite`` is set; ``resume``
             without a checkpoint, or with the checkpoint of another job.
     """
     path = Path(output_dir)
-    if path.exists() and not path.is_dir():
-        raise RunError(f"{option} {path}: is a file, not a directory")
-    if resume and not path.is_dir():
+    if resume and not path.exists():
         raise RunError(f"--resume {path}: no such run directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunError(f"{option} {path}: cannot be created ({e.strerror or e})") from None
+    lock_run_dir(path, option, job)
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunError(f"{option} {path}: not writable")
     run = RunDir(path, job)
@@ -198,8 +418,13 @@ class MetricsLog:
         self._file = self.path.open("a", encoding="utf-8")
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._file.flush()
+        """Append ``record`` as one line. Raises: WriteError (disk full ...), naming the
+        file; a torn line it may leave is dropped on resume."""
+        try:
+            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._file.flush()
+        except OSError as e:
+            raise WriteError(e.errno, e.strerror or str(e), str(self.path)) from e
 
     @staticmethod
     def read(path: str | os.PathLike) -> list[dict]:
@@ -213,7 +438,12 @@ class MetricsLog:
         return out
 
     def close(self) -> None:
-        self._file.close()
+        """Close the file. Every line was flushed by :meth:`write`, so only a line whose
+        write failed (and was reported there) can still be pending: it is dropped."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------------------------------

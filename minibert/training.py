@@ -39,6 +39,7 @@ import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 from tqdm.auto import tqdm
@@ -52,6 +53,15 @@ from .optim import clip_grad_norm, linear_schedule_with_warmup
 
 class TrainingError(RuntimeError):
     """Training cannot go on (no batch in an epoch, non-finite steps in a row)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or any KeyboardInterrupt) inside :func:`train`, after ``step`` optimizer
+    steps; the checkpoint on disk is the last one saved (an atomic write is never torn)."""
+
+    def __init__(self, step: int):
+        super().__init__(f"interrupted at step {step}")
+        self.step = step
 
 
 # loop sums that are equal on every rank (the rest are per-rank and added up at log steps)
@@ -322,11 +332,15 @@ class NonfiniteGuard:
         """Raise TrainingError if ``limit`` non-finite steps came in a row at some step so
         far (``step``: the steps done, named in the message). Reads the device."""
         if int(self.hit_at) >= 0:
+            from .runs import checkpoint_job
+            ckpt = Path(self.checkpoint_path)  # named only when it exists
+            kept = (f"the last checkpoint, {ckpt} (step {checkpoint_job(ckpt)[1]}), holds "
+                    "the last good parameters" if ckpt.is_file() else
+                    "no checkpoint had been written yet")
             raise TrainingError(
                 f"loss or gradient norm not finite in {self.limit} steps in a row "
                 f"since step {int(self.hit_since) + 1} (to step {int(self.hit_at) + 1}); stopped "
-                f"at step {step} (the updates of non-finite steps were skipped; the last "
-                f"checkpoint is {self.checkpoint_path})")
+                f"at step {step} (the updates of non-finite steps were skipped; {kept})")
 
 
 class LogWindow:
@@ -514,6 +528,9 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         TrainingError: the model's parameters no longer alias the optimizer's buffer;
             see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite steps in a
             row (the last checkpoint holds the last good parameters).
+        Interrupted: a KeyboardInterrupt (Ctrl-C), with the steps done.
+        WriteError: a checkpoint or metrics line could not be written (the last good
+            checkpoint is left as it was).
     """
     from .gradflow import grad_flow_record
 
@@ -553,6 +570,8 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
             if _due(cfg.save_every, state.step, end):
                 guard.check(state.step)
                 out.save(model, optimizer, task, state, guard, window)
+    except KeyboardInterrupt:
+        raise Interrupted(state.step) from None
     finally:
         out.close()
     state.elapsed_s = out.elapsed()

@@ -56,3 +56,53 @@ def cuda(real_gpu):
     import fakecupy
     with fakecupy.installed():
         yield CudaUnderTest(stand_in=True)
+
+
+# ------------------------------------------------------------- tiny runs of the job scripts
+@pytest.fixture(scope="session")
+def moby_vocab(moby30, tmp_path_factory):
+    """A 300-token WordPiece vocab.txt learned from ``moby30``."""
+    from minibert.tokenization import train_wordpiece
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    train_wordpiece(moby30, 300, output=path, show_progress=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrained(moby30, moby_vocab, tmp_path_factory):
+    """A finished train_mlm.py run (tests/helpers.py tiny_pretrain_argv, 4 steps); copy it
+    before writing into it."""
+    import sys
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    import train_mlm
+    from helpers import tiny_pretrain_argv
+    out = tmp_path_factory.mktemp("pretrained") / "run"
+    assert train_mlm.main(tiny_pretrain_argv(moby30, moby_vocab, out, "--max-steps", 4)) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def classify_task(moby30, tmp_path_factory):
+    """A sentence-classification task directory (train/dev/test.tsv) of Moby-Dick lines:
+    label "long" or "short" by word count."""
+    lines = [l for l in moby30.read_text(encoding="utf-8").splitlines() if l.strip()][:64]
+    d = tmp_path_factory.mktemp("task")
+    rows = [f"{'long' if len(l.split()) > 12 else 'short'}\t{l}" for l in lines]
+    for split, part in (("train", rows[:32]), ("dev", rows[32:48]), ("test", rows[48:])):
+        (d / f"{split}.tsv").write_text("label\tsentence\n" + "\n".join(part) + "\n",
+                                        encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_finetuned(tiny_pretrained, classify_task, tmp_path_factory):
+    """A finished finetune.py run from ``tiny_pretrained`` (2 steps); copy it before
+    writing into it."""
+    import sys
+    sys.path.insert(0, str(ROOT))
+    import finetune
+    out = tmp_path_factory.mktemp("finetuned") / "run"
+    assert finetune.main(["--init", str(tiny_pretrained), "--data", str(classify_task),
+                          "--output-dir", str(out), "--max-seq-length", "16",
+                          "--batch-size", "8", "--max-steps", "2", "--no-progress"]) == 0
+    return out

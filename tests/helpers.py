@@ -43,3 +43,24 @@ def cpu_blocking(block: int | None, threads: int):
             os.environ.pop("OMP_NUM_THREADS")
         else:
             os.environ["OMP_NUM_THREADS"] = old_threads
+
+
+def tiny_pretrain_argv(corpus, vocab, out, *extra) -> list[str]:
+    """train_mlm.py's options for a run of a few seconds: a 1-layer, 16-wide model on
+    ``corpus`` with the given ``vocab``, 8 steps of 4 sequences of 16 tokens, a train
+    record every step and a checkpoint every 4 steps, no progress bar."""
+    return ["--corpus", str(corpus), "--vocab", str(vocab), "--output-dir", str(out),
+            "--hidden-size", "16", "--num-hidden-layers", "1", "--num-attention-heads", "2",
+            "--intermediate-size", "32", "--max-seq-length", "16", "--batch-size", "4",
+            "--max-steps", "8", "--log-every", "1", "--eval-every", "100",
+            "--save-every", "4", "--eval-fraction", "0.1", "--eval-instances", "4",
+            "--no-progress", *map(str, extra)]
+
+
+def snapshot(directory: Path) -> dict:
+    """Every file under ``directory``: relative path -> (size, mtime in ns, SHA-256), to
+    show that a job changed nothing there."""
+    import hashlib
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns,
+                                             hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(Path(directory).rglob("*")) if p.is_file()}

@@ -1,6 +1,7 @@
 """finetune.py and minibert.finetuning: TSV errors naming file and line, metrics, dynamic
 padding, and tiny end-to-end runs from a minibert checkpoint and from a HF directory."""
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -327,14 +328,21 @@ def run_ft(*argv):
     return finetune.main([*map(str, argv), "--no-progress"])
 
 
-def test_finetune_never_writes_over_a_pretraining_run(dataset, pretrained_run, capsys):
+def test_finetune_never_writes_over_a_pretraining_run(dataset, pretrained_run, tmp_path,
+                                                      capsys):
     before = {p.name: p.read_bytes() for p in pretrained_run.iterdir()}
-    with pytest.raises(SystemExit) as e:
-        run_ft("--init", pretrained_run, "--data", dataset, "--output-dir", pretrained_run)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "error:" in err and "holds the checkpoint of a pretrain run" in err
-    assert {p.name: p.read_bytes() for p in pretrained_run.iterdir()} == before
+    other_start = shutil.copytree(pretrained_run, tmp_path / "other_start")
+    # into another pretraining run; into the very run it starts from (its input: refused
+    # first, with --overwrite too)
+    for init, extra, message in ((other_start, (), "holds the checkpoint of a pretrain run"),
+                                 (pretrained_run, (), "is an input of this job (--init"),
+                                 (pretrained_run, ("--overwrite",), "is an input of this job")):
+        with pytest.raises(SystemExit) as e:
+            run_ft("--init", init, "--data", dataset, "--output-dir", pretrained_run, *extra)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and message in err
+        assert {p.name: p.read_bytes() for p in pretrained_run.iterdir()} == before
 
 
 def test_finetune_refuses_another_finetune_run_unless_overwrite(dataset, pretrained_run,

@@ -96,7 +96,7 @@ def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeyp
             raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
 
     monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit, match="130"):  # Ctrl-C's exit status
         train_mlm.main(args_for(corpus, crashed))
     monkeypatch.setattr(training, "save_checkpoint", real_save)
     assert train_mlm.main(args_for(corpus, crashed, "--resume")) == 0
@@ -138,7 +138,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         train_mlm.main(args_for(corpus, out, "--max-nonfinite-steps", "2"))
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "not finite in 2 steps in a row since step 6" in err and "checkpoint.npz" in err
+    assert "not finite in 2 steps in a row since step 6" in err and "checkpoint.npz (step 4)" in err
     assert load_checkpoint(out / "checkpoint.npz")["trainer"]["step"] == 4
     # the skipped steps left the parameters alone: the log shows them skipped, loss finite
     train = records(out, "train")
@@ -233,9 +233,10 @@ def test_init_checkpoint_starts_a_new_run_from_trained_weights(corpus, tmp_path,
     assert "was trained with lowercase=True" in capsys.readouterr().err
     # writing the new run over the one it starts from is refused, nothing is touched
     before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
-    with pytest.raises(SystemExit):
-        train_mlm.main(args_for(corpus, first, "--init-checkpoint", str(first)))
-    assert "holds the checkpoint of a pretrain run" in capsys.readouterr().err
+    for overwrite in ((), ("--overwrite",)):  # refused for being its input, before all else
+        with pytest.raises(SystemExit):
+            train_mlm.main(args_for(corpus, first, "--init-checkpoint", str(first), *overwrite))
+        assert f"is an input of this job (--init-checkpoint {first})" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == before
     # another vocab of the same size would misalign the embeddings
     other = tmp_path / "other_vocab.txt"
@@ -311,7 +312,7 @@ def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch
 
     crashed = tmp_path / "crashed"
     monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit, match="130"):  # Ctrl-C's exit status
         train_mlm.main(args_for(corpus, crashed, *extra))
     monkeypatch.setattr(training, "save_checkpoint", real_save)
     assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0

@@ -30,7 +30,7 @@ from ..backend import get_device, xp_for
 from ..finetuning import read_tsv
 from ..hf import load_pretrained_weights
 from ..modeling import BertModel
-from ..runs import RunError, prepare_run_dir
+from ..runs import RunError, check_inputs, prepare_run_dir
 from ..tokenization import BertTokenizer
 from .probe import bag_of_words, fit_probe, mean_pooled_features
 
@@ -40,14 +40,20 @@ SETTINGS = "settings.json"
 
 def open_output(path, settings: dict, overwrite: bool) -> Path:
     """The harness's output directory (:func:`minibert.runs.prepare_run_dir`, job
-    "evaluate"), with its ``settings.json``. Finished runs there are reused when the
-    settings match but for ``lr`` (each rate has run directories of its own).
+    "evaluate": owned by this process from here on), with its ``settings.json``. Finished
+    runs there are reused when the settings match but for ``lr`` (each rate has run
+    directories of its own). ``settings["starts"]`` and ``settings["task_dirs"]`` are the
+    job's inputs: none may be in the directory (:func:`minibert.runs.check_inputs`).
 
     Raises:
-        RunError: another job's run is there, or a harness run with other settings and
-            ``overwrite`` is not set (with it, the old runs are deleted first).
+        RunError: an input is there, another job owns it or has its run there, or a
+            harness run with other settings is there and ``overwrite`` is not set (with
+            it, the old runs are deleted first).
     """
     path = Path(path)
+    check_inputs(path, {"START": [s.removeprefix("random:") for s in settings.get("starts", ())],
+                        "--task-dir": list(settings.get("task_dirs", {}).values())})
+    run = prepare_run_dir(path, "evaluate")
     saved_file = path / SETTINGS
     same = True
     if saved_file.is_file():
@@ -59,7 +65,6 @@ def open_output(path, settings: dict, overwrite: bool) -> Path:
     if not same and not overwrite:
         raise RunError(f"--output-dir {path} holds a harness run with other settings "
                        f"({saved_file}); pass --overwrite or another --output-dir")
-    run = prepare_run_dir(path, "evaluate")
     if not same:
         shutil.rmtree(path / "runs", ignore_errors=True)
     atomic_write_json(run.path / SETTINGS, settings)

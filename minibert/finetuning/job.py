@@ -51,7 +51,7 @@ from ..checkpoint import check_same_config
 from ..hf import HFFormatError, save_hf_directory
 from ..optim import AdamW
 from ..pipelines import for_finetune_task
-from ..runs import MetricsLog, RunError, load_start, write_args
+from ..runs import MetricsLog, RunError, load_start, lock_run_dir, write_args
 from ..tokenization import BertTokenizer
 from .tasks import make_task, task_for_model
 
@@ -311,6 +311,7 @@ def use_model(args, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
             raise ValueError(f"--predict: {e}") from None
         print(json.dumps(result, ensure_ascii=False))
     if args.plot_attention:
+        lock_run_dir(out)  # its one writer (RunError: another job owns it)
         for path in viz.plot_attention(model, tokenizer, args.plot_attention,
                                        task.max_len(model.config), xp, out):
             print(f"wrote {path}")

@@ -12,7 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..cli import int_at_least
+from ..cli import int_at_least, job_main, note_args
+from ..runs import RunError, check_inputs, lock_run_dir
 from .bert import BertTokenizer
 from .trainer import ALGORITHMS, train_wordpiece
 from .vocab import SPECIAL_TOKENS, check_writable, write_vocab
@@ -67,8 +68,11 @@ def _train(args: argparse.Namespace) -> None:
                  f"and one more), got {args.vocab_size}")
     try:
         check_writable(args.output)
-    except OSError as e:
+        check_inputs(args.output, {"--files": args.files}, "--output")
+        lock_run_dir(Path(args.output).parent, "the directory of --output")  # its one writer
+    except (OSError, RunError) as e:
         ap.error(f"argument --output: {e}")
+    note_args(vars(args))
     try:
         vocab = train_wordpiece(
             args.files,
@@ -105,13 +109,16 @@ def _tokenize(args: argparse.Namespace) -> None:
             print(" ".join(tok.tokenize(line)))
 
 
+@job_main("python -m minibert.tokenization")
 def main(argv: list[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns 0.
 
-    Bad arguments or input (missing files, an ``--output`` that cannot be written, a
+    Bad arguments or input (missing files, an ``--output`` that cannot be written or that
+    is one of the ``--files``, a directory of ``--output`` that another job owns, a
     ``--vocab-size`` too small, a vocab file that cannot be read ...) print one
     ``...: error: ...`` line naming the option to stderr and raise ``SystemExit(2)``, as
-    argparse does for its own checks.
+    argparse does for its own checks. A fault on the way (disk full, out of memory,
+    Ctrl-C) ends in one line too (:func:`minibert.cli.job_main`).
     """
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
