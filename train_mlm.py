@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 from minibert import distillation, distributed
-from minibert.atomic import atomic_write_bytes
+from minibert.atomic import WriteError, atomic_write_bytes
 from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
                           float_in, int_at_least, job_main, leader_first, non_negative_int,
                           positive_int, probability, start_job)
@@ -201,7 +201,9 @@ def main(argv=None) -> int:
                                         str(run.checkpoint))
     except (ValueError, KeyError) as e:
         fail(str(e))
-    except OSError as e:
+    except WriteError:
+        raise                         # a failed write: job_main's line, with the checkpoint
+    except OSError as e:              # an unreadable input
         fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
     start = None  # the weights are in the model now
     model.to(job.device)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import add_options, fail, int_at_least
+from .cli import add_options, fail, int_at_least, job_main
 from .scoring import METHODS
 
 PROG = "python -m minibert"
@@ -197,17 +197,30 @@ def _set_device(args) -> None:
         raise ValueError(f"--device: {e}") from None
 
 
+def _claim_outputs(args, *options: str) -> None:
+    """Before any work: the files of ``options`` (``output``, ``plot``) are none of the
+    command's inputs, and their directories are this job's alone (the lock every job
+    takes, :func:`minibert.runs.lock_run_dir`). Raises RunError otherwise."""
+    from .runs import check_inputs, lock_run_dir
+    inputs = {"--input": [args.input] if getattr(args, "input", None) else [],
+              "MODEL": [getattr(args, "model", None)] if getattr(args, "model", None) else [],
+              "paths": list(getattr(args, "paths", []) or [])}
+    for opt in options:
+        path = getattr(args, opt, None)
+        if path is not None:
+            check_inputs(path, {k: v for k, v in inputs.items() if v}, f"--{opt}")
+            lock_run_dir(Path(path).resolve().parent, f"the directory of --{opt}")
+
+
 def _write(args, records: list) -> None:
-    """JSON lines to stdout, or atomically to ``--output``."""
+    """JSON lines to stdout, or atomically to ``--output`` (a failed write ends in
+    :func:`minibert.cli.job_main`'s one line)."""
     from .atomic import atomic_write_bytes
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if args.output is None:
         sys.stdout.write(text)
         return
-    try:
-        atomic_write_bytes(args.output, text.encode("utf-8"))
-    except OSError as e:
-        raise ValueError(f"--output {args.output}: {e.strerror or e}") from None
+    atomic_write_bytes(args.output, text.encode("utf-8"))
     print(f"wrote {len(records)} results to {args.output}", file=sys.stderr)
 
 
@@ -310,21 +323,21 @@ def minimal_pairs(args) -> None:
           f"({args.method}); accuracy in %, chance 50")
     print(table(results))
     if args.output:
-        try:
-            atomic_write_json(args.output, {"method": args.method, "pairs": len(pairs),
-                                            "files": pair_files, "results": results})
-        except OSError as e:
-            raise ValueError(f"--output {args.output}: {e.strerror or e}") from None
+        atomic_write_json(args.output, {"method": args.method, "pairs": len(pairs),
+                                        "files": pair_files, "results": results})
         print(f"wrote {args.output}")
     if args.plot:
         from .viz import plot_minimal_pairs
         print(f"wrote {plot_minimal_pairs(results, args.plot)}")
 
 
+@job_main(PROG)
 def main(argv=None) -> int:
-    """Run a command; bad input ends in one ``error:`` line and exit status 2."""
+    """Run a command; bad input ends in one ``error:`` line and exit status 2, a fault
+    (disk full, out of memory, Ctrl-C) in one line too (:func:`minibert.cli.job_main`)."""
     args = _parser().parse_args(argv)
     try:
+        _claim_outputs(args, "output", "plot")
         {"predict": predict, "score": score,
          "minimal-pairs": minimal_pairs}[args.command](args)
     except ValueError as e:            # RunError, PipelineError, DatasetError included
