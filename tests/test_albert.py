@@ -288,3 +288,58 @@ def test_float32_matches_transformers_to_round_off(cls, groups):
     loss, grad, name = compare(cls, config, batch, 4, np.float32)
     assert loss < 1e-5
     assert grad <= 1e-5, f"gradient of {name} differs from transformers: {grad:.2e}"
+
+
+# -- Hugging Face directories ---------------------------------------------------------------
+
+@pytest.fixture
+def vocab_file(tmp_path):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]
+    p = tmp_path / "vocab.txt"
+    p.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return p
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_hf_export_loads_in_transformers_and_back(tmp_path, vocab_file, groups):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from minibert.hf import load_hf_directory, load_pretrained_weights, save_hf_directory
+    config = tiny(num_hidden_groups=groups, inner_group_num=2, initializer_range=0.3)
+    model = AlbertForPreTraining(config, seed=2).eval()
+    out_dir = save_hf_directory(model, tmp_path / "hf", vocab_file)
+    batch = Batch(**random_token_batch(config, np.random.default_rng(5), 3, 9))
+    ours = float(model(**albert_inputs(batch)).loss)
+    ref = transformers.AlbertForPreTraining.from_pretrained(out_dir,
+                                                            attn_implementation="eager").eval()
+    kw = batch.hf_kwargs()
+    kw["sentence_order_label"] = kw.pop("next_sentence_label")
+    with torch.no_grad():
+        theirs = ref(**{k: torch.from_numpy(v) for k, v in kw.items()}).loss.item()
+    assert ours == pytest.approx(theirs, rel=1e-5)
+    ck = load_hf_directory(out_dir)
+    assert ck.config == config
+    again = AlbertForPreTraining(ck.config, seed=9).eval()
+    assert load_pretrained_weights(again, ck.state)["new"] == []
+    assert float(again(**albert_inputs(batch)).loss) == ours
+
+
+def test_hf_bare_encoder_new_head_and_mismatches(tmp_path, vocab_file):
+    from minibert import BertConfig, BertForTokenClassification
+    from minibert.hf import (HFFormatError, config_from_hf, load_hf_directory,
+                             load_pretrained_weights, save_hf_directory)
+    enc = AlbertModel(tiny(), seed=3).eval()
+    ck = load_hf_directory(save_hf_directory(enc, tmp_path / "hf", vocab_file))
+    clf = AlbertForSequenceClassification(ck.config)
+    assert load_pretrained_weights(clf, ck.state)["new"] == ["classifier.bias",
+                                                             "classifier.weight"]
+    ids = np.random.default_rng(0).integers(5, 30, (2, 7))
+    np.testing.assert_array_equal(clf.eval().albert(ids).last_hidden_state,
+                                  enc(ids).last_hidden_state)
+    bert = BertForTokenClassification(BertConfig(vocab_size=30, hidden_size=8,
+                                                 num_hidden_layers=3, num_attention_heads=2,
+                                                 intermediate_size=12))
+    with pytest.raises(HFFormatError, match="encoder weights missing"):
+        load_pretrained_weights(bert, ck.state)
+    with pytest.raises(HFFormatError, match="embedding_size"):
+        config_from_hf({"model_type": "albert", "embedding_size": 8192}, "x/config.json")
