@@ -343,3 +343,76 @@ def test_hf_bare_encoder_new_head_and_mismatches(tmp_path, vocab_file):
         load_pretrained_weights(bert, ck.state)
     with pytest.raises(HFFormatError, match="embedding_size"):
         config_from_hf({"model_type": "albert", "embedding_size": 8192}, "x/config.json")
+
+
+# -- ALBERT's n-gram masking ------------------------------------------------------------------
+
+def ngram_vocab():
+    from minibert.pretraining import VocabInfo
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(40)]
+    tokens += [f"##p{i}" for i in range(20)]
+    return VocabInfo.from_vocab({t: i for i, t in enumerate(tokens)})
+
+
+def test_ngram_span_lengths_follow_one_over_n():
+    """Long rows of one-piece words and a small budget (so spans rarely meet); spans chosen
+    while at least max_ngram tokens of budget were left (never shortened to fit)."""
+    from scipy.stats import chisquare
+    from minibert.pretraining.masking import choose_word_spans, ngram_probabilities
+    vi, budget = ngram_vocab(), 30
+    rng = np.random.default_rng(0)
+    counts = np.zeros(3)
+    for _ in range(300):
+        ids = np.concatenate([[2], rng.integers(5, 45, 3000), [3]])
+        used = 0
+        for start, stop, n in choose_word_spans(ids, vi, budget, 3, rng):
+            if used + 3 <= budget:
+                counts[n - 1] += 1
+            used += stop - start
+    expected = ngram_probabilities(3) * counts.sum()
+    np.testing.assert_allclose(ngram_probabilities(3), [6 / 11, 3 / 11, 2 / 11])
+    assert counts.sum() > 4000
+    assert chisquare(counts, expected).pvalue > 1e-3, counts / counts.sum()
+    assert chisquare(counts, np.full(3, counts.sum() / 3)).pvalue < 1e-6  # the test has power
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, prob=st.sampled_from([0.15, 0.4]), L=st.integers(8, 128))
+def test_ngram_masking_keeps_words_whole_stays_in_segments_and_fills_the_budget(seed, prob, L):
+    from minibert.pretraining import create_masked_lm_predictions
+    from minibert.pretraining.masking import choose_word_spans
+    vi = ngram_vocab()
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, 45, L)
+    pieces = rng.random(L) < 0.3
+    ids[pieces] = rng.integers(45, 65, pieces.sum())                    # ## continuations
+    ids[0], ids[-1], ids[rng.integers(2, L - 2)] = 2, 3, 3               # [CLS] A [SEP] B [SEP]
+    special = np.isin(ids, [0, 2, 3])
+    budget = max(1, round(L * prob))
+    for start, stop, n in choose_word_spans(ids, vi, budget, 3, np.random.default_rng(seed)):
+        assert not special[start:stop].any() and 1 <= n <= 3            # never across [SEP]
+        assert start == 0 or not vi.is_continuation[ids[start]] or special[start - 1]
+        assert stop == L or not vi.is_continuation[ids[stop]]           # whole words
+    out, pos, labels = create_masked_lm_predictions(ids, vi, prob, budget, rng, max_ngram=3)
+    masked = np.zeros(L, dtype=bool)
+    masked[pos] = True
+    assert not (masked & special).any() and len(pos) <= budget
+    continuation = vi.is_continuation[ids] & ~special
+    # a masked word is masked whole: a ## piece is masked iff the token before it is
+    inner = continuation[1:] & ~special[:-1]
+    assert np.array_equal(masked[1:][inner], masked[:-1][inner])
+    np.testing.assert_array_equal(labels, ids[pos])
+
+
+def test_ngram_masking_fills_the_masking_rate():
+    from minibert.pretraining import create_masked_lm_predictions
+    vi, rng = ngram_vocab(), np.random.default_rng(1)
+    fractions = []
+    for _ in range(300):
+        ids = rng.integers(5, 65, 128)
+        ids[0], ids[60], ids[-1] = 2, 3, 3
+        _, pos, _ = create_masked_lm_predictions(ids, vi, 0.15, 20, rng, max_ngram=3)
+        fractions.append(len(pos) / 128)
+    assert round(128 * 0.15) / 128 * 0.97 <= np.mean(fractions) <= round(128 * 0.15) / 128
+    with pytest.raises(ValueError, match="max_ngram"):
+        create_masked_lm_predictions(ids, vi, 0.15, 20, rng, max_ngram=0)
