@@ -12,8 +12,8 @@ same way:
         assert_module_gradients(MyLayer(config), [x])        # raises with the table
 
 What is here: ``seeds``; ``float_arrays(shape)`` and ``layer_shapes()`` for layer inputs;
-``bert_configs(max_hidden=...)`` and ``albert_configs(...)``; ``padding_masks(B, T)`` (at least one real token per
-row); ``token_batches(config)`` (model inputs); ``hidden_states(config)`` and
+``bert_configs(max_hidden=...)`` and ``albert_configs(...)``; ``padding_masks(B, T)`` (at
+least one real token per row); ``token_batches(config)`` (model inputs); ``hidden_states(config)`` and
 ``attention_inputs()`` (inputs of one sub-layer); ``assert_gradients_match`` (two arrays)
 and ``assert_module_gradients`` (a whole Module, via :func:`minibert.gradcheck.check_module`).
 
