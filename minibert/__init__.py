@@ -1,4 +1,7 @@
 """minibert: BERT from scratch on NumPy and CuPy, every backward pass written by hand."""
+from .albert import (ALBERT_PRESETS, AlbertConfig, AlbertForPreTraining,
+                     AlbertForQuestionAnswering, AlbertForSequenceClassification,
+                     AlbertForTokenClassification, AlbertModel)
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification, QuestionAnsweringModelOutput,
                     SequenceClassifierOutput, TokenClassifierOutput)
@@ -6,7 +9,10 @@ from .modeling import (PRESETS, BertConfig, BertForPreTraining, BertForPreTraini
                        BertModel, BertModelOutput)
 from .pipelines import pipeline
 
-__all__ = ["PRESETS", "BertConfig", "BertForPreTraining", "BertForPreTrainingOutput",
+__all__ = ["ALBERT_PRESETS", "AlbertConfig", "AlbertForPreTraining",
+           "AlbertForQuestionAnswering", "AlbertForSequenceClassification",
+           "AlbertForTokenClassification", "AlbertModel", "PRESETS", "BertConfig",
+           "BertForPreTraining", "BertForPreTrainingOutput",
            "BertForQuestionAnswering", "BertForSequenceClassification",
            "BertForTokenClassification", "BertModel", "BertModelOutput",
            "QuestionAnsweringModelOutput", "SequenceClassifierOutput",

@@ -1,7 +1,11 @@
 """Fine-tuning heads on the BERT encoder: sequence classification, token classification
 and extractive question answering, with Hugging Face's class and parameter names.
 
-Each head is ``bert`` (a :class:`~minibert.modeling.BertModel`) plus one small layer.
+Each head is an encoder plus one small layer. The encoder's class and attribute are
+class attributes, so the same head code serves BERT (``bert``, a
+:class:`~minibert.modeling.BertModel`) and ALBERT (``albert``, a
+:class:`~minibert.albert.AlbertModel`, whose heads are subclasses in
+:mod:`minibert.albert` that set ``backbone_class`` and ``base_model_prefix``).
 ``forward`` returns an output dataclass whose ``loss`` is set when targets are given, and
 all three heads share one backward signature::
 
@@ -62,6 +66,19 @@ def _add(a, b):
     return b if a is None else a if b is None else a + b
 
 
+class _HeadModel(BertPreTrainedModel):
+    """A head on an encoder of class ``backbone_class``, kept as ``self.<base_model_prefix>``
+    (``self.bert``: parameter names ``bert.*``, as HF)."""
+
+    backbone_class = BertModel
+
+    def _build_backbone(self, config, add_pooling_layer: bool, rng: np.random.Generator,
+                        dtype) -> None:
+        setattr(self, self.base_model_prefix,
+                self.backbone_class(config, add_pooling_layer=add_pooling_layer, rng=rng,
+                                    dtype=dtype))
+
+
 # ---------------------------------------------------------------------------------------
 # Classification: one sequence, every token
 # ---------------------------------------------------------------------------------------
@@ -98,7 +115,7 @@ class TokenClassifierOutput:
     attentions: list | None = None
 
 
-class _BertWithClassifier(BertPreTrainedModel):
+class _BertWithClassifier(_HeadModel):
     """The construction shared by the two classification heads: ``bert`` (with a pooler
     when the subclass's ``uses_pooler(config)`` says so), ``dropout`` and ``classifier``
     (K, C). Parameter names are HF's: ``bert.*`` and ``classifier.weight`` /
@@ -122,11 +139,11 @@ class _BertWithClassifier(BertPreTrainedModel):
             ValueError: num_labels < 1, or a classifier dropout outside [0, 1).
         """
         if int(config.num_labels) < 1:
-            raise ValueError(f"BertConfig.num_labels must be >= 1, got {config.num_labels}")
+            raise ValueError(f"{type(config).__name__}.num_labels must be >= 1, "
+                             f"got {config.num_labels}")
         self.config = config
         rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, add_pooling_layer=self.uses_pooler(config), rng=rng,
-                              dtype=dtype)
+        self._build_backbone(config, self.uses_pooler(config), rng, dtype)
         p = (config.classifier_dropout if config.classifier_dropout is not None
              else config.hidden_dropout_prob)
         self.dropout = Dropout(p)
@@ -179,7 +196,7 @@ class BertForSequenceClassification(_BertWithClassifier):
             ValueError: bad input shapes or values (see BertModel.forward), labels not (B,),
                 or a class id outside [0, K) (checked on the CPU only).
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        out = self.backbone(input_ids, token_type_ids, attention_mask, output_attentions)
         h = out.last_hidden_state                                        # (B, T, C)
         mean_weights = None
         if self.config.classifier_pooling == "mean":
@@ -229,10 +246,10 @@ class BertForSequenceClassification(_BertWithClassifier):
         # forward: logits = dropout(pooled) @ W^T + b
         d_pooled = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
         if mean_weights is None:
-            self.bert.backward(None, d_pooled)                           # (B, C) upstream
+            self.backbone.backward(None, d_pooled)                           # (B, C) upstream
         else:
             # forward: pooled, mean_weights = mean_pooling_forward(h, attention_mask)
-            self.bert.backward(mean_pooling_backward(d_pooled, mean_weights), None)
+            self.backbone.backward(mean_pooling_backward(d_pooled, mean_weights), None)
 
 
 class BertForTokenClassification(_BertWithClassifier):
@@ -274,7 +291,7 @@ class BertForTokenClassification(_BertWithClassifier):
             ValueError: bad input shapes or values (see BertModel.forward), labels not
                 (B, T), or a label outside [0, K) and not -100 (checked on the CPU only).
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        out = self.backbone(input_ids, token_type_ids, attention_mask, output_attentions)
         h = out.last_hidden_state                                        # (B, T, C)
         logits = self.classifier(self.dropout(h))                        # (B, T, K)
         loss = ce = None
@@ -303,7 +320,7 @@ class BertForTokenClassification(_BertWithClassifier):
             d_logits = _add(cross_entropy_backward(dloss, ce).reshape(shape), d_logits)
         # forward: logits = dropout(h) @ W^T + b
         dh = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
-        self.bert.backward(dh)                                           # (B, T, C)
+        self.backbone.backward(dh)                                           # (B, T, C)
 
 
 # ---------------------------------------------------------------------------------------
@@ -342,7 +359,7 @@ def _span_pair(d_logits) -> tuple:
     return tuple(d_logits)
 
 
-class BertForQuestionAnswering(BertPreTrainedModel):
+class BertForQuestionAnswering(_HeadModel):
     """BERT with a span-extraction head for SQuAD-style question answering (Devlin et al.
     2019, section 4.2; HF ``BertForQuestionAnswering``; google-research/bert
     ``run_squad.py create_model``):
@@ -370,11 +387,11 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32):
         if int(config.num_labels) != 2:
-            raise ValueError("BertForQuestionAnswering: BertConfig.num_labels must be 2 "
-                             f"(start and end logits), got {config.num_labels}")
+            raise ValueError(f"{type(self).__name__}: {type(config).__name__}.num_labels must "
+                             f"be 2 (start and end logits), got {config.num_labels}")
         self.config = config
         rng = np.random.default_rng(seed)
-        self.bert = BertModel(config, add_pooling_layer=False, rng=rng, dtype=dtype)
+        self._build_backbone(config, False, rng, dtype)
         self.qa_outputs = Linear(config.hidden_size, 2, rng=rng,
                                  std=config.initializer_range, dtype=dtype)
         self._cache = None
@@ -398,7 +415,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         if (start_positions is None) != (end_positions is None):
             raise ValueError("start_positions and end_positions: give both or neither")
         xp = get_array_module(input_ids)
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        out = self.backbone(input_ids, token_type_ids, attention_mask, output_attentions)
         logits = self.qa_outputs(out.last_hidden_state)                  # (B, T, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]        # (B, T) each
         loss = caches = None
@@ -441,4 +458,4 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         # forward: start_logits, end_logits = logits[..., 0], logits[..., 1]
         d = xp.stack([d_start, d_end], axis=-1).astype(dtype)            # (B, T, 2)
         # forward: logits = h @ W^T + b
-        self.bert.backward(self.qa_outputs.backward(d))                  # (B, T, C)
+        self.backbone.backward(self.qa_outputs.backward(d))                  # (B, T, C)

@@ -1,4 +1,9 @@
-"""Hugging Face BERT checkpoints in and out, without torch.
+"""Hugging Face BERT and ALBERT checkpoints in and out, without torch.
+
+``model_type`` "albert" in ``config.json`` reads as an
+:class:`~minibert.albert.AlbertConfig` (keys under ``albert.``, ``predictions.``,
+``sop_classifier.``); an ALBERT model writes ``model_type`` "albert" (see
+:func:`albert_config_from_hf` / :func:`albert_config_to_hf`).
 
 Import (:func:`load_hf_directory`): a directory as transformers writes it --
 ``config.json``, ``model.safetensors`` (read with the ``safetensors`` library's NumPy API),
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .atomic import atomic_copy, atomic_write
+from .albert import AlbertConfig
 from .modeling import BertConfig
 from .torchbin import TorchBinError, load_torch_state_dict
 
@@ -42,7 +48,15 @@ HF_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_atten
                     "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
                     "initializer_range", "layer_norm_eps", "pad_token_id",
                     "position_embedding_type", "classifier_dropout")
-_HEAD_PREFIXES = ("bert.", "cls.", "classifier.", "qa_outputs.")
+# AlbertConfig fields with the same name and meaning in transformers' AlbertConfig.
+ALBERT_HF_CONFIG_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
+                           "num_hidden_groups", "num_attention_heads", "intermediate_size",
+                           "inner_group_num", "hidden_act", "hidden_dropout_prob",
+                           "attention_probs_dropout_prob", "max_position_embeddings",
+                           "type_vocab_size", "initializer_range", "layer_norm_eps",
+                           "classifier_dropout_prob", "pad_token_id", "position_embedding_type")
+_HEAD_PREFIXES = ("bert.", "cls.", "classifier.", "qa_outputs.",
+                  "albert.", "predictions.", "sop_classifier.")
 
 
 class HFFormatError(ValueError):
@@ -54,9 +68,11 @@ class HFFormatError(ValueError):
 class HFCheckpoint:
     """What :func:`load_hf_directory` returns.
 
-    config: the model's :class:`BertConfig` (num_labels from ``id2label`` if present).
+    config: the model's :class:`BertConfig`, or :class:`~minibert.albert.AlbertConfig` for
+        model_type "albert" (num_labels from ``id2label`` if present).
     state: name -> NumPy array, minibert / HF ``BertFor*`` names (``bert.*``, ``cls.*``,
-        ``classifier.*``, ``qa_outputs.*``), dtype as stored (usually float32).
+        ``classifier.*``, ``qa_outputs.*``; ALBERT's ``albert.*``, ``predictions.*``,
+        ``sop_classifier.*``), dtype as stored (usually float32).
     vocab_file: path of ``vocab.txt``.
     tokenizer_options: keyword arguments for :class:`minibert.tokenization.BertTokenizer`
         (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``).
@@ -65,7 +81,7 @@ class HFCheckpoint:
         [] if absent.
     """
 
-    config: BertConfig
+    config: BertConfig | AlbertConfig
     state: dict[str, np.ndarray]
     vocab_file: Path
     tokenizer_options: dict[str, Any] = field(default_factory=dict)
@@ -83,8 +99,8 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
         d = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return d.get("model_type") == "bert" or any(
-        str(a).startswith("Bert") for a in d.get("architectures") or [])
+    return d.get("model_type") in ("bert", "albert") or any(
+        str(a).startswith(("Bert", "Albert")) for a in d.get("architectures") or [])
 
 
 def config_from_hf(d: dict[str, Any], source: str = "config.json") -> BertConfig:
@@ -95,9 +111,11 @@ def config_from_hf(d: dict[str, Any], source: str = "config.json") -> BertConfig
             (``position_embedding_type`` relative_key*, an unknown ``hidden_act``), or an
             invalid value (the BertConfig error, prefixed with ``source``).
     """
+    if d.get("model_type") == "albert":
+        return albert_config_from_hf(d, source)
     if d.get("model_type", "bert") != "bert":
-        raise HFFormatError(f"{source}: model_type {d.get('model_type')!r}, only 'bert' is "
-                            "supported")
+        raise HFFormatError(f"{source}: model_type {d.get('model_type')!r}, only 'bert' and "
+                            "'albert' are supported")
     kw = {k: d[k] for k in HF_CONFIG_FIELDS if k in d}
     if kw.get("position_embedding_type", "absolute") != "absolute":
         raise HFFormatError(f"{source}: position_embedding_type "
@@ -113,15 +131,61 @@ def config_from_hf(d: dict[str, Any], source: str = "config.json") -> BertConfig
         raise HFFormatError(f"{source}: {e}") from e
 
 
-def config_to_hf(config: BertConfig, architecture: str,
+def albert_config_from_hf(d: dict[str, Any], source: str = "config.json") -> AlbertConfig:
+    """An :class:`~minibert.albert.AlbertConfig` from a transformers ALBERT
+    ``config.json`` dict (fields it leaves out take transformers' defaults, which are
+    AlbertConfig's).
+
+    Raises:
+        HFFormatError: position_embedding_type other than "absolute", or an invalid value
+            (the AlbertConfig error, naming the field, prefixed with ``source``).
+    """
+    kw = {k: d[k] for k in ALBERT_HF_CONFIG_FIELDS if k in d}
+    if kw.get("position_embedding_type", "absolute") != "absolute":
+        raise HFFormatError(f"{source}: position_embedding_type "
+                            f"{kw['position_embedding_type']!r} is not supported "
+                            "(minibert has 'absolute' only for HF checkpoints)")
+    if "id2label" in d:
+        kw["num_labels"] = len(d["id2label"])
+    elif "num_labels" in d:
+        kw["num_labels"] = int(d["num_labels"])
+    try:
+        return AlbertConfig(**kw)
+    except (TypeError, ValueError) as e:
+        raise HFFormatError(f"{source}: {e}") from e
+
+
+def albert_config_to_hf(config: AlbertConfig, architecture: str) -> dict[str, Any]:
+    """The transformers ``config.json`` fields of an ALBERT ``config`` (``model_type``
+    "albert"), without the labels.
+
+    Raises:
+        HFFormatError: sinusoidal positions or a mean-pooled sequence classifier, which
+            transformers' ALBERT does not have.
+    """
+    if config.position_embedding_type != "absolute" or (
+            config.classifier_pooling != "cls"
+            and architecture == "AlbertForSequenceClassification"):
+        raise HFFormatError("cannot export to Hugging Face ALBERT: position_embedding_type="
+                            f"{config.position_embedding_type!r}, classifier_pooling="
+                            f"{config.classifier_pooling!r} (HF ALBERT has learned absolute "
+                            "positions and a classifier on the pooled [CLS] vector)")
+    d: dict[str, Any] = {"architectures": [architecture], "model_type": "albert"}
+    d.update({k: getattr(config, k) for k in ALBERT_HF_CONFIG_FIELDS})
+    return d
+
+
+def config_to_hf(config: BertConfig | AlbertConfig, architecture: str,
                  id2label: dict[int, str] | None = None) -> dict[str, Any]:
     """The transformers ``config.json`` dict for ``config``.
 
     Raises:
-        HFFormatError: options transformers' BERT does not have (pre-LN, sinusoidal
-            positions, a mean-pooled sequence classifier), which a HF directory could not
-            represent.
+        HFFormatError: options transformers' BERT (ALBERT) does not have (pre-LN,
+            sinusoidal positions, a mean-pooled sequence classifier), which a HF directory
+            could not represent.
     """
+    if isinstance(config, AlbertConfig):
+        return _with_labels(albert_config_to_hf(config, architecture), config, id2label)
     if config.norm_position != "post" or config.position_embedding_type != "absolute":
         raise HFFormatError("cannot export to Hugging Face BERT: norm_position="
                             f"{config.norm_position!r}, position_embedding_type="
@@ -133,6 +197,11 @@ def config_to_hf(config: BertConfig, architecture: str,
                             "BertForSequenceClassification reads the pooled [CLS] vector)")
     d: dict[str, Any] = {"architectures": [architecture], "model_type": "bert"}
     d.update({k: getattr(config, k) for k in HF_CONFIG_FIELDS})
+    return _with_labels(d, config, id2label)
+
+
+def _with_labels(d: dict[str, Any], config, id2label: dict[int, str] | None) -> dict[str, Any]:
+    """``d`` with ``id2label`` / ``label2id`` (default names LABEL_i for num_labels)."""
     if id2label is None:
         id2label = {i: f"LABEL_{i}" for i in range(config.num_labels)}
     d["id2label"] = {str(i): str(v) for i, v in sorted(id2label.items())}
@@ -140,9 +209,11 @@ def config_to_hf(config: BertConfig, architecture: str,
     return d
 
 
-def normalize_state_dict(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """HF checkpoint keys -> minibert names: add ``bert.`` to bare BertModel keys, rename
-    ``gamma``/``beta`` to ``weight``/``bias``, drop ``*.position_ids`` buffers."""
+def normalize_state_dict(raw: dict[str, np.ndarray],
+                         base_prefix: str = "bert.") -> dict[str, np.ndarray]:
+    """HF checkpoint keys -> minibert names: add ``base_prefix`` (``bert.``, ``albert.``)
+    to bare encoder keys, rename ``gamma``/``beta`` to ``weight``/``bias``, drop
+    ``*.position_ids`` buffers."""
     out = {}
     for k, v in raw.items():
         if k.endswith("position_ids"):
@@ -150,7 +221,7 @@ def normalize_state_dict(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta",
                                                                      "LayerNorm.bias")
         if not k.startswith(_HEAD_PREFIXES):
-            k = "bert." + k
+            k = base_prefix + k
         out[k] = np.asarray(v)
     return out
 
@@ -212,7 +283,8 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
                 tok_opts[k] = t[k]
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
-    state = normalize_state_dict(read_hf_weights(directory))
+    state = normalize_state_dict(read_hf_weights(directory),
+                                 "albert." if isinstance(config, AlbertConfig) else "bert.")
     archs = [str(a) for a in d.get("architectures") or []]
     return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
 
@@ -223,7 +295,8 @@ def load_pretrained_weights(model, state: dict[str, np.ndarray],
     model keeps its initialisation (e.g. a new classification head).
 
     Args:
-        model: a minibert Module (names ``bert.*`` ...).
+        model: a minibert Module (names ``bert.*`` ..., or ``albert.*`` ... for ALBERT:
+            the encoder prefix is the model's ``base_model_prefix``).
         state: name -> array, already normalised (:func:`normalize_state_dict`).
     Returns:
         {"loaded": [...], "new": [...] (model parameters not in state, or whose shape
@@ -236,17 +309,18 @@ def load_pretrained_weights(model, state: dict[str, np.ndarray],
             reported.
     """
     params = dict(model._named_parameters_all())
-    if not any(k.startswith("bert.") for k in params):  # a bare BertModel
-        state = {k: v for k, v in state.items() if k.startswith("bert.")}
-        params = {"bert." + k: p for k, p in params.items()}
-        return _load_fitting(model, params, state, source, prefix="bert.")
-    return _load_fitting(model, params, state, source)
+    core = getattr(model, "base_model_prefix", "bert") + "."
+    if not any(k.startswith(core) for k in params):  # a bare encoder
+        state = {k: v for k, v in state.items() if k.startswith(core)}
+        params = {core + k: p for k, p in params.items()}
+        return _load_fitting(model, params, state, source, core, prefix=core)
+    return _load_fitting(model, params, state, source, core)
 
 
-def _load_fitting(model, params, state, source, prefix=""):
+def _load_fitting(model, params, state, source, core="bert.", prefix=""):
     fits = {k: v for k, v in state.items() if k in params and tuple(v.shape) == params[k].shape}
     misfit = sorted(k for k in state if k in params and k not in fits)
-    core_missing = sorted(k for k in params if k.startswith("bert.") and "pooler" not in k
+    core_missing = sorted(k for k in params if k.startswith(core) and "pooler" not in k
                           and k not in fits)
     if core_missing:
         detail = "; ".join(f"{k}: checkpoint {tuple(state[k].shape)} vs model "
@@ -256,7 +330,7 @@ def _load_fitting(model, params, state, source, prefix=""):
                             + (f" ({detail})" if detail else ""))
     # encoder tensors the model has no place for: the config and the weights disagree
     # (e.g. config.json says fewer layers than the file holds)
-    core_unused = sorted(k for k in state if k.startswith("bert.") and "pooler" not in k
+    core_unused = sorted(k for k in state if k.startswith(core) and "pooler" not in k
                          and k not in params)
     if core_unused:
         raise HFFormatError(f"{source}: the weights hold encoder tensors the config has no "
@@ -282,7 +356,8 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
 
     Args:
         model: BertModel, BertForPreTraining, BertForSequenceClassification,
-            BertForTokenClassification or BertForQuestionAnswering.
+            BertForTokenClassification or BertForQuestionAnswering, or the Albert* class
+            of each.
         directory: created if needed.
         vocab_file: the WordPiece vocabulary the model was trained with.
         id2label: class names for classification models (tags for token classification).
@@ -290,7 +365,8 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
     Returns:
         the directory.
     Raises:
-        HFFormatError: a config HF BERT cannot express (see :func:`config_to_hf`).
+        HFFormatError: a config HF BERT (ALBERT) cannot express (see
+            :func:`config_to_hf`).
     """
     from safetensors.numpy import save as st_save
     from .backend import to_numpy

@@ -49,8 +49,48 @@ PRESETS: dict[str, tuple[int, int]] = {
 }
 
 
+class ModelConfig:
+    """What the model configs (:class:`BertConfig`, :class:`minibert.albert.AlbertConfig`)
+    share: the dict / JSON form and the checks of the fields they have in common."""
+
+    def _check_common(self, positive: tuple[str, ...]) -> None:
+        """Raise ValueError, naming the field, for a non-positive size among ``positive``,
+        hidden_size not divisible by num_attention_heads, or an unknown hidden_act /
+        position_embedding_type / classifier_pooling."""
+        name = type(self).__name__
+        for field in positive:
+            if int(getattr(self, field)) <= 0:
+                raise ValueError(f"{name}.{field} must be positive, got {getattr(self, field)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"{name}: hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"{name}.hidden_act: expected one of {sorted(ACTIVATIONS)}, "
+                             f"got {self.hidden_act!r}")
+        if self.position_embedding_type not in ("absolute", "sinusoidal"):
+            raise ValueError(f"{name}.position_embedding_type: expected 'absolute' or "
+                             f"'sinusoidal', got {self.position_embedding_type!r}")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"{name}.classifier_pooling: expected 'cls' or 'mean', "
+                             f"got {self.classifier_pooling!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        """Build from a dict such as a Hugging Face ``config.json``; keys that are not
+        fields here (architectures, model_type, ...) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
 @dataclass
-class BertConfig:
+class BertConfig(ModelConfig):
     """Model hyper-parameters, with Hugging Face ``BertConfig`` field names.
 
     Raises:
@@ -79,26 +119,12 @@ class BertConfig:
     classifier_pooling: str = "cls"       # sequence classifier input: "cls" or "mean"
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"BertConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"BertConfig: hidden_size ({self.hidden_size}) must be divisible by "
-                f"num_attention_heads ({self.num_attention_heads})")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"BertConfig.hidden_act: expected one of {sorted(ACTIVATIONS)}, "
-                             f"got {self.hidden_act!r}")
-        if self.position_embedding_type not in ("absolute", "sinusoidal"):
-            raise ValueError("BertConfig.position_embedding_type: expected 'absolute' or "
-                             f"'sinusoidal', got {self.position_embedding_type!r}")
+        self._check_common(("vocab_size", "hidden_size", "num_hidden_layers",
+                            "num_attention_heads", "intermediate_size",
+                            "max_position_embeddings", "type_vocab_size"))
         if self.norm_position not in ("post", "pre"):
             raise ValueError(f"BertConfig.norm_position: expected 'post' or 'pre', "
                              f"got {self.norm_position!r}")
-        if self.classifier_pooling not in ("cls", "mean"):
-            raise ValueError(f"BertConfig.classifier_pooling: expected 'cls' or 'mean', "
-                             f"got {self.classifier_pooling!r}")
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "BertConfig":
@@ -111,19 +137,6 @@ class BertConfig:
                     num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
         base.update(overrides)
         return cls(**base)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
-        """Build from a dict such as a Hugging Face ``config.json``; keys that are not
-        fields here (architectures, model_type, ...) are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -143,10 +156,14 @@ def sinusoidal_positions(num_positions: int, dim: int) -> np.ndarray:
 
 
 class BertEmbeddings(Module):
-    """word + position + token-type embeddings, then LayerNorm and dropout."""
+    """word + position + token-type embeddings, then LayerNorm and dropout.
 
-    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
-        C, std = config.hidden_size, config.initializer_range
+    The tables are ``width`` wide: ``config.hidden_size`` for BERT, ALBERT's
+    ``embedding_size`` E for its factorised embeddings (:mod:`minibert.albert`)."""
+
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32,
+                 width: int | None = None):
+        C, std = width or config.hidden_size, config.initializer_range
         self.word_embeddings = Embedding(config.vocab_size, C, config.pad_token_id,
                                          rng=rng, std=std, dtype=dtype)
         if config.position_embedding_type == "absolute":
@@ -472,9 +489,22 @@ class BertForPreTrainingOutput:
 
 
 class BertPreTrainedModel(Module):
-    """Shared helpers of the BERT models: construction RNG, dropout generator, devices."""
+    """Shared helpers of the BERT models: construction RNG, dropout generator, devices.
+
+    Attributes:
+        base_model_prefix: the attribute (and parameter-name prefix) under which a model
+            with a head keeps its encoder: "bert" here, "albert" for ALBERT (as HF's
+            ``PreTrainedModel.base_model_prefix``).
+    """
 
     config: BertConfig
+    base_model_prefix = "bert"
+
+    @property
+    def backbone(self) -> "BertModel":
+        """The encoder: ``self.bert`` (``self.albert``) for a model with a head, the model
+        itself for a bare encoder."""
+        return getattr(self, self.base_model_prefix, self)
 
     def set_dropout_rng(self, rng) -> None:
         """Give every Dropout in the model the generator ``rng`` (numpy or cupy Generator,
@@ -502,22 +532,23 @@ class BertPreTrainedModel(Module):
 
         Args:
             embeddings: freeze ``bert.embeddings.*`` (word, position, token-type tables and
-                their LayerNorm).
+                their LayerNorm; for ALBERT also ``encoder.embedding_hidden_mapping_in``).
             layers: freeze ``bert.encoder.layer.0`` .. ``layer.{layers-1}``, an int in
-                [0, num_hidden_layers].
+                [0, num_hidden_layers]: the parameters that the lowest ``layers`` depths
+                use (:meth:`BertModel.backward_stages`; with ALBERT's sharing, the whole
+                layer group of each of those depths).
         Returns:
             self.
         Raises:
             ValueError: ``layers`` not an int in [0, num_hidden_layers].
         """
-        bert = self.bert if hasattr(self, "bert") else self
-        L = len(bert.encoder.layer)
+        stages = self.backbone.backward_stages()
+        L = len(stages) - 1
         if (isinstance(layers, bool) or not isinstance(layers, (int, np.integer))
                 or not 0 <= layers <= L):
             raise ValueError(f"freeze: layers must be an int in [0, {L}] "
                              f"(num_hidden_layers), got {layers!r}")
-        frozen = [bert.encoder.layer[i] for i in range(int(layers))]
-        frozen += [bert.embeddings] if embeddings else []
+        frozen = stages[1:int(layers) + 1] + ([stages[0]] if embeddings else [])
         frozen_ids = {id(p) for m in frozen for p in m.parameters()}
         for p in self.parameters():
             p.requires_grad = id(p) not in frozen_ids
@@ -600,9 +631,19 @@ class BertModel(BertPreTrainedModel):
         h = self.encoder(x, mask_add, output_attentions, output_hidden_states)  # (B, T, C)
         self._hidden_meta = (h.shape, h.dtype)
         pooled = self.pooler(h) if hasattr(self, "pooler") else None    # (B, C)
-        attentions = ([layer.attention.self.attention_probs for layer in self.encoder.layer]
-                      if output_attentions else None)
+        attentions = self.layer_attentions() if output_attentions else None
         return BertModelOutput(h, pooled, attentions, self.encoder.hidden_states)
+
+    def layer_attentions(self) -> list:
+        """The attention probabilities of the last forward, one (B, NH, T, T) array per
+        depth, bottom up (None entries unless that forward asked for them)."""
+        return [layer.attention.self.attention_probs for layer in self.encoder.layer]
+
+    def backward_stages(self) -> list[Module]:
+        """What :meth:`backward` runs through, bottom up: the embeddings, then the module
+        applied at each depth (here ``encoder.layer[i]``). :meth:`freeze` freezes a prefix
+        of it, and backward stops below the lowest stage with a trainable parameter."""
+        return [self.embeddings, *self.encoder.layer]
 
     def backward(self, d_last_hidden_state=None, d_pooler_output=None) -> None:
         """Back-propagate upstream gradients of the two outputs (either may be None) into
@@ -610,9 +651,11 @@ class BertModel(BertPreTrainedModel):
         d_pooler_output: (B, C). Stops below the lowest encoder layer with a trainable
         parameter at or under it (see :meth:`BertPreTrainedModel.freeze`)."""
         if d_last_hidden_state is None and d_pooler_output is None:
-            raise ValueError("BertModel.backward needs at least one upstream gradient")
+            raise ValueError(f"{type(self).__name__}.backward needs at least one upstream "
+                             "gradient")
         if self._hidden_meta is None:
-            raise RuntimeError("BertModel.backward called without a preceding forward")
+            raise RuntimeError(f"{type(self).__name__}.backward called without a preceding "
+                               "forward")
         shape, dtype = self._hidden_meta
         self._hidden_meta = None
         if d_last_hidden_state is None:
@@ -624,7 +667,7 @@ class BertModel(BertPreTrainedModel):
             d[:, 0] += self.pooler.backward(d_pooler_output)             # (B, C)
         # backward below a stage is needed only if it or a stage under it has a trainable
         # parameter (see freeze): first = 0 for the embeddings, i + 1 for layer i, L + 1 none
-        stages = [self.embeddings, *self.encoder.layer]
+        stages = self.backward_stages()
         first = next((i for i, m in enumerate(stages)
                       if any(p.requires_grad for p in m.parameters())), len(stages))
         # forward: h = encoder(x, mask_add)  (mask_add is a constant)
@@ -635,20 +678,22 @@ class BertModel(BertPreTrainedModel):
 
 
 class BertPredictionHeadTransform(Module):
-    """dense -> activation -> LayerNorm, applied before the MLM decoder."""
+    """dense (C -> width) -> activation -> LayerNorm, applied before the MLM decoder; width
+    is C for BERT, ALBERT's embedding_size E for its MLM head (:mod:`minibert.albert`)."""
 
-    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
-        C = config.hidden_size
-        self.dense = Linear(C, C, rng=rng, std=config.initializer_range, dtype=dtype)
+    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32,
+                 width: int | None = None):
+        C, W = config.hidden_size, width or config.hidden_size
+        self.dense = Linear(C, W, rng=rng, std=config.initializer_range, dtype=dtype)
         self.transform_act_fn = Activation(config.hidden_act)
-        self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
+        self.LayerNorm = LayerNorm(W, config.layer_norm_eps, dtype=dtype)
 
     def forward(self, h):
-        """(N, C) -> (N, C)."""
+        """(N, C) -> (N, width)."""
         return self.LayerNorm(self.transform_act_fn(self.dense(h)))
 
     def backward(self, dout):
-        """dout: (N, C) -> dh (N, C)."""
+        """dout: (N, width) -> dh (N, C)."""
         # forward: return LayerNorm(act(dense(h)))
         return self.dense.backward(self.transform_act_fn.backward(self.LayerNorm.backward(dout)))
 
@@ -760,8 +805,18 @@ class BertForPreTraining(BertPreTrainedModel):
         self._cache = None
 
     @property
+    def lm_head(self) -> Module:
+        """The MLM head: (N, C) hidden states -> (N, V) logits, with its backward."""
+        return self.cls.predictions
+
+    @property
+    def sentence_head(self) -> Module | None:
+        """The sentence-level head, (B, C) pooled -> (B, 2) logits, or None without one."""
+        return getattr(self.cls, "seq_relationship", None)
+
+    @property
     def has_seq_relationship_head(self) -> bool:
-        return hasattr(self.cls, "seq_relationship")
+        return self.sentence_head is not None
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
                 masked_lm_positions=None, masked_lm_ids=None, masked_lm_weights=None,
@@ -785,8 +840,20 @@ class BertForPreTraining(BertPreTrainedModel):
                 arrays not (B, P), positions out of [0, T) (checked on the CPU only),
                 next_sentence_label not (B,), or a label for a missing head.
         """
+        return self._pretraining_forward(
+            input_ids, token_type_ids, attention_mask, masked_lm_positions, masked_lm_ids,
+            masked_lm_weights, ("next_sentence_label", next_sentence_label), output_attentions)
+
+    def _pretraining_forward(self, input_ids, token_type_ids, attention_mask,
+                             masked_lm_positions, masked_lm_ids, masked_lm_weights,
+                             sentence_label: tuple, output_attentions: bool
+                             ) -> BertForPreTrainingOutput:
+        """The body of :meth:`forward`, shared with ALBERT's (which names its sentence
+        label ``sentence_order_label``); ``sentence_label`` is the pair (argument name,
+        (B,) labels or None)."""
+        label_name, next_sentence_label = sentence_label
         xp = get_array_module(input_ids)
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions)
+        out = self.backbone(input_ids, token_type_ids, attention_mask, output_attentions)
         h = out.last_hidden_state                                        # (B, T, C)
         B, T, C = h.shape
         if masked_lm_positions is None:
@@ -800,7 +867,7 @@ class BertForPreTraining(BertPreTrainedModel):
             raise ValueError(f"masked_lm_positions: values must be in [0, {T})")
         # flat row of each slot in h viewed as (B*T, C), the gather_indexes of the reference
         flat = (masked_lm_positions + (xp.arange(B) * T)[:, None]).reshape(-1)   # (B*P,)
-        logits = self.cls.predictions(h.reshape(B * T, C)[flat])         # (B*P, V)
+        logits = self.lm_head(h.reshape(B * T, C)[flat])                 # (B*P, V)
 
         mlm_loss = seq_loss = mlm_cache = seq_cache = seq_logits = None
         if masked_lm_ids is not None:
@@ -809,13 +876,13 @@ class BertForPreTraining(BertPreTrainedModel):
                 labels = xp.where(masked_lm_weights.reshape(-1) > 0, labels, IGNORE_INDEX)
             mlm_loss, mlm_cache = cross_entropy_forward(logits, labels, self.label_smoothing)
         if self.has_seq_relationship_head:
-            seq_logits = self.cls.seq_relationship(out.pooler_output)    # (B, 2)
+            seq_logits = self.sentence_head(out.pooler_output)           # (B, 2)
         if next_sentence_label is not None:
             if seq_logits is None:
-                raise ValueError("next_sentence_label given to a model built without "
+                raise ValueError(f"{label_name} given to a model built without "
                                  "seq_relationship_head")
             if tuple(next_sentence_label.shape) != (B,):
-                raise ValueError(f"next_sentence_label: expected shape {(B,)}, "
+                raise ValueError(f"{label_name}: expected shape {(B,)}, "
                                  f"got {tuple(next_sentence_label.shape)}")
             seq_loss, seq_cache = cross_entropy_forward(seq_logits, next_sentence_label)
         losses = [x for x in (mlm_loss, seq_loss) if x is not None]
@@ -846,7 +913,7 @@ class BertForPreTraining(BertPreTrainedModel):
         if self._cache is None or (self._cache[3] is None and self._cache[4] is None
                                    and not extra):
             raise RuntimeError("backward() needs a preceding forward with masked_lm_ids "
-                               "and/or next_sentence_label, or an upstream gradient")
+                               "and/or a sentence label, or an upstream gradient")
         (B, T, C), dtype, flat, mlm_cache, seq_cache = self._cache
         N = flat.shape[0]                                                # B * P
         for name, d, shape in (("d_prediction_logits", d_prediction_logits,
@@ -867,12 +934,12 @@ class BertForPreTraining(BertPreTrainedModel):
             dlogits = d if dlogits is None else dlogits + d
         if dlogits is not None:
             # forward: rows = h[flat]  ->  scatter-add, correct when a position repeats
-            scatter_add_rows(dh, flat, self.cls.predictions.backward(dlogits))
+            scatter_add_rows(dh, flat, self.lm_head.backward(dlogits))
         if d_hidden_states is not None:
             # forward: hidden_states = h, also an output  ->  its gradient adds in
             dh += d_hidden_states.reshape(B * T, C).astype(dtype, copy=False)
         d_pooled = None
         if seq_cache is not None:
-            # forward: seq_loss = cross_entropy(seq_relationship(pooler_output), label)
-            d_pooled = self.cls.seq_relationship.backward(cross_entropy_backward(dloss, seq_cache))
-        self.bert.backward(dh.reshape(B, T, C), d_pooled)
+            # forward: seq_loss = cross_entropy(sentence_head(pooler_output), label)
+            d_pooled = self.sentence_head.backward(cross_entropy_backward(dloss, seq_cache))
+        self.backbone.backward(dh.reshape(B, T, C), d_pooled)

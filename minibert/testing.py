@@ -12,8 +12,8 @@ same way:
         assert_module_gradients(MyLayer(config), [x])        # raises with the table
 
 What is here: ``seeds``; ``float_arrays(shape)`` and ``layer_shapes()`` for layer inputs;
-``bert_configs(max_hidden=...)``; ``padding_masks(B, T)`` (at least one real token per
-row); ``token_batches(config)`` (model inputs); ``hidden_states(config)`` and
+``bert_configs(max_hidden=...)`` and ``albert_configs(...)``; ``padding_masks(B, T)`` (at
+least one real token per row); ``token_batches(config)`` (model inputs); ``hidden_states(config)`` and
 ``attention_inputs()`` (inputs of one sub-layer); ``assert_gradients_match`` (two arrays)
 and ``assert_module_gradients`` (a whole Module, via :func:`minibert.gradcheck.check_module`).
 
@@ -30,6 +30,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from . import backend
+from .albert import AlbertConfig
 from .gradcheck import (GradcheckReport, check_module, check_tensor, random_token_batch,
                         rel_error)
 from .modeling import BertConfig
@@ -98,6 +99,33 @@ def bert_configs(draw, max_hidden: int = 16, max_layers: int = 2, max_vocab: int
         # a larger init than BERT's 0.02 keeps small-model gradients well away from zero
         initializer_range=0.5,
     )
+
+
+@st.composite
+def albert_configs(draw, max_hidden: int = 16, max_layers: int = 3, max_groups: int = 3,
+                   max_inner: int = 2, max_vocab: int = 40, max_positions: int = 12,
+                   dropout: float = 0.0, min_hidden: int = 3) -> AlbertConfig:
+    """Small valid :class:`~minibert.albert.AlbertConfig` objects: heads dividing the
+    hidden size H, an embedding size E in [3, H] (E = H about half the time), 1 to
+    ``max_layers`` depths applying 1 to ``max_groups`` groups (at most one per depth) of 1
+    to ``max_inner`` layers, every activation, both position-embedding types. Sizes of at
+    least 3 for the reason given in :func:`bert_configs`. Raises ValueError when
+    ``max_hidden`` < max(3, min_hidden)."""
+    bert = draw(bert_configs(max_hidden=max_hidden, max_layers=max_layers, max_vocab=max_vocab,
+                             max_positions=max_positions, dropout=dropout,
+                             min_hidden=min_hidden))
+    H, L = bert.hidden_size, bert.num_hidden_layers
+    E = draw(st.one_of(st.just(H), st.integers(3, H)))
+    return AlbertConfig(
+        vocab_size=bert.vocab_size, embedding_size=E, hidden_size=H, num_hidden_layers=L,
+        num_hidden_groups=draw(st.integers(1, min(L, max_groups))),
+        num_attention_heads=bert.num_attention_heads,
+        intermediate_size=bert.intermediate_size,
+        inner_group_num=draw(st.integers(1, max_inner)), hidden_act=bert.hidden_act,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+        classifier_dropout_prob=dropout, max_position_embeddings=max_positions,
+        position_embedding_type=bert.position_embedding_type,
+        initializer_range=bert.initializer_range)
 
 
 @st.composite

@@ -316,12 +316,39 @@ def _model(d: _Draws):
                         np.random.default_rng(d.seed)))
 
 
+def _albert(d: _Draws):
+    """AlbertForPreTraining twice: one group of two layers shared by every depth, E < H
+    (the shared gradients sum over depths), and one group per depth with E = H."""
+    from ..albert import AlbertConfig, AlbertForPreTraining
+    s = d.s
+    for groups, inner, E in ((1, 2, max(3, s.hidden // 2)), (s.layers, 1, s.hidden)):
+        config = AlbertConfig(
+            vocab_size=s.vocab, embedding_size=E, hidden_size=s.hidden,
+            num_hidden_layers=s.layers, num_hidden_groups=groups, num_attention_heads=s.heads,
+            intermediate_size=s.intermediate, inner_group_num=inner,
+            hidden_dropout_prob=s.dropout, attention_probs_dropout_prob=s.dropout,
+            classifier_dropout_prob=s.dropout, max_position_embeddings=s.seq_len,
+            initializer_range=0.5)
+        net = AlbertForPreTraining(config, seed=d.seed, dtype=np.float64,
+                                   label_smoothing=s.label_smoothing)
+        batch = random_token_batch(config, d.rng(10), d.B, d.T, first_row_full=True)
+        batch["sentence_order_label"] = batch.pop("next_sentence_label")
+        yield _Case(net, list(batch.values()),
+                    f"AlbertForPreTraining, {groups} group(s) of {inner} layer(s) over "
+                    f"L={s.layers} depths, E={E} {d.dims} NH={d.NH} I={d.I} V={d.V}: MLM + "
+                    f"SOP loss, padding, dropout {s.dropout} (fixed masks)", f"G={groups}:",
+                    loss=lambda out: (out.loss, None),
+                    before_forward=lambda net=net: net.set_dropout_rng(
+                        np.random.default_rng(d.seed)))
+
+
 # the catalogue: name -> entry, in the order of --layer all
 _ENTRIES: dict[str, Callable[[_Draws], Iterator[_Case]]] = {
     "linear": _linear, "embedding": _embedding, "layernorm": _layernorm, "gelu": _gelu,
     "softmax": _softmax, "attention": _attention, "ffn": _ffn,
     "encoder_layer": _encoder_layer, "mlm_head": _mlm_head, "nsp_head": _nsp_head,
     "cross_entropy": _cross_entropy, "distillation": _distillation, "model": _model,
+    "albert": _albert,
 }
 LAYERS = tuple(_ENTRIES)
 

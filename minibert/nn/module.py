@@ -141,6 +141,31 @@ class Module:
                     setattr(m, name, None)
         return self
 
+    def stash_caches(self) -> list[tuple["Module", str, object]]:
+        """Take what the last forward left in this module and every sub-module (each one's
+        ``cache_attributes``, as :meth:`release_caches` finds them) out of the modules and
+        return it; the modules are left as if no forward had run. Give the list back to
+        :meth:`restore_caches` before the backward of that forward.
+
+        This is how one module serves several applications in one forward, as an ALBERT
+        layer group shared across depths (:mod:`minibert.albert`): each application's
+        caches are stashed after its forward, and restored in reverse order, one
+        application at a time, before its backward."""
+        stash = []
+        for m in self.modules():
+            for name in m.cache_attributes:
+                if name in vars(m):
+                    stash.append((m, name, getattr(m, name)))
+                    setattr(m, name, None)
+        return stash
+
+    @staticmethod
+    def restore_caches(stash: list[tuple["Module", str, object]]) -> None:
+        """Put back what :meth:`stash_caches` took, so the next backward differentiates
+        that forward."""
+        for m, name, value in stash:
+            setattr(m, name, value)
+
     def take_cache(self, name: str = "_cache"):
         """Hand what the last forward kept under ``name`` (one of ``cache_attributes``) to
         the backward, once: the attribute is cleared, so a second backward needs a new

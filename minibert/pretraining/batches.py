@@ -185,7 +185,8 @@ def _order_rng(seed: int, epoch: int) -> np.random.Generator:
 def _masked_instances(objective: Objective, store: TokenStore, vocab: VocabInfo,
                       doc_order: Sequence[int], max_seq_length: int, seed: int, copy: int,
                       mask_copy: int, short_seq_prob: float, masked_lm_prob: float,
-                      max_predictions_per_seq: int, whole_word_mask: bool) -> Iterator[Instance]:
+                      max_predictions_per_seq: int, whole_word_mask: bool,
+                      max_ngram: int) -> Iterator[Instance]:
     """The objective's segments, masked: one mask generator per (seed, mask_copy, document),
     drawn from in order by the segments that start in that document."""
     mask_rng, mask_doc = None, None
@@ -195,7 +196,8 @@ def _masked_instances(objective: Objective, store: TokenStore, vocab: VocabInfo,
             mask_doc = seg.document
             mask_rng = np.random.default_rng([_TAG_MASKS, seed, mask_copy, mask_doc])
         ids, positions, labels = create_masked_lm_predictions(
-            seg.input_ids, vocab, masked_lm_prob, max_predictions_per_seq, mask_rng, whole_word_mask)
+            seg.input_ids, vocab, masked_lm_prob, max_predictions_per_seq, mask_rng, whole_word_mask,
+            max_ngram)
         yield Instance(ids, seg.token_type_ids, positions, labels, seg.label, seg.document)
 
 
@@ -219,6 +221,7 @@ def iterate_instances(
     max_predictions_per_seq: int | None = None,
     whole_word_mask: bool = False,
     shuffle_buffer: int = 10_000,
+    max_ngram: int = 1,
 ) -> Iterator[Instance]:
     """Yield one epoch of masked instances, shuffled, generated on the fly from the store.
 
@@ -242,6 +245,9 @@ def iterate_instances(
         objective: a name in ``minibert.objectives.OBJECTIVES`` or an ``Objective``.
         max_predictions_per_seq: P, the cap on predictions per instance; None =
             ``default_max_predictions(max_seq_length, masked_lm_prob)``.
+        whole_word_mask, max_ngram: the masking unit (token, whole word, or ALBERT's
+            n-gram of up to ``max_ngram`` words), see
+            :func:`~.masking.create_masked_lm_predictions`.
     Yields:
         :class:`Instance`, L <= max_seq_length, P' <= P.
     Raises:
@@ -260,7 +266,7 @@ def iterate_instances(
     cap = max(1, int(shuffle_buffer))
     buf: list[Instance] = []
     for inst in _masked_instances(obj, store, vocab, doc_order, max_seq_length, seed, copy, mask_copy,
-                                  short_seq_prob, masked_lm_prob, P, whole_word_mask):
+                                  short_seq_prob, masked_lm_prob, P, whole_word_mask, max_ngram):
         if len(buf) < cap:
             buf.append(inst)
             continue
@@ -320,6 +326,7 @@ def iterate_batches(
     whole_word_mask: bool = False,
     shuffle_buffer: int = 10_000,
     drop_last: bool = True,
+    max_ngram: int = 1,
 ) -> Iterator[Batch]:
     """Yield the batches of one epoch, starting at batch ``start_batch``; reproducible and resumable.
 
@@ -352,7 +359,8 @@ def iterate_batches(
     stream = iterate_instances(
         store, vocab, max_seq_length, epoch, seed, objective=obj, masking=masking,
         dupe_factor=dupe_factor, short_seq_prob=short_seq_prob, masked_lm_prob=masked_lm_prob,
-        max_predictions_per_seq=P, whole_word_mask=whole_word_mask, shuffle_buffer=shuffle_buffer)
+        max_predictions_per_seq=P, whole_word_mask=whole_word_mask, shuffle_buffer=shuffle_buffer,
+        max_ngram=max_ngram)
     seen = sum(1 for _ in itertools.islice(stream, start_batch * batch_size))
     pending: list[Instance] = []
     for inst in stream:
@@ -382,6 +390,7 @@ def make_eval_batches(
     masked_lm_prob: float = 0.15,
     max_predictions_per_seq: int | None = None,
     whole_word_mask: bool = False,
+    max_ngram: int = 1,
 ) -> list[Batch]:
     """A fixed evaluation set from held-out documents: the same batches every time.
 
@@ -405,7 +414,8 @@ def make_eval_batches(
     check_seed(seed=seed)
     P = _check_data_args(obj, max_seq_length, short_seq_prob, masked_lm_prob, max_predictions_per_seq)
     stream = _masked_instances(obj, store, vocab, range(store.num_documents), max_seq_length, seed,
-                               0, 0, short_seq_prob, masked_lm_prob, P, whole_word_mask)
+                               0, 0, short_seq_prob, masked_lm_prob, P, whole_word_mask,
+                               max_ngram)
     insts = list(itertools.islice(stream, max_instances))
     return [collate(insts[i : i + batch_size], max_seq_length, P, vocab.pad_id)
             for i in range(0, len(insts), batch_size)]

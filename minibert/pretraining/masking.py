@@ -7,6 +7,10 @@ for large models (Wettig et al. 2023, "Should You Mask 15% in Masked Language Mo
 size ``max_predictions_per_seq`` with :func:`default_max_predictions` so the cap does not
 silently lower the rate.
 
+The unit of masking is a token, a whole word (``whole_word_mask``), or ALBERT's n-gram of
+up to ``max_ngram`` whole words (Lan et al. 2020, section 4.1; google-research/albert
+``create_pretraining_data.py``): :func:`choose_word_spans` picks the spans.
+
 Shape legend: L = one sequence's length, P' = its number of predictions, V = vocabulary size.
 """
 
@@ -20,7 +24,8 @@ import numpy as np
 
 from ..tokenization.vocab import SPECIAL_TOKENS
 
-__all__ = ["VocabInfo", "check_probability", "create_masked_lm_predictions", "default_max_predictions"]
+__all__ = ["VocabInfo", "check_probability", "choose_word_spans", "create_masked_lm_predictions",
+           "default_max_predictions", "ngram_probabilities"]
 
 
 def check_probability(name: str, p: float) -> None:
@@ -110,6 +115,77 @@ class VocabInfo:
         return cls.from_vocab(tokenizer.vocab, exclude_special_from_random)
 
 
+def ngram_probabilities(max_ngram: int) -> np.ndarray:
+    """ALBERT's span-length distribution p(n) = (1/n) / sum_k (1/k), n = 1..max_ngram
+    (Lan et al. 2020, section 4.1: 6/11, 3/11, 2/11 for max_ngram 3). Returns
+    (max_ngram,) float64. Raises ValueError for max_ngram < 1."""
+    if max_ngram < 1:
+        raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+    p = 1.0 / np.arange(1, max_ngram + 1)
+    return p / p.sum()
+
+
+def choose_word_spans(input_ids: np.ndarray, vocab: VocabInfo, num_to_predict: int,
+                      max_ngram: int, rng: np.random.Generator) -> list[tuple[int, int, int]]:
+    """Spans of whole words to mask, at most ``num_to_predict`` tokens in all.
+
+    A word is a candidate token (not [CLS], [SEP] or [PAD]) with the ``##`` pieces right
+    after it. Words are visited in random order, each as the first word of a span of n
+    words, n drawn with :func:`ngram_probabilities` among the lengths that fit before the
+    sequence end or a special token (so no span crosses [SEP]); a span that would overshoot
+    the budget is shortened until it fits or skipped, and one that overlaps a chosen span
+    is skipped (google-research/albert ``create_masked_lm_predictions``; there the spans may
+    cross [SEP]). With ``max_ngram`` 1 this is BERT's whole-word masking, draw for draw.
+
+    Inputs:
+        input_ids: (L,) integer ids.
+        num_to_predict: the budget, in tokens.
+        max_ngram: the longest span, in words (>= 1).
+        rng: the generator: one permutation of the words, then (max_ngram > 1) one
+            uniform per word.
+    Returns:
+        [(start, stop, n)]: token positions [start, stop) of each span and its n words,
+        in the order chosen.
+    Raises:
+        ValueError: max_ngram < 1.
+    """
+    cum = np.cumsum(ngram_probabilities(max_ngram))
+    ids = np.asarray(input_ids)
+    cand = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id) & (ids != vocab.pad_id))
+    if not len(cand):
+        return []
+    # A candidate starts a new word unless it is a ## piece directly after another candidate.
+    joins = vocab.is_continuation[ids[cand]]
+    joins[0] = False
+    joins[1:] &= np.diff(cand) == 1
+    starts = cand[~joins]                                 # first position of each word
+    stops = np.append(cand[np.flatnonzero(~joins)[1:] - 1], cand[-1]) + 1   # one past each
+    W = len(starts)
+    # run[w]: words from w on that follow each other with no special token between (<= max)
+    follows = np.append(starts[1:] == stops[:-1], False)
+    run = np.ones(W, dtype=np.int64)
+    for w in range(W - 2, -1, -1):
+        run[w] = min(max_ngram, run[w + 1] + 1) if follows[w] else 1
+    order = rng.permutation(W).tolist()
+    u = rng.random(W) if max_ngram > 1 else np.zeros(W)
+    taken = np.zeros(W, dtype=bool)
+    spans, count = [], 0
+    for w in order:
+        if count >= num_to_predict:
+            break
+        avail = int(run[w])
+        n = int(np.searchsorted(cum[:avail] / cum[avail - 1], u[w], side="right")) + 1
+        while n > 1 and count + stops[w + n - 1] - starts[w] > num_to_predict:
+            n -= 1                                       # shorten to fit the budget
+        size = int(stops[w + n - 1] - starts[w])
+        if count + size > num_to_predict or taken[w:w + n].any():
+            continue                                     # overshoots, or overlaps a span
+        taken[w:w + n] = True
+        count += size
+        spans.append((int(starts[w]), int(stops[w + n - 1]), n))
+    return spans
+
+
 def create_masked_lm_predictions(
     input_ids: np.ndarray,
     vocab: VocabInfo,
@@ -117,6 +193,7 @@ def create_masked_lm_predictions(
     max_predictions_per_seq: int,
     rng: np.random.Generator,
     whole_word_mask: bool = False,
+    max_ngram: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Choose MLM positions and corrupt them (reference ``create_masked_lm_predictions``).
 
@@ -126,7 +203,9 @@ def create_masked_lm_predictions(
     ``whole_word_mask`` a ``##`` piece belongs to the group of the token just before it
     and groups are masked whole; a group that would overshoot ``num_to_predict`` is
     skipped, as in the reference. (Unlike the reference, a ``##`` piece right after a
-    [SEP] starts its own group instead of joining the last word of A.) Each chosen
+    [SEP] starts its own group instead of joining the last word of A.) With
+    ``max_ngram`` > 1 the unit is ALBERT's n-gram of up to ``max_ngram`` whole words
+    (:func:`choose_word_spans`; whole words whatever ``whole_word_mask`` says). Each chosen
     position independently becomes [MASK] with probability 0.8, stays unchanged with
     0.1, or becomes a random id from ``vocab.random_ids`` with 0.1.
 
@@ -135,38 +214,27 @@ def create_masked_lm_predictions(
         masked_lm_prob: in [0, 1]; 0 still predicts one token, as in the reference.
         max_predictions_per_seq: >= 1, the cap on P' (see ``default_max_predictions``).
         rng: the generator every draw comes from.
+        max_ngram: >= 1; above 1, n-gram masking (ALBERT's max_ngram is 3).
     Returns:
         output_ids (L,) int32, masked_positions (P',) int32 increasing,
         masked_labels (P',) int32 original ids, with P' <= num_to_predict.
     Raises:
-        ValueError: masked_lm_prob outside [0, 1] or max_predictions_per_seq < 1.
+        ValueError: masked_lm_prob outside [0, 1], max_predictions_per_seq < 1 or
+            max_ngram < 1.
     """
     check_probability("masked_lm_prob", masked_lm_prob)
     if max_predictions_per_seq < 1:
         raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
+    if max_ngram < 1:
+        raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
     ids = np.asarray(input_ids)
     L = len(ids)
     num_to_predict = min(max_predictions_per_seq, max(1, int(round(L * masked_lm_prob))))
-    is_cand = (ids != vocab.cls_id) & (ids != vocab.sep_id) & (ids != vocab.pad_id)
-    cand = np.flatnonzero(is_cand)
-    if whole_word_mask and len(cand):
-        # A candidate starts a new group unless it is a ## piece directly after another candidate.
-        joins = vocab.is_continuation[ids[cand]]
-        joins[0] = False
-        joins[1:] &= np.diff(cand) == 1
-        group_of = np.cumsum(~joins) - 1                     # group index of each candidate
-        sizes = np.bincount(group_of).tolist()
-        taken = np.zeros(len(sizes), dtype=bool)
-        count = 0
-        for g in rng.permutation(len(sizes)).tolist():       # groups in random order
-            if count >= num_to_predict:
-                break
-            if count + sizes[g] > num_to_predict:            # would overshoot: skip this word
-                continue
-            taken[g] = True
-            count += sizes[g]
-        positions = cand[taken[group_of]]
+    if whole_word_mask or max_ngram > 1:
+        spans = choose_word_spans(ids, vocab, num_to_predict, max_ngram, rng)
+        positions = np.sort([p for a, b, _ in spans for p in range(a, b)]).astype(np.int64)
     else:
+        cand = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id) & (ids != vocab.pad_id))
         positions = cand[rng.permutation(len(cand))[:num_to_predict]]
 
     k = len(positions)
