@@ -30,7 +30,8 @@ def args_for(corpus, out, *extra):
             "--preset", "tiny", "--hidden-size", "32", "--num-hidden-layers", "2",
             "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "8",
             "--log-every", "1", "--eval-every", "4", "--save-every", "4",
-            "--eval-fraction", "0.1", "--eval-instances", "16", "--no-progress", *extra]
+            "--eval-fraction", "0.1", "--eval-instances", "16", "--eval-pairs-per-paradigm",
+            "2", "--no-progress", *extra]
 
 
 def records(out, kind):
@@ -75,6 +76,16 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
         probs = [p for _, p in s["top"]]
         assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < probs[0] <= 1
         assert f"(was: {s['answer']})" in printed
+    # minimal pairs: the model's macro accuracy at each evaluation, the trigram floor once
+    assert all(0 <= r["pairs_acc"] <= 100 for r in evals)
+    assert 0 <= summary["pairs_trigram_acc"] <= 100 and "pairs trigram acc" in printed
+    from minibert.evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
+    from minibert.pipelines import load_model
+    model, tok, _ = load_model("fill-mask", out)
+    pairs = first_per_paradigm(read_pairs(ROOT / "data/minimal_pairs/en/pairs.jsonl"), 2)
+    assert len(pairs) == 24
+    assert summary["eval_pairs_acc"] == pytest.approx(PairsProbe(pairs, tok)(model.eval()),
+                                                      abs=1e-9)
     # the last samples are what the saved model's fill-mask pipeline answers
     from minibert import pipeline
     filled = pipeline("fill-mask", out)(texts, top_k=3)
