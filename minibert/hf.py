@@ -3,7 +3,7 @@
 ``model_type`` "albert" in ``config.json`` reads as an
 :class:`~minibert.albert.AlbertConfig` (keys under ``albert.``, ``predictions.``,
 ``sop_classifier.``); an ALBERT model writes ``model_type`` "albert" (see
-:func:`albert_config_from_hf` / :func:`albert_config_to_hf`).
+:func:`config_from_hf` / :func:`albert_config_to_hf`).
 
 Import (:func:`load_hf_directory`): a directory as transformers writes it --
 ``config.json``, ``model.safetensors`` (read with the ``safetensors`` library's NumPy API),
@@ -103,20 +103,24 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
         str(a).startswith(("Bert", "Albert")) for a in d.get("architectures") or [])
 
 
-def config_from_hf(d: dict[str, Any], source: str = "config.json") -> BertConfig:
-    """A :class:`BertConfig` from a transformers BERT ``config.json`` dict.
+def config_from_hf(d: dict[str, Any], source: str = "config.json"):
+    """A :class:`BertConfig` from a transformers BERT ``config.json`` dict, or an
+    :class:`~minibert.albert.AlbertConfig` for ``model_type`` "albert" (fields it leaves
+    out take transformers' defaults, which are the config classes').
 
     Raises:
-        HFFormatError: a model type other than bert, an option minibert does not implement
-            (``position_embedding_type`` relative_key*, an unknown ``hidden_act``), or an
-            invalid value (the BertConfig error, prefixed with ``source``).
+        HFFormatError: a model type other than bert / albert, an option minibert does not
+            implement (``position_embedding_type`` relative_key*, an unknown
+            ``hidden_act``), or an invalid value (the config's error, naming the field,
+            prefixed with ``source``).
     """
-    if d.get("model_type") == "albert":
-        return albert_config_from_hf(d, source)
-    if d.get("model_type", "bert") != "bert":
-        raise HFFormatError(f"{source}: model_type {d.get('model_type')!r}, only 'bert' and "
+    model_type = d.get("model_type", "bert")
+    if model_type not in ("bert", "albert"):
+        raise HFFormatError(f"{source}: model_type {model_type!r}, only 'bert' and "
                             "'albert' are supported")
-    kw = {k: d[k] for k in HF_CONFIG_FIELDS if k in d}
+    cls, fields = ((AlbertConfig, ALBERT_HF_CONFIG_FIELDS) if model_type == "albert"
+                   else (BertConfig, HF_CONFIG_FIELDS))
+    kw = {k: d[k] for k in fields if k in d}
     if kw.get("position_embedding_type", "absolute") != "absolute":
         raise HFFormatError(f"{source}: position_embedding_type "
                             f"{kw['position_embedding_type']!r} is not supported "
@@ -126,31 +130,7 @@ def config_from_hf(d: dict[str, Any], source: str = "config.json") -> BertConfig
     elif "num_labels" in d:
         kw["num_labels"] = int(d["num_labels"])
     try:
-        return BertConfig(**kw)
-    except (TypeError, ValueError) as e:
-        raise HFFormatError(f"{source}: {e}") from e
-
-
-def albert_config_from_hf(d: dict[str, Any], source: str = "config.json") -> AlbertConfig:
-    """An :class:`~minibert.albert.AlbertConfig` from a transformers ALBERT
-    ``config.json`` dict (fields it leaves out take transformers' defaults, which are
-    AlbertConfig's).
-
-    Raises:
-        HFFormatError: position_embedding_type other than "absolute", or an invalid value
-            (the AlbertConfig error, naming the field, prefixed with ``source``).
-    """
-    kw = {k: d[k] for k in ALBERT_HF_CONFIG_FIELDS if k in d}
-    if kw.get("position_embedding_type", "absolute") != "absolute":
-        raise HFFormatError(f"{source}: position_embedding_type "
-                            f"{kw['position_embedding_type']!r} is not supported "
-                            "(minibert has 'absolute' only for HF checkpoints)")
-    if "id2label" in d:
-        kw["num_labels"] = len(d["id2label"])
-    elif "num_labels" in d:
-        kw["num_labels"] = int(d["num_labels"])
-    try:
-        return AlbertConfig(**kw)
+        return cls(**kw)
     except (TypeError, ValueError) as e:
         raise HFFormatError(f"{source}: {e}") from e
 
