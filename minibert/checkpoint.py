@@ -22,13 +22,19 @@ import numpy as np
 from .atomic import atomic_write
 from .modeling import BertConfig
 from .validation import (UntrustedFileError, check_config_fields, check_finite,
-                         check_model_fits, check_npz_members)
+                         check_model_fits, check_npz_members, check_state_matches_config,
+                         check_weight_bytes)
 
 FORMAT = "minibert-checkpoint-1"
 
 # a pre-LN LayerNorm under its old name: the one before self-attention was kept in
 # attention.output, the one before the feed-forward block in the layer's output
 _OLD_PRE_LN = re.compile(r"(^|\.)encoder\.layer\.(\d+)\.(attention\.)?output\.LayerNorm\.")
+
+
+# the most a checkpoint stores per parameter: float64 weights, AdamW's two moments and
+# float32 master weights
+CHECKPOINT_BYTES_PER_PARAMETER = 32
 
 
 class CheckpointError(ValueError):
@@ -52,7 +58,9 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
     are read: every member's size against its header and the memory available
     (:func:`minibert.validation.check_npz_members`), the config's fields and size
     (:func:`~minibert.validation.check_config_fields`,
-    :func:`~minibert.validation.check_model_fits`); then that the model's weights are
+    :func:`~minibert.validation.check_model_fits`), the members' bytes against what the
+    config implies (:func:`~minibert.validation.check_weight_bytes`); then that the
+    model's weights have the config's shapes and are
     finite (:func:`~minibert.validation.check_finite`).
 
     Args:
@@ -70,12 +78,14 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
-        check_npz_members(path)
+        declared = check_npz_members(path)
         with np.load(path, allow_pickle=False) as z:
             if "meta" not in z.files:
                 raise CheckpointError(f"checkpoint {path}: no 'meta' entry, not a minibert "
                                       "checkpoint")
             config, trainer = _read_meta(z["meta"], path)
+            if arrays:
+                check_weight_bytes(declared, config, path, CHECKPOINT_BYTES_PER_PARAMETER)
             files = {k: z[k] for k in z.files if arrays and k != "meta"}
     except CheckpointError:
         raise
@@ -86,6 +96,7 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
     model = {k[6:]: v for k, v in files.items() if k.startswith("model/")}
     optim = {k[6:]: v for k, v in files.items() if k.startswith("optim/")}
     try:
+        check_state_matches_config(model, config, str(path))
         check_finite(model, str(path))
     except UntrustedFileError as e:
         raise CheckpointError(f"checkpoint {e}") from None

@@ -30,7 +30,8 @@ from .atomic import atomic_copy, atomic_write
 from .modeling import BertConfig
 from .torchbin import TorchBinError, declared_storage_bytes, load_torch_state_dict
 from .validation import (UntrustedFileError, check_config_fields, check_finite,
-                         check_model_fits, check_vocab_fits, check_weight_bytes,
+                         check_model_fits, check_state_matches_config, check_vocab_fits,
+                         check_weight_bytes,
                          read_json_object, safetensors_bytes, safetensors_header)
 
 CONFIG_NAME = "config.json"
@@ -222,7 +223,7 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     before memory is spent on it (:mod:`minibert.validation`): config.json's fields and
     the size of the model they imply, vocab.txt's length against ``vocab_size``,
     tokenizer_config.json's options, the weights file's header and declared bytes; then
-    that the weights are finite.
+    that the weights have the config's shapes and are finite.
 
     Returns:
         :class:`HFCheckpoint`; load ``state`` into a model with
@@ -248,10 +249,11 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     tok_opts = read_tokenizer_options(directory)
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
-    raw = read_hf_weights(directory, config)
-    check_finite(raw, str(next(directory / n for n in (SAFETENSORS_NAME, BIN_NAME)
-                               if (directory / n).is_file())))
-    state = normalize_state_dict(raw)
+    state = normalize_state_dict(read_hf_weights(directory, config))
+    weights = next(directory / n for n in (SAFETENSORS_NAME, BIN_NAME)
+                   if (directory / n).is_file())
+    check_state_matches_config(state, config, f"{weights} and {cfg_path.name}")
+    check_finite(state, str(weights))
     archs = [str(a) for a in d.get("architectures") or []]
     return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
 

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 import zipfile
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 
@@ -35,6 +37,11 @@ import numpy as np
 
 from .validation import available_memory
 
+# what a damaged archive or pickle raises on the way (a bad CRC or header, a compression
+# method zipfile lacks, an opcode out of place or a truncated stream)
+_DAMAGED = (zipfile.BadZipFile, zlib.error, NotImplementedError, pickle.UnpicklingError,
+            EOFError, TypeError, AttributeError, ValueError, KeyError, IndexError,
+            OverflowError, RecursionError, struct.error)
 # a state dict's pickle holds ~100 bytes per tensor; BERT-large's is ~40 KB
 PICKLE_LIMIT = 64 << 20
 
@@ -191,27 +198,22 @@ def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise TorchBinError(f"{path}: saved in the format of torch < 1.6, which is not "
                                 "supported; re-save it with a current torch")
         raise TorchBinError(f"{path}: not a torch zip archive (truncated or not a torch file?)")
-    try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as e:
-        raise TorchBinError(f"{path}: damaged zip archive ({e})") from e
-    with archive:
+    with _open_archive(path) as archive:
         pkls = [n for n in archive.namelist() if n.endswith("/data.pkl")]
         if len(pkls) != 1:
             raise TorchBinError(f"{path}: expected one <name>/data.pkl, found {pkls}")
         prefix = pkls[0][: -len("/data.pkl")]
         _check_member_sizes(path, archive, pkls[0], prefix)
-        order = "<"
-        if f"{prefix}/byteorder" in archive.namelist():
-            order = {"little": "<", "big": ">"}.get(
-                archive.read(f"{prefix}/byteorder").decode().strip(), "<")
         try:
+            order = "<"
+            if f"{prefix}/byteorder" in archive.namelist():
+                order = {"little": "<", "big": ">"}.get(
+                    archive.read(f"{prefix}/byteorder").decode().strip(), "<")
             with archive.open(pkls[0]) as f:
                 obj = _Unpickler(f, archive, prefix, order).load()
         except TorchBinError as e:
             raise TorchBinError(f"{path}: {e}") from e
-        except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, TypeError,
-                AttributeError) as e:
+        except _DAMAGED as e:
             raise TorchBinError(f"{path}: damaged or unexpected contents ({e})") from e
     if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
         raise TorchBinError(f"{path}: expected a dict of tensors (a state dict), got "
@@ -247,11 +249,17 @@ def declared_storage_bytes(path: str | os.PathLike) -> int:
     Raises:
         TorchBinError: not a zip archive. OSError: unreadable.
     """
+    with _open_archive(path) as archive:
+        return _storage_bytes(archive)
+
+
+def _open_archive(path: str | os.PathLike) -> zipfile.ZipFile:
+    """The zip archive at ``path``; TorchBinError naming it when its directory is damaged
+    (a bad signature, a member name that is not the UTF-8 it is flagged as ...)."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            return _storage_bytes(archive)
-    except zipfile.BadZipFile as e:
-        raise TorchBinError(f"{path}: not a torch zip archive ({e})") from None
+        return zipfile.ZipFile(path)
+    except _DAMAGED as e:
+        raise TorchBinError(f"{path}: damaged zip archive ({e})") from e
 
 
 __all__ = ["PICKLE_LIMIT", "TorchBinError", "declared_storage_bytes", "load_torch_state_dict"]

@@ -17,6 +17,7 @@ process can still get, from headers alone, before the arrays behind it are read.
 * :func:`check_npz_members`: every ``.npy`` member of an ``.npz`` has the size its header
   implies;
 * :func:`check_vocab_fits`: ``vocab.txt`` has no more tokens than the embedding has rows;
+* :func:`check_state_matches_config`: the weights' shapes are the config's;
 * :func:`check_finite`: loaded weights hold no NaN or infinity.
 
 Every error is an :class:`UntrustedFileError` naming the file, the field and what was
@@ -63,6 +64,12 @@ FLOAT_FIELDS: dict[str, tuple[float, float, bool, bool]] = {
     "layer_norm_eps": (0.0, 1.0, True, True)}
 STR_FIELDS = ("hidden_act", "position_embedding_type", "norm_position", "classifier_pooling",
               "model_type")
+# what building a model from a file costs: per parameter the file's copy, the model's
+# float32 weight and its gradient (allocated with it); per tensor the Python objects
+# around its arrays (measured ~600 bytes; a model of 10^6 one-byte layers is Python
+# objects, not floats)
+BYTES_PER_PARAMETER = 12
+BYTES_PER_TENSOR = 2048
 # the sizes whose product the parameter count is, named when a model does not fit
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
                "max_position_embeddings", "num_labels")
@@ -173,7 +180,7 @@ def check_config_fields(d: Mapping[str, Any], source: str) -> None:
         raise UntrustedFileError(f"{source}: field 'pad_token_id' is {d['pad_token_id']}, "
                                  f"expected less than vocab_size {d.get('vocab_size')}")
     labels = d.get("id2label")
-    if labels is not None and not (isinstance(labels, Mapping) and all(
+    if "id2label" in d and not (isinstance(labels, Mapping) and all(
             isinstance(k, (str, int)) and str(k).lstrip("-").isdigit() for k in labels)):
         raise UntrustedFileError(f"{source}: field 'id2label' is {labels!r:.80}, expected an "
                                  "object whose keys are class ids (\"0\", \"1\" ...)")
@@ -207,38 +214,47 @@ def parameter_count(config) -> int:
 
 
 def check_model_fits(config, source: str) -> None:
-    """Refuse a config whose parameters (:func:`parameter_count`, float32) do not fit in
-    :func:`available_memory`.
+    """Refuse a config whose model cannot be built in :func:`available_memory`:
+    :data:`BYTES_PER_PARAMETER` x :func:`parameter_count` plus :data:`BYTES_PER_TENSOR`
+    for each of its 16 tensors per layer and 20 others.
 
     Raises:
         UntrustedFileError: naming the sizes and the bytes they need.
     """
-    need, avail = 4 * parameter_count(config), available_memory()
+    params = parameter_count(config)
+    need = BYTES_PER_PARAMETER * params + BYTES_PER_TENSOR * (16 * config.num_hidden_layers
+                                                              + 20)
+    avail = available_memory()
     if need > avail:
         sizes = ", ".join(f"{k}={getattr(config, k)}" for k in SIZE_FIELDS)
-        raise UntrustedFileError(f"{source}: the config's sizes ({sizes}) mean "
-                                 f"{need // 4:,} parameters, {_gb(need)} in float32, more "
-                                 f"than the {_gb(avail)} of memory available")
+        raise UntrustedFileError(f"{source}: the config's sizes ({sizes}) mean {params:,} "
+                                 f"parameters in {16 * config.num_hidden_layers + 20:,} "
+                                 f"tensors, {_gb(need)} to load, more than the {_gb(avail)} "
+                                 "of memory available")
 
 
-def check_weight_bytes(declared: int, config, path: str | os.PathLike) -> None:
-    """Refuse a weights file whose tensors declare more bytes than its config's model
-    could hold (float64, an untied decoder and the position-id buffer allowed), or than
-    the memory available, before any of them is read.
+def check_weight_bytes(declared: int, config, path: str | os.PathLike,
+                       bytes_per_parameter: int = 8) -> None:
+    """Refuse a weights file whose arrays declare more bytes than its config's model could
+    fill, or than the memory available, before any of them is read.
+
+    The bound is ``bytes_per_parameter`` x (:func:`parameter_count` + an untied decoder
+    V x C + the P position ids) + 1 MiB: 8 for a Hugging Face file (float64 at most), more
+    for a checkpoint that also holds the optimizer's moments.
 
     Args:
-        declared: the bytes the file's headers give for all its tensors.
+        declared: the bytes the file's headers give for all its arrays.
     Raises:
         UntrustedFileError: naming the file, the bytes and the bound.
     """
     V, C, P = config.vocab_size, config.hidden_size, config.max_position_embeddings
-    bound = 8 * (parameter_count(config) + V * C + P) + (1 << 20)
+    bound = bytes_per_parameter * (parameter_count(config) + V * C + P) + (1 << 20)
     if declared > bound:
-        raise UntrustedFileError(f"{path}: its tensors declare {declared:,} bytes, more than "
-                                 f"a model of its config.json holds ({bound:,} bytes at most)")
+        raise UntrustedFileError(f"{path}: its arrays declare {declared:,} bytes, more than "
+                                 f"a model of its config holds ({bound:,} bytes at most)")
     avail = available_memory()
     if declared > avail:
-        raise UntrustedFileError(f"{path}: its tensors declare {_gb(declared)}, more than the "
+        raise UntrustedFileError(f"{path}: its arrays declare {_gb(declared)}, more than the "
                                  f"{_gb(avail)} of memory available")
 
 
@@ -332,12 +348,14 @@ def safetensors_bytes(header: Mapping[str, tuple[str, tuple[int, ...]]]) -> int:
                for dtype, shape in header.values())
 
 
-def check_npz_members(path: str | os.PathLike) -> None:
+def check_npz_members(path: str | os.PathLike) -> int:
     """Check every member of an ``.npz`` archive from its headers: an ``.npy`` file whose
     declared size is its header plus elements x item size of the shape and dtype that
     header gives (no object arrays), and whose sizes together fit in the memory available.
     Reads only the archive's directory and each member's first bytes.
 
+    Returns:
+        the bytes all members declare.
     Raises:
         UntrustedFileError: naming the file, the member and the sizes.
         zipfile.BadZipFile, OSError: not a zip archive, or unreadable.
@@ -369,6 +387,7 @@ def check_npz_members(path: str | os.PathLike) -> None:
                 raise UntrustedFileError(f"{path}: member {info.filename}: declares "
                                          f"{info.file_size:,} bytes, its header (shape "
                                          f"{shape}, {dtype}) needs {need:,}")
+    return total
 
 
 def check_vocab_fits(vocab_file: str | os.PathLike, vocab_size: int, source: str) -> list[str]:
@@ -395,6 +414,38 @@ def check_vocab_fits(vocab_file: str | os.PathLike, vocab_size: int, source: str
                                  f"vocab_size {vocab_size} of {source} (the model has no "
                                  "embedding row for the rest)")
     return tokens
+
+
+def check_state_matches_config(state: Mapping[str, np.ndarray], config, source: str) -> None:
+    """Refuse weights whose shapes contradict the config before a model is built from it:
+    the embedding tables (vocab_size, max_position_embeddings, type_vocab_size rows of
+    hidden_size), the first layer's feed-forward weight (intermediate_size x hidden_size)
+    and the number of encoder layers, where the state has them (names ``bert.*`` or bare
+    ``embeddings.*`` / ``encoder.*``; other tensors are checked when loaded).
+
+    Raises:
+        UntrustedFileError: naming the tensor, its shape and the config's.
+    """
+    C = config.hidden_size
+    want = {"embeddings.word_embeddings.weight": (config.vocab_size, C),
+            "embeddings.token_type_embeddings.weight": (config.type_vocab_size, C),
+            "encoder.layer.0.intermediate.dense.weight": (config.intermediate_size, C)}
+    if config.position_embedding_type == "absolute":
+        want["embeddings.position_embeddings.weight"] = (config.max_position_embeddings, C)
+    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+    for name, shape in want.items():
+        got = state.get(prefix + name)
+        if got is not None and tuple(got.shape) != shape:
+            raise UntrustedFileError(f"{source}: tensor {prefix + name} has shape "
+                                     f"{tuple(got.shape)}, the config says {shape} "
+                                     "(vocab_size, hidden_size ... disagree with the weights)")
+    head = prefix + "encoder.layer."
+    layers = {int(n) for n in (k[len(head):].split(".", 1)[0] for k in state
+                               if k.startswith(head)) if n.isdigit()}
+    if layers and max(layers) + 1 != config.num_hidden_layers:
+        raise UntrustedFileError(f"{source}: the weights hold {max(layers) + 1} encoder "
+                                 f"layers, the config's num_hidden_layers is "
+                                 f"{config.num_hidden_layers}")
 
 
 def check_finite(state: Mapping[str, np.ndarray], source: str) -> None:
