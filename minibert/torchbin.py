@@ -191,13 +191,6 @@ def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
             of arrays.
     """
     path = Path(path)
-    if not zipfile.is_zipfile(path):
-        with open(path, "rb") as f:
-            head = f.read(2)
-        if head[:1] == b"\x80":  # a bare pickle stream: torch.save before 1.6
-            raise TorchBinError(f"{path}: saved in the format of torch < 1.6, which is not "
-                                "supported; re-save it with a current torch")
-        raise TorchBinError(f"{path}: not a torch zip archive (truncated or not a torch file?)")
     with _open_archive(path) as archive:
         pkls = [n for n in archive.namelist() if n.endswith("/data.pkl")]
         if len(pkls) != 1:
@@ -254,8 +247,16 @@ def declared_storage_bytes(path: str | os.PathLike) -> int:
 
 
 def _open_archive(path: str | os.PathLike) -> zipfile.ZipFile:
-    """The zip archive at ``path``; TorchBinError naming it when its directory is damaged
-    (a bad signature, a member name that is not the UTF-8 it is flagged as ...)."""
+    """The zip archive at ``path``; TorchBinError naming it when it is not a zip (a bare
+    pickle of torch < 1.6, a truncated file) or its directory is damaged (a member name
+    that is not the UTF-8 it is flagged as ...)."""
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head[:1] == b"\x80":  # a bare pickle stream: torch.save before 1.6
+            raise TorchBinError(f"{path}: saved in the format of torch < 1.6, which is not "
+                                "supported; re-save it with a current torch")
+        raise TorchBinError(f"{path}: not a torch zip archive (truncated or not a torch file?)")
     try:
         return zipfile.ZipFile(path)
     except _DAMAGED as e:

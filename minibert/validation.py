@@ -419,9 +419,11 @@ def check_vocab_fits(vocab_file: str | os.PathLike, vocab_size: int, source: str
 def check_state_matches_config(state: Mapping[str, np.ndarray], config, source: str) -> None:
     """Refuse weights whose shapes contradict the config before a model is built from it:
     the embedding tables (vocab_size, max_position_embeddings, type_vocab_size rows of
-    hidden_size), the first layer's feed-forward weight (intermediate_size x hidden_size)
-    and the number of encoder layers, where the state has them (names ``bert.*`` or bare
-    ``embeddings.*`` / ``encoder.*``; other tensors are checked when loaded).
+    hidden_size) and the first layer's feed-forward weight (intermediate_size x
+    hidden_size), where the state has them (names ``bert.*`` or bare ``embeddings.*`` /
+    ``encoder.*``). Those pin every size a model's memory grows with but the layer count,
+    which :func:`check_model_fits` bounds; the other tensors, and extra or missing layers,
+    are checked when loaded (:func:`minibert.hf.load_pretrained_weights`).
 
     Raises:
         UntrustedFileError: naming the tensor, its shape and the config's.
@@ -439,13 +441,6 @@ def check_state_matches_config(state: Mapping[str, np.ndarray], config, source: 
             raise UntrustedFileError(f"{source}: tensor {prefix + name} has shape "
                                      f"{tuple(got.shape)}, the config says {shape} "
                                      "(vocab_size, hidden_size ... disagree with the weights)")
-    head = prefix + "encoder.layer."
-    layers = {int(n) for n in (k[len(head):].split(".", 1)[0] for k in state
-                               if k.startswith(head)) if n.isdigit()}
-    if layers and max(layers) + 1 != config.num_hidden_layers:
-        raise UntrustedFileError(f"{source}: the weights hold {max(layers) + 1} encoder "
-                                 f"layers, the config's num_hidden_layers is "
-                                 f"{config.num_hidden_layers}")
 
 
 def check_finite(state: Mapping[str, np.ndarray], source: str) -> None:
