@@ -94,6 +94,9 @@ def add_data_arguments(p) -> None:
                    help="share of documents held out for evaluation")
     g.add_argument("--eval-instances", type=positive_int, default=1024,
                    help="held-out sequences evaluated each time")
+    g.add_argument("--allow-data-change", action="store_true",
+                   help="with --resume: continue although the corpus or vocab changed since "
+                        "the checkpoint (refused by default; the change is printed)")
 
 
 

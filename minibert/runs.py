@@ -141,7 +141,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
 
 
 # Arguments that belong to an invocation, not to the run: never taken from a checkpoint.
-INVOCATION_ARGS = ("output_dir", "resume", "overwrite", "progress", "device")
+INVOCATION_ARGS = ("output_dir", "resume", "overwrite", "progress", "device",
+                   "allow_data_change")
 
 
 def resume_args(args, saved: Mapping[str, Any], fixed: Sequence[str], given: set[str],
