@@ -53,13 +53,16 @@ INT_FIELDS: dict[str, tuple[int, int | None]] = {
     "vocab_size": (1, None), "hidden_size": (1, None), "num_hidden_layers": (1, None),
     "num_attention_heads": (1, None), "intermediate_size": (1, None),
     "max_position_embeddings": (1, None), "type_vocab_size": (1, None),
-    "num_labels": (1, None), "pad_token_id": (0, None), "embedding_size": (1, None)}
+    "num_labels": (1, None), "pad_token_id": (0, None),
+    # ALBERT's: the factorised embedding width, the groups of shared layers
+    "embedding_size": (1, None), "num_hidden_groups": (1, None), "inner_group_num": (1, None)}
 # float config fields: (low, high, low end open, high end open); None is allowed only for
-# classifier_dropout (then hidden_dropout_prob is used)
+# the classifier dropouts (then hidden_dropout_prob is used)
 FLOAT_FIELDS: dict[str, tuple[float, float, bool, bool]] = {
     "hidden_dropout_prob": (0.0, 1.0, False, True),
     "attention_probs_dropout_prob": (0.0, 1.0, False, True),
     "classifier_dropout": (0.0, 1.0, False, True),
+    "classifier_dropout_prob": (0.0, 1.0, False, True),
     "initializer_range": (0.0, math.inf, False, True),
     "layer_norm_eps": (0.0, 1.0, True, True)}
 STR_FIELDS = ("hidden_act", "position_embedding_type", "norm_position", "classifier_pooling",
@@ -138,7 +141,7 @@ def read_json_object(path: str | os.PathLike, limit: int = JSON_LIMIT_BYTES) -> 
 
 def _check_float(name: str, v: Any, source: str) -> None:
     low, high, low_open, high_open = FLOAT_FIELDS[name]
-    if v is None and name == "classifier_dropout":
+    if v is None and name.startswith("classifier_dropout"):
         return
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or v < low or v > high or (low_open and v == low) or (high_open and v == high):
@@ -191,46 +194,54 @@ def check_config_fields(d: Mapping[str, Any], source: str) -> None:
                                  "a list of class names")
 
 
+def _distinct_layers(config) -> int:
+    """Encoder layers with parameters of their own: num_hidden_layers, or for ALBERT's
+    shared layers (an AlbertConfig) num_hidden_groups x inner_group_num."""
+    if hasattr(config, "num_hidden_groups"):
+        return int(config.num_hidden_groups) * int(getattr(config, "inner_group_num", 1))
+    return int(config.num_hidden_layers)
+
+
 def parameter_count(config) -> int:
     """The parameters of a :class:`~minibert.modeling.BertForPreTraining` of ``config``
     with a ``num_labels`` classifier beside it: an upper bound on every model minibert
     builds from a config (exact Python integer arithmetic, so absurd sizes do not wrap).
 
-    With V = vocab_size, C = hidden_size, L = num_hidden_layers, I = intermediate_size,
-    P = max_position_embeddings (learned positions only), S = type_vocab_size,
-    K = num_labels:
-        embeddings (V + P + S) C + 2C; per layer 4 (C^2 + C) + 2 C I + I + C + 4C;
-        pooler C^2 + C; MLM head C^2 + 3C + V (the decoder weight is tied); NSP 2C + 2;
-        classifier K C + K.
+    With V = vocab_size, C = hidden_size, L = the layers with parameters of their own
+    (:func:`_distinct_layers`), I = intermediate_size, P = max_position_embeddings (learned
+    positions only), S = type_vocab_size, K = num_labels, E = embedding_size (ALBERT; C
+    otherwise):
+        embeddings (V + P + S) E + 2E, and E C + C to project E to C when E != C;
+        per layer 4 (C^2 + C) + 2 C I + I + C + 4C; pooler C^2 + C; MLM head C^2 + 3C + V
+        (the decoder weight is tied); NSP 2C + 2; classifier K C + K.
     """
-    V, C, L, I = (int(config.vocab_size), int(config.hidden_size),
-                  int(config.num_hidden_layers), int(config.intermediate_size))
+    V, C, L, I = (int(config.vocab_size), int(config.hidden_size), _distinct_layers(config),
+                  int(config.intermediate_size))
+    E = int(getattr(config, "embedding_size", C))
     P = int(config.max_position_embeddings) if config.position_embedding_type == "absolute" \
         else 0
     S, K = int(config.type_vocab_size), int(config.num_labels)
     layer = 4 * (C * C + C) + 2 * C * I + I + C + 4 * C
-    return ((V + P + S) * C + 2 * C + L * layer + C * C + C + C * C + 3 * C + V
-            + 2 * C + 2 + K * C + K)
+    embeddings = (V + P + S) * E + 2 * E + (E * C + C if E != C else 0)
+    return (embeddings + L * layer + C * C + C + C * C + 3 * C + V + 2 * C + 2 + K * C + K)
 
 
 def check_model_fits(config, source: str) -> None:
     """Refuse a config whose model cannot be built in :func:`available_memory`:
     :data:`BYTES_PER_PARAMETER` x :func:`parameter_count` plus :data:`BYTES_PER_TENSOR`
-    for each of its 16 tensors per layer and 20 others.
+    for each of its 16 tensors per distinct layer and 20 others.
 
     Raises:
         UntrustedFileError: naming the sizes and the bytes they need.
     """
-    params = parameter_count(config)
-    need = BYTES_PER_PARAMETER * params + BYTES_PER_TENSOR * (16 * config.num_hidden_layers
-                                                              + 20)
+    params, tensors = parameter_count(config), 16 * _distinct_layers(config) + 20
+    need = BYTES_PER_PARAMETER * params + BYTES_PER_TENSOR * tensors
     avail = available_memory()
     if need > avail:
         sizes = ", ".join(f"{k}={getattr(config, k)}" for k in SIZE_FIELDS)
         raise UntrustedFileError(f"{source}: the config's sizes ({sizes}) mean {params:,} "
-                                 f"parameters in {16 * config.num_hidden_layers + 20:,} "
-                                 f"tensors, {_gb(need)} to load, more than the {_gb(avail)} "
-                                 "of memory available")
+                                 f"parameters in {tensors:,} tensors, {_gb(need)} to load, "
+                                 f"more than the {_gb(avail)} of memory available")
 
 
 def check_weight_bytes(declared: int, config, path: str | os.PathLike,
