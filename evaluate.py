@@ -25,8 +25,10 @@ softmax regression. Prints mean ± std over seeds per task and budget, the margi
 random init (for a start S when ``random:S`` is among the starts) and over the bag of words;
 writes OUTPUT_DIR/results.json (every run and the summary) and OUTPUT_DIR/accuracy_vs_labels.png.
 A finished fine-tuning run (its summary.json present) is reused when the harness is run
-again with the same settings in the same OUTPUT_DIR; ``--lr`` may differ between such runs
-(a rate added later fine-tunes only at that rate; the report covers the rates named).
+again with the same settings in the same OUTPUT_DIR and the start's content is the same
+(runs are named by its content fingerprint, not its path: a start replaced at its path runs
+again); ``--lr`` may differ between such runs (a rate added later fine-tunes only at that
+rate; the report covers the rates named).
 """
 from __future__ import annotations
 

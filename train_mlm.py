@@ -103,6 +103,9 @@ def add_data_arguments(p) -> None:
                         "macro %% over paradigms, beside the word-trigram floor on the corpus)")
     g.add_argument("--eval-pairs-per-paradigm", type=non_negative_int, default=25,
                    help="the first N pairs of each paradigm of --eval-pairs (0: no pairs)")
+    g.add_argument("--allow-data-change", action="store_true",
+                   help="with --resume: continue although the corpus or vocab changed since "
+                        "the checkpoint (refused by default; the change is printed)")
 
 
 

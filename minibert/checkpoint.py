@@ -21,12 +21,20 @@ import numpy as np
 
 from .atomic import atomic_write
 from .modeling import BertConfig
+from .validation import (UntrustedFileError, check_config_fields, check_finite,
+                         check_model_fits, check_npz_members, check_state_matches_config,
+                         check_weight_bytes)
 
 FORMAT = "minibert-checkpoint-1"
 
 # a pre-LN LayerNorm under its old name: the one before self-attention was kept in
 # attention.output, the one before the feed-forward block in the layer's output
 _OLD_PRE_LN = re.compile(r"(^|\.)encoder\.layer\.(\d+)\.(attention\.)?output\.LayerNorm\.")
+
+
+# the most a checkpoint stores per parameter: float64 weights, AdamW's two moments and
+# float32 master weights
+CHECKPOINT_BYTES_PER_PARAMETER = 32
 
 
 class CheckpointError(ValueError):
@@ -46,7 +54,14 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
 
 
 def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`.
+    """Read a checkpoint written by :func:`save_checkpoint`, checking it before its arrays
+    are read: every member's size against its header and the memory available
+    (:func:`minibert.validation.check_npz_members`), the config's fields and size
+    (:func:`~minibert.validation.check_config_fields`,
+    :func:`~minibert.validation.check_model_fits`), the members' bytes against what the
+    config implies (:func:`~minibert.validation.check_weight_bytes`); then that the
+    model's weights have the config's shapes and are
+    finite (:func:`~minibert.validation.check_finite`).
 
     Args:
         arrays: also read the model and optimizer arrays; False reads only the small
@@ -55,34 +70,58 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
         {"config": BertConfig, "model": {name: array}, "optim": {key: array},
          "trainer": dict} (the two array dicts empty when ``arrays`` is False).
     Raises:
-        CheckpointError: missing file, not a minibert checkpoint, or a damaged archive.
+        CheckpointError: missing file, not a minibert checkpoint, a damaged archive, a
+            member or config that fails a check, non-finite weights (the message names
+            the file and the member, field or tensor).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
+        declared = check_npz_members(path)
         with np.load(path, allow_pickle=False) as z:
-            files = {k: z[k] for k in z.files if arrays or k == "meta"}
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {path}: cannot be read as .npz ({e})") from e
-    if "meta" not in files:
-        raise CheckpointError(f"checkpoint {path}: no 'meta' entry, not a minibert checkpoint")
-    try:
-        meta = json.loads(files.pop("meta").tobytes().decode("utf-8"))
-        if meta.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, "
-                                  f"expected {FORMAT!r}")
-        config = BertConfig.from_dict(meta["config"])
-        trainer = dict(meta.get("trainer") or {})
+            if "meta" not in z.files:
+                raise CheckpointError(f"checkpoint {path}: no 'meta' entry, not a minibert "
+                                      "checkpoint")
+            config, trainer = _read_meta(z["meta"], path)
+            if arrays:
+                check_weight_bytes(declared, config, path, CHECKPOINT_BYTES_PER_PARAMETER)
+            files = {k: z[k] for k in z.files if arrays and k != "meta"}
     except CheckpointError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint {path}: damaged 'meta' entry ({e})") from None
+    except UntrustedFileError as e:
+        raise CheckpointError(f"checkpoint {e}") from None
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path}: cannot be read as .npz ({e})") from e
     model = {k[6:]: v for k, v in files.items() if k.startswith("model/")}
     optim = {k[6:]: v for k, v in files.items() if k.startswith("optim/")}
+    try:
+        check_state_matches_config(model, config, str(path))
+        check_finite(model, str(path))
+    except UntrustedFileError as e:
+        raise CheckpointError(f"checkpoint {e}") from None
     if config.norm_position == "pre":
         model, optim = rename_old_pre_ln_keys(model), rename_old_pre_ln_keys(optim)
     return {"config": config, "model": model, "optim": optim, "trainer": trainer}
+
+
+def _read_meta(meta: np.ndarray, path: Path) -> tuple[BertConfig, dict[str, Any]]:
+    """The config (checked, before any weight is read) and trainer record of the "meta"
+    entry. Raises CheckpointError."""
+    try:
+        meta = json.loads(meta.tobytes().decode("utf-8"))
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, "
+                                  f"expected {FORMAT!r}")
+        check_config_fields(meta["config"], f"{path} (meta config)")
+        config = BertConfig.from_dict(meta["config"])
+        check_model_fits(config, f"{path} (meta config)")
+        trainer = dict(meta.get("trainer") or {})
+    except (CheckpointError, UntrustedFileError):
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CheckpointError(f"checkpoint {path}: damaged 'meta' entry ({e})") from None
+    return config, trainer
 
 
 def rename_old_pre_ln_keys(state: dict[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,11 @@ import numpy as np
 from .atomic import atomic_copy, atomic_write
 from .albert import AlbertConfig
 from .modeling import BertConfig
-from .torchbin import TorchBinError, load_torch_state_dict
+from .torchbin import TorchBinError, declared_storage_bytes, load_torch_state_dict
+from .validation import (UntrustedFileError, check_config_fields, check_finite,
+                         check_model_fits, check_state_matches_config, check_vocab_fits,
+                         check_weight_bytes,
+                         read_json_object, safetensors_bytes, safetensors_header)
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -91,16 +95,19 @@ class HFCheckpoint:
 
 def is_hf_directory(path: str | os.PathLike) -> bool:
     """True if ``path`` is a directory with a ``config.json`` whose ``model_type`` is
-    ``"bert"`` (or that names a ``Bert*`` architecture)."""
-    cfg = Path(path) / CONFIG_NAME
-    if not cfg.is_file():
+    ``"bert"`` (or that names a ``Bert*`` architecture), or with Hugging Face weights
+    beside a ``config.json`` that is not a JSON object (:func:`load_hf_directory` then
+    says what is wrong with it)."""
+    path = Path(path)
+    if not (path / CONFIG_NAME).is_file():
         return False
     try:
-        d = json.loads(cfg.read_text(encoding="utf-8"))
+        d = read_json_object(path / CONFIG_NAME)
     except (OSError, ValueError):
-        return False
-    return d.get("model_type") in ("bert", "albert") or any(
-        str(a).startswith(("Bert", "Albert")) for a in d.get("architectures") or [])
+        return any((path / n).is_file() for n in (SAFETENSORS_NAME, BIN_NAME))
+    archs = d.get("architectures")
+    return d.get("model_type") in ("bert", "albert") or (isinstance(archs, list) and any(
+        str(a).startswith(("Bert", "Albert")) for a in archs))
 
 
 def config_from_hf(d: dict[str, Any], source: str = "config.json"):
@@ -206,18 +213,25 @@ def normalize_state_dict(raw: dict[str, np.ndarray],
     return out
 
 
-def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
+def read_hf_weights(directory: str | os.PathLike, config: BertConfig) -> dict[str, np.ndarray]:
     """The raw tensors of ``directory/model.safetensors``, else of
-    ``directory/pytorch_model.bin``, as NumPy arrays (HF key names).
+    ``directory/pytorch_model.bin``, as NumPy arrays (HF key names), each file's header
+    checked first (:func:`minibert.validation.safetensors_header`; the zip directory of a
+    ``.bin``) and its declared bytes against what ``config`` implies
+    (:func:`~minibert.validation.check_weight_bytes`), before any tensor is read.
 
     Raises:
         HFFormatError: neither file, a sharded checkpoint, or a file that cannot be read.
+        UntrustedFileError: a header that fails a check, or more bytes than the config
+            or the memory allows.
     """
     directory = Path(directory)
     st = directory / SAFETENSORS_NAME
     if not st.is_file():
         if (directory / BIN_NAME).is_file():
             try:
+                check_weight_bytes(declared_storage_bytes(directory / BIN_NAME), config,
+                                   directory / BIN_NAME)
                 return load_torch_state_dict(directory / BIN_NAME)
             except (TorchBinError, OSError) as e:
                 raise HFFormatError(f"{directory / BIN_NAME}: cannot be read ({e})") from e
@@ -225,6 +239,7 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
             raise HFFormatError(f"{directory}: sharded checkpoints are not supported "
                                 "(BERT-sized models fit in one file)")
         raise HFFormatError(f"{directory}: no {SAFETENSORS_NAME} or {BIN_NAME}")
+    check_weight_bytes(safetensors_bytes(safetensors_header(st)), config, st)
     from safetensors.numpy import load_file
     try:
         return load_file(str(st))
@@ -232,39 +247,66 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, np.ndarray]:
         raise HFFormatError(f"{st}: cannot be read by safetensors ({e})") from e
 
 
+def read_tokenizer_options(directory: Path) -> dict[str, Any]:
+    """BertTokenizer options from ``tokenizer_config.json`` when present (default:
+    lower-case): ``do_lower_case``, ``tokenize_chinese_chars`` and
+    ``clean_up_tokenization_spaces`` booleans, ``strip_accents`` a boolean or null.
+
+    Raises:
+        UntrustedFileError: the file is not a JSON object, or an option of another type.
+    """
+    opts: dict[str, Any] = {"do_lower_case": True}
+    tc = directory / TOKENIZER_CONFIG_NAME
+    if tc.is_file():
+        t = read_json_object(tc)
+        for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
+                  "clean_up_tokenization_spaces"):
+            if k not in t:
+                continue
+            if not (isinstance(t[k], bool) or (k == "strip_accents" and t[k] is None)):
+                raise UntrustedFileError(f"{tc}: field {k!r} is {t[k]!r:.40}, expected true or "
+                                         "false" + (" or null" if k == "strip_accents" else ""))
+            opts[k] = t[k]
+    return opts
+
+
 def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
-    """Read a Hugging Face BERT directory (see the module docstring).
+    """Read a Hugging Face BERT directory (see the module docstring), checking each file
+    before memory is spent on it (:mod:`minibert.validation`): config.json's fields and
+    the size of the model they imply, vocab.txt's length against ``vocab_size``,
+    tokenizer_config.json's options, the weights file's header and declared bytes; then
+    that the weights have the config's shapes and are finite.
 
     Returns:
         :class:`HFCheckpoint`; load ``state`` into a model with
         :func:`load_pretrained_weights`.
     Raises:
         HFFormatError: missing config.json / vocab.txt / weights, an unsupported option.
+        UntrustedFileError: a file that fails a check (the message names the file, the
+            field or tensor, and what was expected).
+        VocabError: a vocab.txt that is not UTF-8, empty, or repeats a token.
     """
     directory = Path(directory)
     cfg_path = directory / CONFIG_NAME
     if not cfg_path.is_file():
         raise HFFormatError(f"{directory}: no {CONFIG_NAME}, not a Hugging Face model directory")
-    try:
-        d = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise HFFormatError(f"{cfg_path}: not valid JSON ({e})") from e
+    d = read_json_object(cfg_path)
+    check_config_fields(d, str(cfg_path))
     config = config_from_hf(d, str(cfg_path))
+    check_model_fits(config, str(cfg_path))
     vocab = directory / VOCAB_NAME
     if not vocab.is_file():
         raise HFFormatError(f"{directory}: no {VOCAB_NAME} (a WordPiece vocabulary is needed)")
-    tok_opts: dict[str, Any] = {"do_lower_case": True}
-    tc = directory / TOKENIZER_CONFIG_NAME
-    if tc.is_file():
-        t = json.loads(tc.read_text(encoding="utf-8"))
-        for k in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
-                  "clean_up_tokenization_spaces"):
-            if k in t:
-                tok_opts[k] = t[k]
+    check_vocab_fits(vocab, config.vocab_size, str(cfg_path))
+    tok_opts = read_tokenizer_options(directory)
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
-    state = normalize_state_dict(read_hf_weights(directory),
+    state = normalize_state_dict(read_hf_weights(directory, config),
                                  "albert." if isinstance(config, AlbertConfig) else "bert.")
+    weights = next(directory / n for n in (SAFETENSORS_NAME, BIN_NAME)
+                   if (directory / n).is_file())
+    check_state_matches_config(state, config, f"{weights} and {cfg_path.name}")
+    check_finite(state, str(weights))
     archs = [str(a) for a in d.get("architectures") or []]
     return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
 

@@ -361,7 +361,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
 
 
 # Arguments that belong to an invocation, not to the run: never taken from a checkpoint.
-INVOCATION_ARGS = ("output_dir", "resume", "overwrite", "progress", "device")
+INVOCATION_ARGS = ("output_dir", "resume", "overwrite", "progress", "device",
+                   "allow_data_change")
 
 
 def resume_args(args, saved: Mapping[str, Any], fixed: Sequence[str], given: set[str],
@@ -487,17 +488,23 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
     The tokenizer's lower-casing comes from the checkpoint's ``tokenizer`` record or the
     run's ``lowercase`` argument, default lower-case.
 
+    Every file is checked before its arrays are read (:mod:`minibert.validation`), and
+    the vocabulary may not be longer than the model's ``vocab_size``.
+
     Raises:
         RunError: nothing usable at ``path``, no vocab.txt beside a checkpoint, or a file
-            that cannot be read (the message starts with ``option`` and the path).
+            that cannot be read or fails a check (the message starts with ``option`` and
+            names the file).
     """
     from .hf import HFFormatError, is_hf_directory, load_hf_directory
+    from .tokenization.vocab import VocabError
+    from .validation import UntrustedFileError, check_vocab_fits
 
     path = Path(path)
     if path.is_dir() and is_hf_directory(path) and not (path / CHECKPOINT).is_file():
         try:
             ck = load_hf_directory(path)
-        except HFFormatError as e:
+        except (HFFormatError, UntrustedFileError, VocabError) as e:
             raise RunError(f"{option} {e}") from None
         labels = ([ck.id2label[i] for i in range(len(ck.id2label))]
                   if ck.id2label and any(k.startswith("classifier.") for k in ck.state)
@@ -519,7 +526,8 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
         raise RunError(f"{option} {path}: no vocab.txt beside {ckpt}")
     try:
         c = load_checkpoint(ckpt)
-    except CheckpointError as e:
+        check_vocab_fits(vocab, c["config"].vocab_size, str(ckpt))
+    except (CheckpointError, UntrustedFileError, VocabError) as e:
         raise RunError(f"{option} {e}") from None
     trainer = c["trainer"]
     tok = dict(trainer.get("tokenizer") or {})

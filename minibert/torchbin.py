@@ -17,16 +17,33 @@ constructors and the storage type names, each handed out as a fresh stand-in obj
 the pickle can neither reach other code (``os.system`` ... raises :class:`TorchBinError`
 before anything is called) nor alter the stand-ins for later loads. Tensors are bounded by
 their storage. The legacy pre-1.6 format (a bare pickle stream, not a zip) is refused.
+
+Sizes are checked before anything is inflated, so a small file whose members would inflate
+to gigabytes is refused from its zip directory: ``data.pkl`` may declare at most
+:data:`PICKLE_LIMIT` bytes, the storages together no more than the memory available, and
+each storage member exactly the bytes its persistent id's element count needs.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import struct
 import zipfile
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+
+from .validation import available_memory
+
+# what a damaged archive or pickle raises on the way (a bad CRC or header, a compression
+# method zipfile lacks, an opcode out of place or a truncated stream)
+_DAMAGED = (zipfile.BadZipFile, zlib.error, NotImplementedError, pickle.UnpicklingError,
+            EOFError, TypeError, AttributeError, ValueError, KeyError, IndexError,
+            OverflowError, RecursionError, struct.error)
+# a state dict's pickle holds ~100 bytes per tensor; BERT-large's is ~40 KB
+PICKLE_LIMIT = 64 << 20
 
 
 class TorchBinError(ValueError):
@@ -136,23 +153,26 @@ class _Unpickler(pickle.Unpickler):
         if key not in self._storages:
             member = f"{self._prefix}/data/{key}"
             try:
-                raw = self._archive.read(member)
+                info = self._archive.getinfo(member)
             except KeyError:
                 raise TorchBinError(f"storage {member} is missing") from None
             dtype = _STORAGE_DTYPES[stype.name]
             width = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-            if len(raw) % width:
-                raise TorchBinError(f"storage {member} has {len(raw)} bytes, "
+            if info.file_size % width:
+                raise TorchBinError(f"storage {member} has {info.file_size} bytes, "
                                     f"not a multiple of its item size {width}")
+            if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0 \
+                    or info.file_size != numel * width:
+                raise TorchBinError(f"storage {member} declares {info.file_size:,} bytes, "
+                                    f"its tensor's storage needs {numel!r:.40} x {width} "
+                                    "bytes")
+            raw = self._archive.read(member)
             if dtype == "bfloat16":  # the top 16 bits of a float32
                 bits = np.frombuffer(raw, dtype=self._byteorder + "u2").astype(np.uint32)
                 arr = (bits << 16).view(np.float32)
             else:
                 arr = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder(self._byteorder))
                 arr = arr.astype(np.dtype(dtype).newbyteorder("="), copy=False)
-            if arr.size != numel:
-                raise TorchBinError(f"storage {key} holds {arr.size} values, "
-                                    f"its header says {numel}")
             self._storages[key] = arr
         return self._storages[key]
 
@@ -171,6 +191,65 @@ def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
             of arrays.
     """
     path = Path(path)
+    with _open_archive(path) as archive:
+        pkls = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+        if len(pkls) != 1:
+            raise TorchBinError(f"{path}: expected one <name>/data.pkl, found {pkls}")
+        prefix = pkls[0][: -len("/data.pkl")]
+        _check_member_sizes(path, archive, pkls[0], prefix)
+        try:
+            order = "<"
+            if f"{prefix}/byteorder" in archive.namelist():
+                order = {"little": "<", "big": ">"}.get(
+                    archive.read(f"{prefix}/byteorder").decode().strip(), "<")
+            with archive.open(pkls[0]) as f:
+                obj = _Unpickler(f, archive, prefix, order).load()
+        except TorchBinError as e:
+            raise TorchBinError(f"{path}: {e}") from e
+        except _DAMAGED as e:
+            raise TorchBinError(f"{path}: damaged or unexpected contents ({e})") from e
+    if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
+        raise TorchBinError(f"{path}: expected a dict of tensors (a state dict), got "
+                            f"{type(obj).__name__}")
+    return dict(obj)
+
+
+def _check_member_sizes(path: Path, archive: zipfile.ZipFile, pkl: str, prefix: str) -> None:
+    """Refuse, from the zip directory alone, a pickle over :data:`PICKLE_LIMIT`, a
+    byteorder entry over 16 bytes and storages that together exceed the memory available."""
+    size = archive.getinfo(pkl).file_size
+    if size > PICKLE_LIMIT:
+        raise TorchBinError(f"{path}: {pkl} declares {size:,} bytes, expected at most "
+                            f"{PICKLE_LIMIT:,} for a state dict's pickle")
+    if f"{prefix}/byteorder" in archive.namelist() and \
+            archive.getinfo(f"{prefix}/byteorder").file_size > 16:
+        raise TorchBinError(f"{path}: {prefix}/byteorder declares more than 16 bytes")
+    total, avail = _storage_bytes(archive), available_memory()
+    if total > avail:
+        raise TorchBinError(f"{path}: its storages declare {total:,} bytes, more than the "
+                            f"{avail:,} bytes of memory available")
+
+
+def _storage_bytes(archive: zipfile.ZipFile) -> int:
+    return sum(i.file_size for i in archive.infolist()
+               if i.filename.partition("/")[2].startswith("data/"))
+
+
+def declared_storage_bytes(path: str | os.PathLike) -> int:
+    """The bytes the storage members (``<name>/data/<key>``) of a torch zip archive
+    declare, from its directory (nothing is inflated).
+
+    Raises:
+        TorchBinError: not a zip archive. OSError: unreadable.
+    """
+    with _open_archive(path) as archive:
+        return _storage_bytes(archive)
+
+
+def _open_archive(path: str | os.PathLike) -> zipfile.ZipFile:
+    """The zip archive at ``path``; TorchBinError naming it when it is not a zip (a bare
+    pickle of torch < 1.6, a truncated file) or its directory is damaged (a member name
+    that is not the UTF-8 it is flagged as ...)."""
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
             head = f.read(2)
@@ -179,30 +258,9 @@ def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
                                 "supported; re-save it with a current torch")
         raise TorchBinError(f"{path}: not a torch zip archive (truncated or not a torch file?)")
     try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as e:
+        return zipfile.ZipFile(path)
+    except _DAMAGED as e:
         raise TorchBinError(f"{path}: damaged zip archive ({e})") from e
-    with archive:
-        pkls = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-        if len(pkls) != 1:
-            raise TorchBinError(f"{path}: expected one <name>/data.pkl, found {pkls}")
-        prefix = pkls[0][: -len("/data.pkl")]
-        order = "<"
-        if f"{prefix}/byteorder" in archive.namelist():
-            order = {"little": "<", "big": ">"}.get(
-                archive.read(f"{prefix}/byteorder").decode().strip(), "<")
-        try:
-            with archive.open(pkls[0]) as f:
-                obj = _Unpickler(f, archive, prefix, order).load()
-        except TorchBinError as e:
-            raise TorchBinError(f"{path}: {e}") from e
-        except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, TypeError,
-                AttributeError) as e:
-            raise TorchBinError(f"{path}: damaged or unexpected contents ({e})") from e
-    if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
-        raise TorchBinError(f"{path}: expected a dict of tensors (a state dict), got "
-                            f"{type(obj).__name__}")
-    return dict(obj)
 
 
-__all__ = ["TorchBinError", "load_torch_state_dict"]
+__all__ = ["PICKLE_LIMIT", "TorchBinError", "declared_storage_bytes", "load_torch_state_dict"]

@@ -30,6 +30,7 @@ from ..backend import get_device, xp_for
 from ..finetuning import read_tsv
 from ..hf import load_pretrained_weights
 from ..modeling import BertModel
+from ..provenance import start_fingerprint
 from ..runs import RunError, check_inputs, prepare_run_dir
 from ..tokenization import BertTokenizer
 from .probe import bag_of_words, fit_probe, mean_pooled_features
@@ -105,9 +106,17 @@ def write_subset(path: Path, examples, idx: np.ndarray) -> Path:
     return path
 
 
-def name_of(start: str, lr: float) -> str:
-    """The run directory name of a start fine-tuned at a learning rate."""
-    return f"{hashlib.sha1(start.encode()).hexdigest()[:10]}-lr{lr:g}"
+def start_key(start: str, pre) -> str:
+    """What the fine-tuning runs of a start are reused by: the content of the start
+    (:func:`minibert.provenance.start_fingerprint`), not its path, so a start replaced at
+    the same path runs again; ``random:`` starts are kept apart from the trained ones."""
+    return ("random:" if start.startswith("random:") else "") + start_fingerprint(pre)
+
+
+def name_of(key: str, lr: float) -> str:
+    """The run directory name of a start (its :func:`start_key`) fine-tuned at a learning
+    rate."""
+    return f"{hashlib.sha1(key.encode()).hexdigest()[:10]}-lr{lr:g}"
 
 
 def run_finetune(script: Path, argv: list[str], out: Path) -> tuple[float, float]:
@@ -182,7 +191,8 @@ def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Pat
     """Every run of one task (its train.tsv, dev.tsv and test.tsv in ``d``): per budget and
     seed, each start (name -> :class:`~minibert.runs.Pretrained`) fine-tuned by ``script``
     (finetune.py) at each rate, the probes and the bag of words; run directories under
-    ``out/runs``. ``args``: evaluate.py's options.
+    ``out/runs``, named by the start's content (:func:`start_key`), so a finished run is
+    reused only for the same start. ``args``: evaluate.py's options.
 
     Returns:
         (the records, as the module docstring says; the rows of the train split).
@@ -194,6 +204,7 @@ def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Pat
     y = {s: np.array([labels.index(e.label) for e in ex]) for s, ex in splits.items()}
     texts = {s: [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in ex]
              for s, ex in splits.items()}
+    keys = {s: start_key(s, pre) for s, pre in starts.items()}
     features = {}
     for s, pre in starts.items() if args.probe else ():
         print(f"{task}: encoding with {s} (frozen, mean-pooled)", flush=True)
@@ -212,7 +223,7 @@ def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Pat
                 for lr in args.lr if args.finetune else ():
                     dev_acc, acc = run_finetune(
                         script, finetune_argv(args, s, seed, lr, subset, d),
-                        out / "runs" / tag / name_of(s, lr))
+                        out / "runs" / tag / name_of(keys[s], lr))
                     records.append({**where, "start": s, "kind": "finetune", "lr": lr,
                                     "dev_accuracy": dev_acc, "accuracy": acc})
             records += probe_records(features, y, idx, flat, len(labels), **where)

@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+from ..cli import dropout_probability, non_negative_int, positive_float, positive_int
 from .catalogue import LAYERS, Shapes, run_checks
 from .perturbations import PERTURBATIONS
 
@@ -26,35 +27,40 @@ def main(argv=None) -> int:
     p.add_argument("--layer", choices=LAYERS + ("all",), default="all", nargs="+",
                    help="which checks to run")
     d = Shapes()
-    p.add_argument("--batch", type=int, default=d.batch, help="B, sequences")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="T, tokens per sequence")
-    p.add_argument("--hidden", type=int, default=d.hidden, help="C, hidden size")
-    p.add_argument("--heads", type=int, default=d.heads, help="NH, attention heads (divides C)")
-    p.add_argument("--intermediate", type=int, default=d.intermediate, help="I, FFN width")
-    p.add_argument("--vocab", type=int, default=d.vocab, help="V, vocabulary size")
-    p.add_argument("--layers", type=int, default=d.layers, help="encoder layers of the model")
-    p.add_argument("--dropout", type=float, default=d.dropout,
+    p.add_argument("--batch", type=positive_int, default=d.batch, help="B, sequences")
+    p.add_argument("--seq-len", type=positive_int, default=d.seq_len,
+                   help="T, tokens per sequence")
+    p.add_argument("--hidden", type=positive_int, default=d.hidden, help="C, hidden size")
+    p.add_argument("--heads", type=positive_int, default=d.heads,
+                   help="NH, attention heads (divides C)")
+    p.add_argument("--intermediate", type=positive_int, default=d.intermediate,
+                   help="I, FFN width")
+    p.add_argument("--vocab", type=positive_int, default=d.vocab, help="V, vocabulary size")
+    p.add_argument("--layers", type=positive_int, default=d.layers,
+                   help="encoder layers of the model")
+    p.add_argument("--dropout", type=dropout_probability, default=d.dropout,
                    help="dropout probability (masks fixed during a check)")
-    p.add_argument("--label-smoothing", type=float, default=d.label_smoothing)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=float, default=1e-5, help="largest passing relative error")
-    p.add_argument("--atol", type=float, default=1e-8, help="an abs error this small passes too")
-    p.add_argument("--full-max-size", type=int, default=100,
+    p.add_argument("--label-smoothing", type=dropout_probability, default=d.label_smoothing)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--tol", type=positive_float, default=1e-5,
+                   help="largest passing relative error (a finite number > 0)")
+    p.add_argument("--atol", type=positive_float, default=1e-8,
+                   help="an abs error this small passes too (a finite number > 0)")
+    p.add_argument("--full-max-size", type=non_negative_int, default=100,
                    help="tensors up to this many entries are checked entry by entry, larger "
                         "ones along random directions")
     p.add_argument("--perturb", choices=list(PERTURBATIONS), default=None,
                    help="corrupt one backward term to see what a wrong gradient looks like")
     args = p.parse_args(argv)
-    for name in ("batch", "seq_len", "hidden", "heads", "intermediate", "vocab", "layers"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive")
     if args.hidden % args.heads:
         p.error(f"--hidden ({args.hidden}) must be divisible by --heads ({args.heads})")
-    if not 0 <= args.dropout < 1:
-        p.error("--dropout must be in [0, 1)")
     layers = LAYERS if "all" in args.layer else tuple(dict.fromkeys(args.layer))
     shapes = Shapes(args.batch, args.seq_len, args.hidden, args.heads, args.intermediate,
                     args.vocab, args.layers, args.dropout, args.label_smoothing)
+    try:
+        shapes.check_fits()
+    except ValueError as e:
+        p.error(str(e))
     if args.perturb:
         print(f"PERTURBED backward ({args.perturb}): {PERTURBATIONS[args.perturb][0]}\n")
     t0 = time.perf_counter()

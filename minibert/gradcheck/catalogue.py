@@ -15,7 +15,7 @@ from ..nn import (IGNORE_INDEX, Activation, Dropout, Embedding, LayerNorm, Linea
                   extended_attention_mask)
 # functions are looked up on their modules at call time, so that --perturb reaches them
 from ..nn import activations as A, attention as Att, losses as Lo
-from .core import GradcheckReport, check_module
+from .core import GradcheckReport, check_module, check_tolerances
 from .perturbations import perturbed
 
 
@@ -34,6 +34,43 @@ class Shapes:
     layers: int = 2
     dropout: float = 0.1
     label_smoothing: float = 0.1
+
+    def float64_terms(self) -> dict[tuple[str, str], int]:
+        """The float64 values the largest arrays of the checks hold, keyed by (the options
+        they grow with, what they are): attention probabilities and their cache (B NH T^2
+        per layer, ~4 live), feed-forward activations (B T I per layer), the other
+        activations (B T C, ~16 per layer), the MLM logits and their gradient (B T V, ~4),
+        the embedding table and the weights (V C, L (4 C^2 + 2 C I), ~4 each: data,
+        gradient and the finite-difference copies)."""
+        B, T, C, NH, I, V, L = (self.batch, self.seq_len, self.hidden, self.heads,
+                                self.intermediate, self.vocab, self.layers)
+        return {("--batch x --heads x --seq-len^2", "attention"): 4 * B * NH * T * T * L,
+                ("--batch x --seq-len x --intermediate", "feed-forward"): 4 * B * T * I * L,
+                ("--batch x --seq-len x --hidden", "activations"): 16 * B * T * C * L,
+                ("--batch x --seq-len x --vocab", "MLM logits"): 4 * B * T * V,
+                ("--vocab x --hidden", "embeddings"): 4 * V * C,
+                ("--layers x --hidden x --intermediate", "weights"):
+                    4 * L * (4 * C * C + 2 * C * I)}
+
+    def check_fits(self) -> None:
+        """Refuse sizes whose float64 arrays (:meth:`float64_terms`) cannot fit in the
+        memory available (:func:`minibert.validation.available_memory`), before any is
+        allocated.
+
+        Raises:
+            ValueError: naming the options of the largest term and the bytes.
+        """
+        from ..validation import available_memory
+        terms = self.float64_terms()
+        need, avail = 8 * sum(terms.values()), available_memory()
+        if need > avail:
+            options, what = max(terms, key=terms.get)
+            raise ValueError(
+                f"{options} too large: the checks need ~{need / 1e9:.3g} GB of float64 "
+                f"arrays ({what} the largest), more than the {avail / 1e9:.3g} GB of memory "
+                f"available (batch {self.batch}, seq-len {self.seq_len}, hidden "
+                f"{self.hidden}, heads {self.heads}, intermediate {self.intermediate}, "
+                f"vocab {self.vocab}, layers {self.layers})")
 
 
 def random_token_batch(config, rng: np.random.Generator, batch: int, seq_len: int,
@@ -376,11 +413,14 @@ def run_checks(layers: Sequence[str], shapes: Shapes, seed: int = 0,
 
     Returns one report per checked configuration.
     Raises:
-        ValueError: an unknown layer or perturbation name.
+        ValueError: an unknown layer or perturbation name; sizes that do not fit in memory
+            (:meth:`Shapes.check_fits`); a tolerance that is not a finite number > 0.
     """
     unknown = [name for name in layers if name not in LAYERS]
     if unknown:
         raise ValueError(f"unknown layer(s) {unknown}: expected {', '.join(LAYERS)} or all")
+    shapes.check_fits()
+    check_tolerances(**{k: v for k, v in check_kw.items() if k in ("tol", "atol", "h")})
     checks = layer_checks(shapes, seed)
     reports = []
     with perturbed(perturbation):

@@ -9,6 +9,7 @@ section 8.1). Run in float64: with float32 the rounding error of the differences
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -98,6 +99,16 @@ class GradcheckRow:
         return self.result != "FAIL"
 
 
+def check_tolerances(**values: float) -> None:
+    """Raise ValueError naming the first of ``values`` (tol, atol, h ...) that is not a
+    finite number > 0: a zero, negative, NaN or infinite tolerance makes every check pass
+    or fail whatever the gradient, and such a step differences nothing."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) \
+                or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+
+
 def check_tensor(f: Callable[[], float], x, analytic, name: str = "", *, full: bool = True,
                  rng: np.random.Generator | None = None, directions: int = 4,
                  h: float = 1e-6, tol: float = 1e-5, atol: float = 1e-8) -> GradcheckRow:
@@ -115,7 +126,10 @@ def check_tensor(f: Callable[[], float], x, analytic, name: str = "", *, full: b
         h: finite-difference step.
     Returns:
         A :class:`GradcheckRow`.
+    Raises:
+        ValueError: ``tol``, ``atol`` or ``h`` not a finite number > 0.
     """
+    check_tolerances(tol=tol, atol=atol, h=h)
     analytic = np.array(to_numpy(analytic), dtype=np.float64)  # a copy, kept from f
     if full:
         numerical, method = numerical_gradient(f, x, h), "full"
@@ -297,8 +311,10 @@ def check_module(module, inputs: Sequence = (), loss: Callable | None = None, *,
     Raises:
         TypeError: a parameter or float input that is not float64, or a default loss on a
             non-array output.
-        ValueError: ``backward`` returned an input gradient of the wrong shape.
+        ValueError: ``tol``, ``atol`` or ``h`` not a finite number > 0 (before anything
+            runs); ``backward`` returned an input gradient of the wrong shape.
     """
+    check_tolerances(tol=tol, atol=atol, h=h)
     loss = loss or _random_upstream_loss(seed)
     names = (list(input_names) if input_names is not None
              else [f"input{i}" for i in range(len(inputs))])

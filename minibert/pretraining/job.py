@@ -34,6 +34,7 @@ from ..cli import flag
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig
 from ..objectives import get_objective
+from ..provenance import check_same_data, data_fingerprint
 from ..runs import RunError, load_start
 from ..tokenization import BertTokenizer, train_wordpiece
 from .batches import iterate_batches, make_eval_batches
@@ -53,7 +54,7 @@ ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
-               "save_every", "max_nonfinite_steps")
+               "save_every", "max_nonfinite_steps", "allow_data_change")
 
 
 @dataclass
@@ -78,7 +79,11 @@ def check_options(args, given: set[str], resumed: dict | None) -> Start:
             lower-casing contradicts the options, distillation or ELECTRA options without
             ``--teacher`` / ``--objective electra``, ``--batch-size-ramp`` without
             accumulation. CheckpointError, HFFormatError: unreadable weights.
+            DataChangedError: a resumed run whose corpus or vocab changed since its
+            checkpoint (:func:`check_resumed_data`).
     """
+    if resumed is not None:
+        check_resumed_data(args, resumed)
     start = Start()
     if resumed is None and args.init_checkpoint:
         start.init = init = load_start(args.init_checkpoint, "--init-checkpoint")
@@ -114,6 +119,20 @@ def check_options(args, given: set[str], resumed: dict | None) -> Start:
                        "per step up to --gradient-accumulation-steps, which is 1: give it "
                        ">= 2 (the full batch is --batch-size x that)")
     return start
+
+
+def check_resumed_data(args, resumed: dict) -> None:
+    """Refuse to resume on a corpus or vocab other than the one the checkpoint records
+    (:func:`minibert.provenance.check_same_data`), unless ``--allow-data-change``; the run's
+    vocab is its own ``vocab.txt``. A checkpoint written before the record is not checked.
+
+    Raises:
+        DataChangedError: naming what changed. CorpusError: corpus files missing.
+    """
+    run_dir = Path(args.output_dir)
+    check_same_data(resumed["trainer"].get("data"),
+                    data_fingerprint(resolve_corpus_files(args.corpus), run_dir / "vocab.txt"),
+                    args.allow_data_change, str(run_dir / "checkpoint.npz"))
 
 
 def model_config(args, vocab_size: int) -> BertConfig:
@@ -172,14 +191,17 @@ def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer
 @dataclass
 class PretrainData:
     """The objective, tokenizer, :class:`~.masking.VocabInfo`, the training and held-out
-    :class:`~.corpus.TokenStore` of a run and the minimal pairs it is evaluated on (a
-    :class:`~minibert.evaluation.minimal_pairs.PairsProbe` or None) (:func:`prepare_data`)."""
+    :class:`~.corpus.TokenStore` of a run (:func:`prepare_data`), the fingerprint of the
+    corpus and vocab they come from (:func:`minibert.provenance.data_fingerprint`), which
+    every checkpoint records, and the minimal pairs it is evaluated on (a
+    :class:`~minibert.evaluation.minimal_pairs.PairsProbe` or None)."""
 
     objective: Any
     tokenizer: BertTokenizer
     vocab: VocabInfo
     train: TokenStore
     held_out: TokenStore
+    fingerprint: dict
     pairs: PairsProbe | None = None
 
 
@@ -201,7 +223,8 @@ def prepare_data(args, run, reuse_vocab: bool) -> PretrainData:
     train, held_out = split_documents(store, eval_fraction=args.eval_fraction, seed=args.seed,
                                       min_documents=objective.min_documents)
     return PretrainData(objective, tokenizer, VocabInfo.from_tokenizer(tokenizer), train,
-                        held_out, pairs_probe(args, tokenizer))
+                        held_out, data_fingerprint(files, run.vocab),
+                        pairs_probe(args, tokenizer))
 
 
 def check_corpus_shape(data: PretrainData) -> None:
@@ -358,6 +381,7 @@ class PretrainTask:
     def __init__(self, args, data: PretrainData, eval_batches, reference: dict, model, xp):
         self.args, self.objective, self.store, self.vocab = (args, data.objective, data.train,
                                                              data.vocab)
+        self.data_fingerprint = data.fingerprint
         self.reference = reference
         self.eval_batches, self.model, self.xp = eval_batches, model, xp
         self.evaluate = self._evaluate if eval_batches else None
@@ -402,7 +426,8 @@ class PretrainTask:
 
     def trainer_record(self) -> dict:
         return {"job": "pretrain", "args": vars(self.args),
-                "tokenizer": {"do_lower_case": self.args.lowercase}}
+                "tokenizer": {"do_lower_case": self.args.lowercase},
+                "data": self.data_fingerprint}
 
 
 def pairs_probe(args, tokenizer) -> PairsProbe | None:
