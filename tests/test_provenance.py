@@ -110,8 +110,9 @@ def test_checkpoint_records_the_data_and_resume_refuses_a_changed_corpus(
             raise KeyboardInterrupt("simulated crash after the step-2 checkpoint")
 
     monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stop:            # job_main: Ctrl-C ends with 130
         train_mlm.main(args_for(corpus, out, "--max-steps", "4"))
+    assert stop.value.code == 130
     monkeypatch.setattr(training, "save_checkpoint", real_save)
     record = load_checkpoint(out / "checkpoint.npz")["trainer"]["data"]
     assert record == provenance.data_fingerprint([corpus], out / "vocab.txt")
