@@ -380,8 +380,11 @@ def test_ctrl_c_ends_in_one_line_with_exit_130_and_resume_continues_exactly(
         moby30, moby_vocab, out, "--max-steps", 40, "--save-every", 4), *more]
     full, cut = tmp_path / "full", tmp_path / "cut"
     subprocess.run(cmd(full), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    # SIGINT back to its default in the child: a shell ignores it in background jobs (as
+    # a CI script started with & would be), and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen(cmd(cut), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.time()
     while not (cut / "checkpoint.npz").exists():
         assert proc.poll() is None and time.time() - t0 < 120

@@ -181,10 +181,11 @@ def test_mean_pooling_end_to_end(dataset, pretrained_run, tmp_path, capsys):  # 
     assert summary["pooling"] == "mean" and summary["dev"]["accuracy"] >= 0.75
     assert json.loads((out / "config.json").read_text())["classifier_pooling"] == "mean"
     # the saved model is rebuilt mean-pooled and predicts the same
-    printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("pos\t")]
+    printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[{")]
     assert run_ft("--model", out, "--predict", "very good film") == 0
-    again = [l for l in capsys.readouterr().out.splitlines() if l.startswith("pos\t")]
-    assert printed == again and printed
+    again = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[{")]
+    assert printed == again and len(printed) == 1
+    assert {s["label"] for s in json.loads(printed[0])} == {"neg", "pos"}
 
 
 
