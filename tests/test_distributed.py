@@ -40,6 +40,21 @@ def mpirun(n, *cmd, timeout=300, check=True):
     return proc
 
 
+def wait_for_owner_to_die(directory: Path, timeout: float = 60) -> None:
+    """Wait until no process holds the run directory's lock (``runs.lock_run_dir``)."""
+    import fcntl
+    t0 = time.time()
+    while (directory / ".lock").exists():
+        with open(directory / ".lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                assert time.time() - t0 < timeout, f"{directory} still locked"
+        time.sleep(0.05)
+
+
 def single(*cmd, timeout=300):
     env = {k: v for k, v in os.environ.items() if k not in distributed._LAUNCHER_SIZE_VARS}
     proc = subprocess.run([sys.executable, *map(str, cmd)], cwd=ROOT, env=env,
@@ -205,6 +220,7 @@ def test_resume_on_another_world_size_continues_the_data_stream(corpus, tmp_path
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    wait_for_owner_to_die(cut)     # the ranks may outlive mpirun's SIGKILL for a moment
     step = load_checkpoint(cut / "checkpoint.npz", arrays=False)["trainer"]["step"]
     out = single(ROOT / "train_mlm.py", "--resume", cut, "--no-progress").stdout
     print(f"killed after the checkpoint of step {step}")
