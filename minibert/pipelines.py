@@ -45,6 +45,7 @@ from .finetuning.tagging import TaggedSentence, encode_tagging, first_pieces
 from .finetuning.tasks import TaskBase, make_task, task_for_model
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
+from .albert import AlbertConfig, AlbertForPreTraining, AlbertModel
 from .modeling import BertForPreTraining, BertModel
 
 
@@ -476,8 +477,9 @@ def load_model(task: str, path, option: str = "model"):
     (see :func:`minibert.runs.load_start`; or an already loaded
     :class:`~minibert.runs.Pretrained`), on the current device.
 
-    fill-mask needs the masked-LM head (``cls.predictions.*``); feature-extraction takes
-    the encoder of any start; the fine-tuned tasks need a model fine-tuned on that task.
+    fill-mask needs the masked-LM head (``cls.predictions.*``, ALBERT's ``predictions.*``);
+    feature-extraction takes the encoder of any start (BERT or ALBERT); the fine-tuned tasks
+    need a BERT fine-tuned on that task.
 
     Raises:
         RunError: nothing loadable at ``path``. PipelineError: a start without the head
@@ -491,13 +493,16 @@ def load_model(task: str, path, option: str = "model"):
     if isinstance(path, Pretrained):
         path = pre.source
     extra: dict[str, Any] = {}
+    albert = isinstance(pre.config, AlbertConfig)
     if task == "fill-mask":
-        if not any(k.startswith("cls.predictions.") for k in pre.state):
-            raise PipelineError(f"{option} {path}: no masked-LM head (cls.predictions.*) in "
+        head = "predictions." if albert else "cls.predictions."
+        if not any(k.startswith(head) for k in pre.state):
+            raise PipelineError(f"{option} {path}: no masked-LM head ({head}*) in "
                                 f"{pre.source}; fill-mask needs a pretrained masked LM")
-        model = BertForPreTraining(pre.config, seq_relationship_head=False)
+        model = (AlbertForPreTraining if albert else BertForPreTraining)(
+            pre.config, seq_relationship_head=False)
     elif task == "feature-extraction":
-        model = BertModel(pre.config, add_pooling_layer=False)
+        model = (AlbertModel if albert else BertModel)(pre.config, add_pooling_layer=False)
     else:
         ft = task_for_model(pre)
         want = PIPELINES[task].finetune_task

@@ -313,3 +313,28 @@ def test_command_line_bad_input_is_an_error_line(run, tmp_path, capsys):
     assert "--pairs needs" in cli_fails(capsys, "fill-mask", run, "a", "b", "--pairs")
     assert "not a Hugging Face BERT directory" in cli_fails(capsys, "fill-mask",
                                                             tmp_path / "nothing", "a [MASK]")
+
+
+def test_albert_fill_mask_and_features_equal_transformers(tmp_path):
+    """An ALBERT start (Hugging Face directory, shared layers, E < H) through the same
+    pipelines: fill-mask as transformers' pipeline, token states as AlbertModel's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from minibert.albert import AlbertConfig, AlbertForPreTraining
+    config = AlbertConfig(vocab_size=30522, embedding_size=8, hidden_size=16,
+                          num_hidden_layers=3, num_hidden_groups=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=64)
+    model = AlbertForPreTraining(config, seed=2)
+    model.predictions.bias.data[:] = np.random.default_rng(2).normal(0, 3, 30522)
+    d = save_hf_directory(model, tmp_path / "albert", VOCAB)
+    theirs = transformers.pipeline("fill-mask", model=str(d), tokenizer=str(d), device="cpu")
+    got = pipeline("fill-mask", d, batch_size=2)(TEXTS, top_k=3)
+    for text, g in zip(TEXTS, got):
+        assert_same_fills(g, theirs(text, top_k=3))
+    hf = transformers.AutoModel.from_pretrained(str(d)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(d))
+    states = pipeline("feature-extraction", d)(SENTENCES[:2])
+    for s, text in zip(states, SENTENCES):
+        with torch.no_grad():
+            ref = hf(**tok(text, return_tensors="pt")).last_hidden_state[0].numpy()
+        np.testing.assert_allclose(s, ref, atol=1e-5)

@@ -104,3 +104,19 @@ def test_score_command_writes_json_lines_and_refuses_bad_input(run, tmp_path, ca
             main(argv)
         err = capsys.readouterr().err
         assert e.value.code == 2 and msg in err and "Traceback" not in err, err
+
+
+def test_albert_pll_equals_transformers_masked_lm(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from minibert.albert import AlbertConfig, AlbertForPreTraining
+    from minibert.hf import save_hf_directory
+    from test_pipelines import VOCAB
+    config = AlbertConfig(vocab_size=30522, embedding_size=8, hidden_size=16,
+                          num_hidden_layers=2, num_hidden_groups=2, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=64)
+    d = save_hf_directory(AlbertForPreTraining(config, seed=4), tmp_path / "albert", VOCAB)
+    model, tok, _ = load_model("fill-mask", d)
+    hf = transformers.AlbertForMaskedLM.from_pretrained(str(d)).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(d))
+    for g, text in zip(score_texts(model, tok, TEXTS[:3], batch_size=5), TEXTS[:3]):
+        assert g["score"] == pytest.approx(reference_pll(hf, hf_tok, text, True)[0], abs=1e-4)
