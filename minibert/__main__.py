@@ -150,6 +150,7 @@ def _shape(args, items: list) -> list:
 def _run(args, pipe, items: list) -> list:
     """(input, output) per input, in batches of 256 inputs under a progress bar."""
     from tqdm import tqdm
+    from .pipelines import cosine_similarity
     options = {k: v for k, v in (("top_k", args.top_k), ("pooling", args.pooling),
                                  ("normalize", args.normalize or None),
                                  ("aggregation_strategy", args.aggregation_strategy))
@@ -165,28 +166,13 @@ def _run(args, pipe, items: list) -> list:
             if args.pairs:
                 vecs = pipe([x["text"] for x in chunk] + [x["text_pair"] for x in chunk],
                             **options)
-                res = [{"cosine": _cosine(vecs[j], vecs[len(chunk) + j])}
+                res = [{"cosine": cosine_similarity(vecs[j], vecs[len(chunk) + j])}
                        for j in range(len(chunk))]
             else:
                 res = pipe(chunk, **options)
             out += zip(chunk, res)
             bar.update(len(chunk))
     return out
-
-
-def _cosine(a, b) -> float:
-    from .pipelines import cosine_similarity
-    return cosine_similarity(a, b)
-
-
-def _jsonable(x):
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, list):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    return x
 
 
 def _set_device(args) -> None:
@@ -216,7 +202,8 @@ def _write(args, records: list) -> None:
     """JSON lines to stdout, or atomically to ``--output`` (a failed write ends in
     :func:`minibert.cli.job_main`'s one line)."""
     from .atomic import atomic_write_bytes
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    text = "".join(json.dumps(r, ensure_ascii=False, default=np.ndarray.tolist) + "\n"
+                   for r in records)
     if args.output is None:
         sys.stdout.write(text)
         return
@@ -234,7 +221,7 @@ def predict(args) -> None:
     _set_device(args)
     pipe = pipeline(args.task, args.model, batch_size=args.batch_size,
                     max_length=args.max_length)
-    _write(args, [{"input": x, "output": _jsonable(y)} for x, y in _run(args, pipe, items)])
+    _write(args, [{"input": x, "output": y} for x, y in _run(args, pipe, items)])
 
 
 def score(args) -> None:

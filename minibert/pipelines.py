@@ -47,6 +47,7 @@ from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .albert import AlbertConfig, AlbertForPreTraining, AlbertModel
 from .modeling import BertForPreTraining, BertModel
+from .nn.activations import softmax_forward
 
 
 class PipelineError(ValueError):
@@ -208,10 +209,7 @@ class FillMaskPipeline(Pipeline):
         """Probabilities (softmax over the vocabulary, float32) and ids of the k best, best
         first: (B, P, k) each."""
         xp = self.xp
-        logits = logits.astype(xp.float32)                           # float16 runs too
-        z = logits - logits.max(-1, keepdims=True)
-        probs = xp.exp(z)
-        probs /= probs.sum(-1, keepdims=True)                        # (B, P, V)
+        probs = softmax_forward(logits.astype(xp.float32))[0]        # (B, P, V)
         if targets is not None:
             probs = probs[..., targets]
         k = min(k, probs.shape[-1])
@@ -367,21 +365,22 @@ class TokenClassificationPipeline(_FinetunedPipeline):
             raise PipelineError("aggregation_strategy must be 'none' or 'simple', got "
                                 f"{aggregation_strategy!r}")
         spans = [self.task_obj.word_spans(t) for t in self._texts(items)]
-        sentences = [TaggedSentence([w for w, _, _ in s], ["O"] * len(s), n, "input")
-                     for n, s in enumerate(spans) if s]
+        texts = [n for n, s in enumerate(spans) if s]          # the inputs with words
+        sentences = [TaggedSentence([w for w, _, _ in spans[n]], ["O"] * len(spans[n]), 1,
+                                    f"input {n + 1}") for n in texts]
         words: list[list[dict]] = [[] for _ in items]
         if sentences:
             split = encode_tagging(self.tokenizer, sentences, self.max_length, None)
             probs, _ = self.task_obj.row_probabilities(self.model, split, self.batch_size,
                                                        self.xp, self.tokenizer.pad_token_id)
-            for sent, pieces in zip(sentences, first_pieces(split)):
-                text, span = items[sent.line], spans[sent.line]
-                for (w, a, b), p in zip(span, pieces):
+            for n, pieces in zip(texts, first_pieces(split)):
+                for (w, a, b), p in zip(spans[n], pieces):
                     j = int(probs[p[0]][p[1]].argmax()) if p else None
-                    words[sent.line].append({
+                    words[n].append({
                         "entity": self.labels[j] if p else "O",
                         "score": float(probs[p[0]][p[1]][j]) if p else 0.0,
-                        "index": p[1] if p else None, "word": text[a:b], "start": a, "end": b})
+                        "index": p[1] if p else None, "word": items[n][a:b], "start": a,
+                        "end": b})
         if aggregation_strategy == "simple":
             return [[g for g in _group_entities(w, t) if g["entity_group"] != "O"]
                     for w, t in zip(words, items)]

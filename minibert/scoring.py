@@ -30,6 +30,7 @@ import numpy as np
 
 from .backend import get_array_module, to_numpy
 from .finetuning.data import EncodedSplit, length_batches
+from .nn.losses import softmax_nll
 
 METHODS = ("pll-word-l2r", "pll")
 
@@ -102,16 +103,27 @@ def score_ids(model, sentences: Sequence[tuple[Sequence[int], Sequence[int | Non
             d = b.to(xp)
             z = model(d.input_ids, d.token_type_ids, d.attention_mask,
                       masked_lm_positions=xp.asarray(pos)).prediction_logits[:, 0]
-            z = z.astype(xp.float64)                                     # (B, V)
-            m = z.max(-1)
-            lse = m + xp.log(xp.exp(z - m[:, None]).sum(-1))
-            logp[b.index] = to_numpy(z[xp.arange(len(b.index)), gold] - lse)
+            nll = softmax_nll(z.astype(xp.float64), gold)[1]             # (B,) -log p
+            logp[b.index] = -to_numpy(nll)
     finally:
         model.train(was_training)
     out: list[list[float]] = [[] for _ in sentences]
     for i, s in enumerate(owner):
         out[s].append(logp[i])
     return [np.asarray(v, dtype=np.float64) for v in out]
+
+
+def encode_sentence(tokenizer, text: str) -> tuple[list[int], list[int | None]]:
+    """``([CLS] ids [SEP], word_ids)`` of one sentence, as :func:`score_ids` takes it
+    (word ids None on the special tokens)."""
+    a = tokenizer.text_to_ids_with_offsets(text)
+    return ([tokenizer.cls_token_id, *a.ids, tokenizer.sep_token_id],
+            [None, *a.word_ids, None])
+
+
+def scorable(tokenizer, ids: Sequence[int]) -> bool:
+    """Whether an encoded sentence has a token other than [CLS], [SEP] and [UNK]."""
+    return any(i != tokenizer.unk_token_id for i in ids[1:-1])
 
 
 def score_texts(model, tokenizer, texts: Sequence[str], method: str = "pll-word-l2r",
@@ -126,16 +138,13 @@ def score_texts(model, tokenizer, texts: Sequence[str], method: str = "pll-word-
             positions) tokens; see :func:`score_ids`.
     """
     limit = max_length or model.config.max_position_embeddings
-    sentences = []
-    for n, text in enumerate(texts, 1):
-        a = tokenizer.text_to_ids_with_offsets(text)
-        ids = [tokenizer.cls_token_id, *a.ids, tokenizer.sep_token_id]
-        if not a.ids or all(i == tokenizer.unk_token_id for i in a.ids):
+    sentences = [encode_sentence(tokenizer, t) for t in texts]
+    for n, (text, (ids, _)) in enumerate(zip(texts, sentences), 1):
+        if not scorable(tokenizer, ids):
             raise ScoringError(f"text {n}: {text[:60]!r} gives "
-                               f"{'no token' if not a.ids else 'only [UNK]'}")
+                               f"{'no token' if len(ids) == 2 else 'only [UNK]'}")
         if len(ids) > limit:
             raise ScoringError(f"text {n}: {len(ids)} tokens, more than the {limit} allowed")
-        sentences.append((ids, [None, *a.word_ids, None]))
     scores = score_ids(model, sentences, tokenizer.mask_token_id, tokenizer.pad_token_id,
                        method, batch_size)
     out = []
@@ -148,4 +157,5 @@ def score_texts(model, tokenizer, texts: Sequence[str], method: str = "pll-word-
     return out
 
 
-__all__ = ["METHODS", "ScoringError", "masked_copies", "score_ids", "score_texts"]
+__all__ = ["METHODS", "ScoringError", "encode_sentence", "masked_copies", "score_ids",
+           "score_texts", "scorable"]

@@ -123,23 +123,31 @@ def first_per_paradigm(pairs: Sequence[MinimalPair], n: int) -> list[MinimalPair
 
 class PairsProbe:
     """The minimal-pair macro accuracy of a masked LM during pretraining: a fixed set of
-    pairs, tokenized once, scored by PLL-word-l2r in one batched pass per call.
+    pairs, tokenized once here, scored by PLL-word-l2r in one batched pass per call.
 
     Pairs with a sentence the tokenizer turns into nothing but ``[UNK]`` are dropped
     (``dropped`` counts them), so another language's vocabulary costs no error.
     """
 
     def __init__(self, pairs: Sequence[MinimalPair], tokenizer, batch_size: int = 256):
-        unk = tokenizer.unk_token_id
-        known = lambda s: any(i != unk for i in tokenizer.text_to_ids(s))  # noqa: E731
-        self.pairs = [p for p in pairs if known(p.good) and known(p.bad)]
+        from ..scoring import encode_sentence, scorable
+        encoded = [(p, encode_sentence(tokenizer, p.good), encode_sentence(tokenizer, p.bad))
+                   for p in pairs]
+        kept = [e for e in encoded if scorable(tokenizer, e[1][0])
+                and scorable(tokenizer, e[2][0])]
+        self.pairs = [p for p, _, _ in kept]
+        self.sentences = [g for _, g, _ in kept] + [b for _, _, b in kept]
         self.dropped = len(pairs) - len(self.pairs)
         self.tokenizer, self.batch_size = tokenizer, batch_size
 
     def __call__(self, model) -> float:
         """Macro accuracy (percent) of ``model`` (a BertForPreTraining, eval mode)."""
-        return score_pairs_mlm(model, self.tokenizer, self.pairs,
-                               batch_size=self.batch_size)["macro"]
+        from ..scoring import score_ids
+        t = self.tokenizer
+        s = [float(v.sum()) for v in score_ids(model, self.sentences, t.mask_token_id,
+                                               t.pad_token_id, batch_size=self.batch_size)]
+        n = len(self.pairs)
+        return accuracy(self.pairs, s[:n], s[n:])["macro"]
 
     def trigram_floor(self, sentences: Iterable[str]) -> float:
         """Macro accuracy (percent) of a Kneser-Ney trigram fitted on ``sentences``."""

@@ -109,6 +109,7 @@ class KneserNeyTrigram:
         return sum(math.log(self.prob(a, b, c)) for a, b, c in zip(w, w[1:], w[2:]))
 
     def score(self, sentences: Sequence[str]) -> list[float]:
+        """log P of each sentence (nats), as :meth:`sentence_logprob`."""
         return [self.sentence_logprob(s) for s in sentences]
 
 
