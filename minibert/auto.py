@@ -20,8 +20,8 @@ from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .modeling import BertConfig, BertForPreTraining, BertModel, ModelConfig
 
-__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "config_class", "config_from_dict",
-           "model_class"]
+__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "bert_role", "config_class",
+           "config_from_dict", "model_class"]
 
 # model_type -> config class
 CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig}
@@ -73,3 +73,11 @@ def model_class(config: ModelConfig, bert_class: type) -> type:
     if bert_class not in ALBERT_CLASSES:
         raise ValueError(f"{bert_class.__name__} has no ALBERT variant")
     return ALBERT_CLASSES[bert_class]
+
+
+def bert_role(architecture: str | None) -> str | None:
+    """The name of the BERT class whose role a class name plays (an ``architectures``
+    entry of ``config.json``, a checkpoint's record): ``"AlbertForTokenClassification"``
+    -> ``"BertForTokenClassification"``; any other name, and None, as it is."""
+    names = {albert.__name__: bert.__name__ for bert, albert in ALBERT_CLASSES.items()}
+    return names.get(architecture, architecture)
