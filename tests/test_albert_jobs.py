@@ -172,6 +172,9 @@ def test_finetune_from_an_albert_run_exports_to_transformers(albert_run, tmp_pat
         "sequence-classification"
     assert finetune.main(["--model", str(out), "--predict", "a fine film"]) == 0
     assert [l for l in capsys.readouterr().out.splitlines() if l.startswith("[{")] == printed
+    dev = json.loads((out / "summary.json").read_text())["dev"]
+    assert finetune.main(["--resume", str(out), "--no-progress"]) == 0   # rebuilt as ALBERT
+    assert json.loads((out / "summary.json").read_text())["dev"] == dev
 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -295,8 +298,12 @@ def test_options_that_do_not_fit_the_model_get_one_error_line(
     assert not (out / "checkpoint.npz").exists()
 
 
-def test_a_checkpoint_of_the_other_family_is_refused_on_resume(albert_run, tmp_path):
+def test_a_checkpoint_of_the_other_family_is_refused_on_resume(albert_run, capsys):
     from minibert.checkpoint import CheckpointError, check_same_config
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(["--resume", str(albert_run), "--model", "bert", "--no-progress"])
+    assert e.value.code == 2
+    assert "--model: checkpoint 'albert', now 'bert'" in capsys.readouterr().err
     albert = load_checkpoint(albert_run / "checkpoint.npz", arrays=False)["config"]
     bert = BertConfig(hidden_size=32, num_attention_heads=1)
     with pytest.raises(CheckpointError, match="model_type 'albert'; this run builds 'bert'"):
