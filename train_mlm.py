@@ -3,6 +3,8 @@
 
     python train_mlm.py                     # tiny BERT on the embedded English corpus
     python train_mlm.py --objective mlm     # RoBERTa's full-sentences MLM, no NSP
+    python train_mlm.py --model albert      # ALBERT: shared layers, factorised embeddings,
+                                            # sentence order, n-gram masking
     python train_mlm.py --preset mini --max-steps 20000 --device cuda
     python train_mlm.py --resume runs/pretrain      # continue from the last checkpoint
     python train_mlm.py --init-checkpoint runs/pretrain --corpus more.txt --output-dir runs/more
@@ -31,6 +33,7 @@ from minibert.atomic import WriteError, atomic_write_bytes
 from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
                           float_in, int_at_least, job_main, leader_first, non_negative_int,
                           positive_int, probability, start_job)
+from minibert.albert import ALBERT_PRESETS
 from minibert.modeling import PRESETS
 from minibert.objectives import OBJECTIVES
 from minibert.optim import AdamW
@@ -42,7 +45,6 @@ from minibert.training import TrainingConfig, TrainingError, train
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
 DEFAULT_PAIRS = Path(__file__).resolve().parent / "data" / "minimal_pairs" / "en" / "pairs.jsonl"
-DEFAULT_OBJECTIVE = "mlm+nsp"
 
 fail = partial(_fail, "train_mlm.py")  # PROG: error: MESSAGE, exit status 2
 
@@ -62,8 +64,8 @@ def add_data_arguments(p) -> None:
                         "minibert.tokenization train --help); default: the trainer's")
     g.add_argument("--no-lowercase", dest="lowercase", action="store_false",
                    help="keep case (lower-casing and accent stripping are on by default)")
-    g.add_argument("--objective", choices=sorted(OBJECTIVES), default=DEFAULT_OBJECTIVE,
-                   help="mlm+nsp: BERT's sentence pairs with next-sentence prediction; mlm: "
+    g.add_argument("--objective", choices=sorted(OBJECTIVES), default=None,
+                   help="default: mlm+nsp for --model bert, mlm+sop for albert. mlm+nsp: BERT's sentence pairs with next-sentence prediction; mlm: "
                         "RoBERTa's full sentences packed across documents, MLM only; "
                         "mlm+sop: ALBERT's sentence-order prediction; electra: mlm's inputs, "
                         "ELECTRA's replaced-token detection (a small generator fills the masks, "
@@ -91,6 +93,10 @@ def add_data_arguments(p) -> None:
                    help="distinct pairings (and static maskings) of the corpus before repeating")
     g.add_argument("--whole-word-mask", action="store_true",
                    help="mask all WordPiece pieces of a chosen word together")
+    g.add_argument("--max-ngram", type=positive_int, default=None, metavar="N",
+                   help="ALBERT's n-gram masking: mask spans of up to N whole words, a span "
+                        "of n words drawn with probability proportional to 1/n (1: off; "
+                        "default 3 for --model albert, 1 for bert)")
     g.add_argument("--eval-fraction", type=float_in(0.0, 1.0, high_open=True), default=0.02,
                    help="share of documents held out for evaluation")
     g.add_argument("--eval-instances", type=positive_int, default=1024,
@@ -112,17 +118,31 @@ def add_data_arguments(p) -> None:
 def add_model_arguments(p) -> None:
     """The architecture: a preset, sizes that override it, activation, dropout, positions."""
     presets = ", ".join(f"{k} ({l} layers x {h} hidden)" for k, (l, h) in PRESETS.items())
+    albert = ", ".join(f"{k} (E {e})" for k, (_, _, e) in ALBERT_PRESETS.items())
     g = p.add_argument_group("model")
+    g.add_argument("--model", choices=["bert", "albert"], default="bert",
+                   help="bert, or albert (Lan et al. 2020: one layer group shared by every "
+                        "depth, embeddings of width E mapped up to the hidden size)")
     g.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                   help=f"model size (Turc et al. 2019 sizes): {presets}")
+                   help=f"model size (Turc et al. 2019 sizes): {presets}; ALBERT's presets "
+                        f"have the same depths and widths and embedding width {albert}")
     g.add_argument("--num-hidden-layers", type=positive_int, help="override the preset's layers")
     g.add_argument("--hidden-size", type=positive_int, help="override the preset's hidden size")
     g.add_argument("--num-attention-heads", type=positive_int,
                    help="override the preset's heads")
     g.add_argument("--intermediate-size", type=positive_int,
                    help="override the feed-forward width")
-    g.add_argument("--hidden-act", choices=["gelu", "gelu_new", "relu"], default="gelu",
-                   help="feed-forward activation (gelu = exact erf form)")
+    g.add_argument("--embedding-size", type=positive_int,
+                   help="--model albert: width E of the embedding tables, at most the hidden "
+                        "size (default: the preset's; min(128, hidden/2) with --hidden-size)")
+    g.add_argument("--num-hidden-groups", type=positive_int,
+                   help="--model albert: layer groups with their own weights (default 1: "
+                        "every depth applies the same layer)")
+    g.add_argument("--inner-group-num", type=positive_int,
+                   help="--model albert: layers in each group (default 1)")
+    g.add_argument("--hidden-act", choices=["gelu", "gelu_new", "relu"], default=None,
+                   help="feed-forward activation (gelu = exact erf form; default gelu for "
+                        "--model bert, gelu_new for albert)")
     g.add_argument("--hidden-dropout-prob", type=dropout_probability, default=0.1,
                    help="dropout")
     g.add_argument("--attention-probs-dropout-prob", type=dropout_probability, default=0.1,
@@ -176,6 +196,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="steps between checkpoints")
     args = p.parse_args(argv)
     given = explicit_options(p, argv)
+    pretraining.fill_model_defaults(args)
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.max_steps // 10)
     if args.max_predictions_per_seq is None:

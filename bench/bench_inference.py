@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from minibert.auto import model_class  # noqa: E402
 from minibert.finetuning import read_tsv  # noqa: E402
 from minibert.hf import load_pretrained_weights  # noqa: E402
 from minibert.modeling import BertModel  # noqa: E402
@@ -43,7 +44,7 @@ class Subject:
     def __init__(self, start: str, texts: list[str], max_len: int, batch_size: int):
         pre = load_start(start)
         self.name = start
-        self.encoder = BertModel(pre.config, add_pooling_layer=False)
+        self.encoder = model_class(pre.config, BertModel)(pre.config, add_pooling_layer=False)
         load_pretrained_weights(self.encoder, pre.state, pre.source)
         self.encoder.eval()
         tok = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)

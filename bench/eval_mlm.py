@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from minibert.auto import model_class  # noqa: E402
 from minibert.modeling import BertForPreTraining  # noqa: E402
 from minibert.objectives import OBJECTIVES, get_objective  # noqa: E402
 from minibert.pretraining import (VocabInfo, build_or_load_store, make_eval_batches,  # noqa: E402
@@ -74,8 +75,10 @@ def main(argv=None) -> int:
     print("| run | objective | steps | held-out MLM loss | MLM accuracy |\n|---|---|---|---|---|")
     for r in args.runs:
         start = load_start(r, "run")
-        model = BertForPreTraining(start.config, seq_relationship_head="cls.seq_relationship.weight"
-                                   in start.state)
+        sentence_head = any(k.startswith(("cls.seq_relationship.", "sop_classifier."))
+                            for k in start.state)
+        model = model_class(start.config, BertForPreTraining)(  # an ALBERT run: its class
+            start.config, seq_relationship_head=sentence_head)
         model.load_state_dict(start.state)
         model.eval()
         mlm_only = get_objective("mlm")   # its stats read only the MLM outputs

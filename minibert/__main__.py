@@ -262,12 +262,14 @@ def _floors(args, starts, pairs) -> dict:
     trigram floor; a note on stderr when the trigram has no corpus."""
     from .evaluation.minimal_pairs import score_pairs_lm, score_pairs_mlm
     from .evaluation.ngram import KneserNeyTrigram
+    from .auto import model_class
     from .modeling import BertForPreTraining
     from .pretraining.corpus import CorpusError, iter_documents, resolve_corpus_files
     from .tokenization import BertTokenizer
 
     first = starts[0]
-    random = BertForPreTraining(first.config, seq_relationship_head=False)
+    random = model_class(first.config, BertForPreTraining)(first.config,
+                                                           seq_relationship_head=False)
     tok = BertTokenizer(first.vocab_file, **first.tokenizer_options)
     out = {"random weights": score_pairs_mlm(random, tok, pairs, args.method,
                                              args.batch_size)}

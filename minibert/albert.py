@@ -34,6 +34,7 @@ G = layer groups, N = rows through the MLM head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -89,6 +90,8 @@ class AlbertConfig(ModelConfig):
     pad_token_id: int = 0                 # word-embedding row that gets no gradient
     num_labels: int = 2                   # classes for sequence classification heads
     classifier_pooling: str = "cls"       # sequence classifier input: "cls" or "mean"
+
+    model_type: ClassVar[str] = "albert"
 
     def __post_init__(self):
         self._check_common(("vocab_size", "embedding_size", "hidden_size",
@@ -335,6 +338,19 @@ class AlbertModel(BertModel):
         (B, NH, T, T) each, bottom up (L * inner_group_num; None unless asked for)."""
         return self.encoder.attentions
 
+    def add_last_attention_grad(self, dprobs) -> None:
+        """As :meth:`BertModel.add_last_attention_grad`, for the last layer of the last
+        depth's group application: that application's caches are restored into the
+        (shared) group, given ``dprobs``, and stashed again, so the encoder's backward
+        finds them with the gradient when it reaches that depth."""
+        encoder = self.encoder
+        if encoder._applications is None:
+            raise RuntimeError("add_last_attention_grad() needs a preceding forward")
+        group = encoder.applied_groups()[-1]
+        group.restore_caches(encoder._applications[-1])
+        group.albert_layers[len(group.albert_layers) - 1].attention.add_probs_grad(dprobs)
+        encoder._applications[-1] = group.stash_caches()
+
     def backward_stages(self) -> list[Module]:
         """The factorised embeddings (tables and ``embedding_hidden_mapping_in``), then the
         group applied at each depth (see :meth:`BertModel.backward_stages`)."""
@@ -412,6 +428,7 @@ class AlbertForPreTraining(BertForPreTraining):
     """
 
     base_model_prefix = "albert"
+    sentence_label = "sentence_order_label"
 
     def __init__(self, config: AlbertConfig, *, seed: int = 0, dtype=np.float32,
                  label_smoothing: float = 0.0, seq_relationship_head: bool = True):

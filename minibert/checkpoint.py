@@ -3,7 +3,10 @@
 Layout of the archive (NumPy ``.npz``, no pickles):
     ``model/<name>``  parameter arrays under their HF names (tied names included);
     ``optim/<key>``   AdamW moments and step count (``AdamW.state_dict``);
-    ``meta``          UTF-8 JSON: {"format", "config", "trainer"} as a uint8 array.
+    ``meta``          UTF-8 JSON: {"format", "config", "trainer"} as a uint8 array; "config"
+                      holds the config's fields and its ``model_type`` ("bert" when absent,
+                      as in checkpoints written before ALBERT), so an ALBERT checkpoint
+                      loads as an AlbertConfig (:func:`minibert.auto.config_from_dict`).
 
 Files are written atomically (:mod:`minibert.atomic`), so a crash mid-write never damages
 the last good checkpoint. Pre-LN checkpoints written before the pre-LN LayerNorms took
@@ -20,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from .atomic import atomic_write
-from .modeling import BertConfig
+from .auto import config_from_dict
+from .modeling import ModelConfig
 from .validation import (UntrustedFileError, check_config_fields, check_finite,
                          check_model_fits, check_npz_members, check_state_matches_config,
                          check_weight_bytes)
@@ -48,7 +52,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
     arrays = {"model/" + k: v for k, v in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({"optim/" + k: v for k, v in optimizer.state_dict().items()})
-    meta = {"format": FORMAT, "config": model.config.to_dict(), "trainer": trainer_state or {}}
+    config = {"model_type": model.config.model_type, **model.config.to_dict()}
+    meta = {"format": FORMAT, "config": config, "trainer": trainer_state or {}}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     return atomic_write(path, lambda f: np.savez(f, **arrays))
 
@@ -67,7 +72,7 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
         arrays: also read the model and optimizer arrays; False reads only the small
             "meta" entry (config and trainer record), e.g. to see whose run it is.
     Returns:
-        {"config": BertConfig, "model": {name: array}, "optim": {key: array},
+        {"config": BertConfig or AlbertConfig, "model": {name: array}, "optim": {key: array},
          "trainer": dict} (the two array dicts empty when ``arrays`` is False).
     Raises:
         CheckpointError: missing file, not a minibert checkpoint, a damaged archive, a
@@ -100,12 +105,12 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
         check_finite(model, str(path))
     except UntrustedFileError as e:
         raise CheckpointError(f"checkpoint {e}") from None
-    if config.norm_position == "pre":
+    if getattr(config, "norm_position", "post") == "pre":
         model, optim = rename_old_pre_ln_keys(model), rename_old_pre_ln_keys(optim)
     return {"config": config, "model": model, "optim": optim, "trainer": trainer}
 
 
-def _read_meta(meta: np.ndarray, path: Path) -> tuple[BertConfig, dict[str, Any]]:
+def _read_meta(meta: np.ndarray, path: Path) -> tuple[ModelConfig, dict[str, Any]]:
     """The config (checked, before any weight is read) and trainer record of the "meta"
     entry. Raises CheckpointError."""
     try:
@@ -114,7 +119,7 @@ def _read_meta(meta: np.ndarray, path: Path) -> tuple[BertConfig, dict[str, Any]
             raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, "
                                   f"expected {FORMAT!r}")
         check_config_fields(meta["config"], f"{path} (meta config)")
-        config = BertConfig.from_dict(meta["config"])
+        config = config_from_dict(meta["config"])
         check_model_fits(config, f"{path} (meta config)")
         trainer = dict(meta.get("trainer") or {})
     except (CheckpointError, UntrustedFileError):
@@ -139,8 +144,12 @@ def rename_old_pre_ln_keys(state: dict[str, Any]) -> dict[str, Any]:
     return {_OLD_PRE_LN.sub(r"\1encoder.layer.\2.\3ln.", k): v for k, v in state.items()}
 
 
-def check_same_config(saved: BertConfig, current: BertConfig, source: str) -> None:
-    """Raise CheckpointError listing every field where ``saved`` differs from ``current``."""
+def check_same_config(saved: ModelConfig, current: ModelConfig, source: str) -> None:
+    """Raise CheckpointError naming the model_type when ``saved`` and ``current`` are of
+    two families (BERT and ALBERT), else listing every field where they differ."""
+    if saved.model_type != current.model_type:
+        raise CheckpointError(f"checkpoint {source} holds a model of model_type "
+                              f"{saved.model_type!r}; this run builds {current.model_type!r}")
     diffs = [f"{k}: checkpoint has {v!r}, this run has {current.to_dict()[k]!r}"
              for k, v in saved.to_dict().items() if current.to_dict()[k] != v]
     if diffs:

@@ -26,7 +26,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -51,7 +51,12 @@ PRESETS: dict[str, tuple[int, int]] = {
 
 class ModelConfig:
     """What the model configs (:class:`BertConfig`, :class:`minibert.albert.AlbertConfig`)
-    share: the dict / JSON form and the checks of the fields they have in common."""
+    share: the dict / JSON form and the checks of the fields they have in common.
+
+    Class attribute ``model_type``: the family's name in transformers (``"bert"``,
+    ``"albert"``); checkpoints and ``config.json`` record it (:mod:`minibert.auto`)."""
+
+    model_type: ClassVar[str]
 
     def _check_common(self, positive: tuple[str, ...]) -> None:
         """Raise ValueError, naming the field, for a non-positive size among ``positive``,
@@ -86,7 +91,9 @@ class ModelConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        """The fields and ``model_type`` (as transformers' ``config.json``), as JSON."""
+        return json.dumps({"model_type": self.model_type, **self.to_dict()}, indent=2,
+                          sort_keys=True)
 
 
 @dataclass
@@ -117,6 +124,8 @@ class BertConfig(ModelConfig):
     num_labels: int = 2                   # classes for sequence classification heads
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
     classifier_pooling: str = "cls"       # sequence classifier input: "cls" or "mean"
+
+    model_type: ClassVar[str] = "bert"
 
     def __post_init__(self):
         self._check_common(("vocab_size", "hidden_size", "num_hidden_layers",
@@ -639,6 +648,14 @@ class BertModel(BertPreTrainedModel):
         depth, bottom up (None entries unless that forward asked for them)."""
         return [layer.attention.self.attention_probs for layer in self.encoder.layer]
 
+    def add_last_attention_grad(self, dprobs) -> None:
+        """Give an upstream gradient (B, NH, T, T) of the last layer's attention
+        probabilities of the last forward (``layer_attentions()[-1]``), from a loss that
+        reads them (MiniLM's attention transfer, :mod:`minibert.distillation`); the next
+        :meth:`backward` adds it in (:meth:`BertSelfAttention.add_probs_grad`, whose
+        errors it raises)."""
+        self.encoder.layer[len(self.encoder.layer) - 1].attention.self.add_probs_grad(dprobs)
+
     def backward_stages(self) -> list[Module]:
         """What :meth:`backward` runs through, bottom up: the embeddings, then the module
         applied at each depth (here ``encoder.layer[i]``). :meth:`freeze` freezes a prefix
@@ -791,7 +808,14 @@ class BertForPreTraining(BertPreTrainedModel):
         dtype: parameter dtype (float32 to train, float64 to check gradients).
         label_smoothing: eps of the MLM cross-entropy (0 = plain cross-entropy).
         seq_relationship_head: build the pooler and the sentence-level head.
+
+    Attributes:
+        sentence_label: the keyword under which :meth:`forward` takes the sentence label
+            (``"next_sentence_label"``; ALBERT's is ``"sentence_order_label"``), for
+            callers that hold it as :meth:`minibert.pretraining.Batch.model_inputs` names it.
     """
+
+    sentence_label = "next_sentence_label"
 
     def __init__(self, config: BertConfig, *, seed: int = 0, dtype=np.float32,
                  label_smoothing: float = 0.0, seq_relationship_head: bool = True):

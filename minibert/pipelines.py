@@ -45,7 +45,6 @@ from .finetuning.tagging import TaggedSentence, encode_tagging, first_pieces
 from .finetuning.tasks import TaskBase, make_task, task_for_model
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
-from .albert import AlbertConfig, AlbertForPreTraining, AlbertModel
 from .modeling import BertForPreTraining, BertModel
 from .nn.activations import softmax_forward
 
@@ -476,14 +475,16 @@ def load_model(task: str, path, option: str = "model"):
     (see :func:`minibert.runs.load_start`; or an already loaded
     :class:`~minibert.runs.Pretrained`), on the current device.
 
-    fill-mask needs the masked-LM head (``cls.predictions.*``, ALBERT's ``predictions.*``);
-    feature-extraction takes the encoder of any start (BERT or ALBERT); the fine-tuned tasks
-    need a BERT fine-tuned on that task.
+    fill-mask needs the masked-LM head (``cls.predictions.*``, ALBERT's
+    ``predictions.*``); feature-extraction takes the encoder of any start; the fine-tuned
+    tasks need a model fine-tuned on that task. An ALBERT start gives the ALBERT class of
+    each (:mod:`minibert.auto`).
 
     Raises:
         RunError: nothing loadable at ``path``. PipelineError: a start without the head
             the task needs, or fine-tuned on another task.
     """
+    from .auto import model_class
     from .backend import get_device
     from .runs import Pretrained, RunError, load_start
     from .tokenization import BertTokenizer
@@ -492,16 +493,17 @@ def load_model(task: str, path, option: str = "model"):
     if isinstance(path, Pretrained):
         path = pre.source
     extra: dict[str, Any] = {}
-    albert = isinstance(pre.config, AlbertConfig)
     if task == "fill-mask":
-        head = "predictions." if albert else "cls.predictions."
-        if not any(k.startswith(head) for k in pre.state):
+        model = model_class(pre.config, BertForPreTraining)(pre.config,
+                                                            seq_relationship_head=False)
+        core = model.base_model_prefix + "."
+        head = [n for n, _ in model.named_parameters() if not n.startswith(core)]
+        if not any(k in pre.state for k in head):
+            head = os.path.commonprefix(head)          # cls.predictions. (ALBERT: predictions.)
             raise PipelineError(f"{option} {path}: no masked-LM head ({head}*) in "
                                 f"{pre.source}; fill-mask needs a pretrained masked LM")
-        model = (AlbertForPreTraining if albert else BertForPreTraining)(
-            pre.config, seq_relationship_head=False)
     elif task == "feature-extraction":
-        model = (AlbertModel if albert else BertModel)(pre.config, add_pooling_layer=False)
+        model = model_class(pre.config, BertModel)(pre.config, add_pooling_layer=False)
     else:
         ft = task_for_model(pre)
         want = PIPELINES[task].finetune_task

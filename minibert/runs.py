@@ -7,7 +7,7 @@ A run directory (``--output-dir``) belongs to one run of one job (``pretrain`` o
                      (job, step, epoch, position in the epoch, the run's fixed arguments)
     best_model.npz   fine-tuning only: the model with the best dev metric so far
     vocab.txt        the WordPiece vocabulary the model reads
-    config.json      the model's BertConfig
+    config.json      the model's config (BertConfig or AlbertConfig) and its model_type
     args.json        the job's command-line arguments
     metrics.jsonl    one JSON record per line: {"kind": "train" | "eval" | ..., "step",
                      "elapsed_s", ...}
@@ -46,7 +46,7 @@ import numpy as np
 
 from .atomic import WriteError, atomic_write_bytes, atomic_write_json, remove_stale_tmp
 from .checkpoint import CheckpointError, load_checkpoint
-from .modeling import BertConfig
+from .modeling import ModelConfig
 
 CHECKPOINT = "checkpoint.npz"
 BEST_MODEL = "best_model.npz"
@@ -455,7 +455,9 @@ class MetricsLog:
 class Pretrained:
     """A starting model resolved by :func:`load_start`.
 
-    config: its BertConfig; state: name -> array (``bert.*`` ...); vocab_file: Path;
+    config: its BertConfig, or AlbertConfig for an ALBERT (the checkpoint's or
+    config.json's ``model_type``); state: name -> array (``bert.*``, ``albert.*`` ...);
+    vocab_file: Path;
     tokenizer_options: BertTokenizer keyword arguments; labels: the label list when the
     source is a fine-tuned classifier, else None; trainer: the checkpoint's trainer record
     ({} for Hugging Face); source: a description for messages; architecture: the class
@@ -466,7 +468,7 @@ class Pretrained:
     labels), else None (a pretraining checkpoint).
     """
 
-    config: BertConfig
+    config: ModelConfig
     state: dict[str, np.ndarray]
     vocab_file: Path
     tokenizer_options: dict[str, Any]
@@ -480,8 +482,8 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
     """Resolve a starting model.
 
     Accepted, in this order:
-        * a Hugging Face BERT directory (config.json with model_type bert, weights,
-          vocab.txt; see :mod:`minibert.hf`) that is not a minibert run;
+        * a Hugging Face BERT or ALBERT directory (config.json with model_type bert or
+          albert, weights, vocab.txt; see :mod:`minibert.hf`) that is not a minibert run;
         * a fine-tuning run directory: its ``best_model.npz``;
         * a run directory with ``checkpoint.npz``;
         * a checkpoint ``.npz`` file with ``vocab.txt`` beside it.

@@ -430,9 +430,9 @@ def check_vocab_fits(vocab_file: str | os.PathLike, vocab_size: int, source: str
 def check_state_matches_config(state: Mapping[str, np.ndarray], config, source: str) -> None:
     """Refuse weights whose shapes contradict the config before a model is built from it:
     the embedding tables (vocab_size, max_position_embeddings, type_vocab_size rows of
-    hidden_size) and the first layer's feed-forward weight (intermediate_size x
-    hidden_size), where the state has them (names ``bert.*`` or bare ``embeddings.*`` /
-    ``encoder.*``). Those pin every size a model's memory grows with but the layer count,
+    hidden_size, ALBERT's embedding_size) and the first layer's feed-forward weight
+    (intermediate_size x hidden_size), where the state has them (names ``bert.*``,
+    ``albert.*`` or bare ``embeddings.*`` / ``encoder.*``). Those pin every size a model's memory grows with but the layer count,
     which :func:`check_model_fits` bounds; the other tensors, and extra or missing layers,
     are checked when loaded (:func:`minibert.hf.load_pretrained_weights`).
 
@@ -440,12 +440,15 @@ def check_state_matches_config(state: Mapping[str, np.ndarray], config, source: 
         UntrustedFileError: naming the tensor, its shape and the config's.
     """
     C = config.hidden_size
-    want = {"embeddings.word_embeddings.weight": (config.vocab_size, C),
-            "embeddings.token_type_embeddings.weight": (config.type_vocab_size, C),
-            "encoder.layer.0.intermediate.dense.weight": (config.intermediate_size, C)}
+    E = getattr(config, "embedding_size", C)
+    ffn = ("encoder.albert_layer_groups.0.albert_layers.0.ffn.weight"
+           if hasattr(config, "num_hidden_groups") else "encoder.layer.0.intermediate.dense.weight")
+    want = {"embeddings.word_embeddings.weight": (config.vocab_size, E),
+            "embeddings.token_type_embeddings.weight": (config.type_vocab_size, E),
+            ffn: (config.intermediate_size, C)}
     if config.position_embedding_type == "absolute":
-        want["embeddings.position_embeddings.weight"] = (config.max_position_embeddings, C)
-    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+        want["embeddings.position_embeddings.weight"] = (config.max_position_embeddings, E)
+    prefix = next((p for p in ("bert.", "albert.") if any(k.startswith(p) for k in state)), "")
     for name, shape in want.items():
         got = state.get(prefix + name)
         if got is not None and tuple(got.shape) != shape:

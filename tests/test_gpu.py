@@ -9,7 +9,7 @@ counts every device-to-host read. What the stand-in cannot show is listed in doc
 import numpy as np
 import pytest
 
-from minibert import BertConfig, backend
+from minibert import AlbertConfig, AlbertForPreTraining, BertConfig, backend
 from minibert.checkpoint import load_checkpoint, save_checkpoint
 from minibert.distributed import Communicator
 from minibert.finetuning.data import Batch as ClassifierBatch
@@ -27,6 +27,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=32, max_position_embeddings=16)
+# three depths applying two shared groups, embeddings narrower than the hidden size
+ALBERT_CONFIG = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=3,
+                             num_hidden_groups=2, num_attention_heads=4, intermediate_size=32,
+                             max_position_embeddings=16, hidden_dropout_prob=0.1,
+                             attention_probs_dropout_prob=0.1)
 
 
 class SharedDraws:
@@ -53,16 +58,21 @@ def inputs(xp, B=3, T=10):
     return {k: xp.asarray(v) for k, v in host.items()}
 
 
+@pytest.mark.parametrize("model_class, config", [(BertForPreTraining, CONFIG),
+                                                 (AlbertForPreTraining, ALBERT_CONFIG)],
+                         ids=["bert", "albert"])
 @pytest.mark.parametrize("dtype, rtol, loss_atol", [(np.float64, 1e-9, 1e-10),
                                                      (np.float32, 2e-3, 1e-3)])
-def test_pretraining_gradients_match_the_cpu_with_padding_and_the_same_dropout(dtype, rtol,
-                                                                              loss_atol):
+def test_pretraining_gradients_match_the_cpu_with_padding_and_the_same_dropout(
+        model_class, config, dtype, rtol, loss_atol):
     import cupy as cp
-    cpu = BertForPreTraining(CONFIG, dtype=dtype)
-    gpu = BertForPreTraining(CONFIG, dtype=dtype).to("cuda")
+    cpu = model_class(config, dtype=dtype)
+    gpu = model_class(config, dtype=dtype).to("cuda")
     for model, xp in ((cpu, np), (gpu, cp)):
         model.set_dropout_rng(SharedDraws(7, xp))
-        out = model(**inputs(xp))
+        x = inputs(xp)
+        x[model.sentence_label] = x.pop("next_sentence_label")   # ALBERT's name differs
+        out = model(**x)
         model.backward()
         model.loss_value = float(out.loss)
     assert abs(cpu.loss_value - gpu.loss_value) < loss_atol

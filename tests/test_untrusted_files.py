@@ -467,3 +467,22 @@ def test_parameter_count_is_the_models(tmp_path):
     huge = BertConfig(vocab_size=30522, hidden_size=10**9, num_hidden_layers=1,
                       num_attention_heads=1, intermediate_size=1)
     assert parameter_count(huge) > 10**18 and math.isfinite(float(parameter_count(huge)))
+
+
+def test_albert_weights_are_checked_against_embedding_size():
+    """An ALBERT state (``albert.*``) is checked at its factorised width E: a word table of
+    hidden_size columns contradicts embedding_size; the right shapes pass."""
+    from minibert import AlbertConfig, AlbertForPreTraining
+    from minibert.validation import check_state_matches_config
+    config = AlbertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
+                          num_attention_heads=2, intermediate_size=24, embedding_size=8,
+                          max_position_embeddings=20)
+    state = {n: p.data for n, p in AlbertForPreTraining(config).named_parameters()}
+    check_state_matches_config(state, config, "ok")
+    bad = dict(state, **{"albert.embeddings.word_embeddings.weight": np.zeros((40, 16))})
+    with pytest.raises(UntrustedFileError, match=r"albert\.embeddings\.word_embeddings.*"
+                       r"\(40, 16\).*\(40, 8\)"):
+        check_state_matches_config(bad, config, "bad")
+    ffn = "albert.encoder.albert_layer_groups.0.albert_layers.0.ffn.weight"
+    with pytest.raises(UntrustedFileError, match="ffn.weight"):
+        check_state_matches_config(dict(state, **{ffn: np.zeros((23, 16))}), config, "bad")

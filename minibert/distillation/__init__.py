@@ -25,7 +25,8 @@ from .losses import (COSINE_EPS, attention_kl_backward, attention_kl_forward,
                      cosine_loss_backward, cosine_loss_forward, pooled_cosine_loss_backward,
                      pooled_cosine_loss_forward, soft_label_loss_backward,
                      soft_label_loss_forward, soft_target_kl_backward, soft_target_kl_forward)
-from .model import DistillationModel, DistillationOutput, DistillationWeights
+from .model import (AlbertDistillationModel, DistillationModel, DistillationOutput,
+                    DistillationWeights, student_class)
 from .pruning import (PRUNED_SIZES, ActivationImportance, activation_importance,
                       layer_activations, pruned_config, pruned_state, top_indices)
 from .students import (LAYER_KEY, every_other_layer_config, every_other_layer_state,
@@ -46,7 +47,8 @@ __all__ = [
     "projected_embeddings_state",
     "PRUNED_SIZES", "ActivationImportance", "activation_importance", "layer_activations",
     "pruned_config", "pruned_state", "top_indices",
-    "DistillationModel", "DistillationOutput", "DistillationWeights",
+    "AlbertDistillationModel", "DistillationModel", "DistillationOutput",
+    "DistillationWeights", "student_class",
     # the start of a run
     "ARCHITECTURE_OPTIONS", "OPTIONS", "STUDENT_INITS", "DistillationOptions",
     "ResolvedTeacher", "add_arguments", "describe_teacher", "init_student", "resolve_teacher",

@@ -166,7 +166,7 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
     Returns:
         :class:`ResolvedTeacher`. Prints a line when ``alpha_ce`` is turned off.
     Raises:
-        RunError: a bad teacher, or options that contradict it (another vocab, another
+        RunError: a bad teacher (not a BERT), or options that contradict it (another vocab, another
             lower-casing given, ``alpha_ce`` given for a teacher without MLM head,
             every-other-layer with architecture options, projected-embeddings or pruned
             with ``--init-checkpoint``, pruned with architecture options other than the
@@ -175,6 +175,10 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
     """
     source, given = options.teacher, options.given
     teacher = load_start(source, "--teacher")
+    if teacher.config.model_type != "bert":
+        raise RunError(f"--teacher {source}: holds a model of model_type "
+                       f"{teacher.config.model_type!r}; a teacher is a BERT (the student "
+                       "may be an ALBERT: --model albert)")
     lower = bool(teacher.tokenizer_options.get("do_lower_case", True))
     if lower != lowercase and "lowercase" in given:
         raise RunError(f"--teacher {source} reads text with do_lower_case={lower}; "

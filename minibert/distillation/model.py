@@ -1,8 +1,10 @@
-"""The student of general distillation: a BERT that learns from a frozen teacher BERT.
+"""The student of general distillation: a BERT or ALBERT that learns from a frozen teacher
+BERT.
 
 :class:`DistillationModel` is a :class:`~minibert.modeling.BertForPreTraining` (same
 parameter names, so its checkpoints are pretraining checkpoints that ``finetune.py
---init`` reads) that runs a :class:`~.teacher.Teacher` forward on the same batch, in
+--init`` reads; :class:`AlbertDistillationModel` is the same student on
+:class:`~minibert.albert.AlbertForPreTraining`, :func:`student_class` picks) that runs a :class:`~.teacher.Teacher` forward on the same batch, in
 inference mode, and whose loss is
 
     alpha_mlm * (student MLM [+ NSP/SOP] loss) + alpha_ce * L_kl + alpha_cos * L_cos
@@ -24,15 +26,18 @@ from typing import Any
 
 import numpy as np
 
+from ..albert import AlbertConfig, AlbertForPreTraining
 from ..backend import get_array_module
-from ..modeling import BertConfig, BertForPreTraining, BertForPreTrainingOutput, _check_inputs
+from ..modeling import (BertConfig, BertForPreTraining, BertForPreTrainingOutput, ModelConfig,
+                        _check_inputs)
 from ..nn import Linear
 from .losses import (attention_kl_backward, attention_kl_forward, cosine_loss_backward,
                      cosine_loss_forward, pooled_cosine_loss_backward, pooled_cosine_loss_forward,
                      soft_target_kl_backward, soft_target_kl_forward)
 from .teacher import Teacher
 
-__all__ = ["DistillationModel", "DistillationOutput", "DistillationWeights"]
+__all__ = ["AlbertDistillationModel", "DistillationModel", "DistillationOutput",
+           "DistillationWeights", "student_class"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ class DistillationModel(BertForPreTraining):
     """
 
     cache_attributes = ("_cache", "_distill_cache")
+    sentence_label = "next_sentence_label"    # this forward's keyword, whatever the student
 
     def __init__(self, config: BertConfig, teacher: Teacher,
                  weights: DistillationWeights = DistillationWeights(), *, seed: int = 0,
@@ -235,8 +241,7 @@ class DistillationModel(BertForPreTraining):
             dh = self.hidden_projection.backward(dh)                     # (B, T, Cs)
         if att_cache is not None:
             # forward: loss += alpha_att * attention_kl(last layer's probs, teacher's)
-            last = self.bert.encoder.layer[len(self.bert.encoder.layer) - 1]
-            last.attention.self.add_probs_grad(
+            self.backbone.add_last_attention_grad(
                 attention_kl_backward(dloss * w.alpha_att, att_cache))  # (B, NH, T, T)
             if dh is None and self._cache[3] is None and self._cache[4] is None:
                 B, T, C = self._cache[0]                                 # nothing else flows
@@ -278,3 +283,18 @@ class DistillationModel(BertForPreTraining):
                 n = totals[count]
                 out[name] = totals[f"{name}_sum"] / n if n else math.nan
         return out
+
+
+class AlbertDistillationModel(DistillationModel, AlbertForPreTraining):
+    """:class:`DistillationModel` with an ALBERT student: the parameters, forward and
+    backward of :class:`~minibert.albert.AlbertForPreTraining` (``albert.*``,
+    ``predictions.*``, ``sop_classifier.*``) under the distillation loss, which reads the
+    student's last hidden states, MLM logits and last layer's attention only. Its
+    ``forward`` takes the sentence label as ``next_sentence_label``, as DistillationModel's.
+    Arguments and errors as DistillationModel."""
+
+
+def student_class(config: ModelConfig) -> type[DistillationModel]:
+    """The student class of a config's family: :class:`AlbertDistillationModel` for an
+    :class:`~minibert.albert.AlbertConfig`, else :class:`DistillationModel`."""
+    return AlbertDistillationModel if isinstance(config, AlbertConfig) else DistillationModel

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..auto import bert_role
 from ..cli import add_options, float_in
 from ..finetuning.classifier import build_model, split_logits
 from ..finetuning.data import DatasetError, EncodedSplit, Example, encode_split, text_lines
@@ -56,7 +57,7 @@ def teacher_logits(teacher: Pretrained, examples: Sequence[Example], labels: Seq
             differs from ``labels`` (the message names both).
     """
     arch = teacher.architecture
-    if arch not in (None, BertForSequenceClassification.__name__) or not teacher.labels:
+    if bert_role(arch) not in (None, BertForSequenceClassification.__name__) or not teacher.labels:
         raise ValueError(f"--teacher {teacher.source}: not a fine-tuned sequence classifier "
                          f"(architecture {arch}, labels {teacher.labels}); fine-tune one "
                          f"with finetune.py first")

@@ -29,6 +29,7 @@ from ..atomic import atomic_write_bytes, atomic_write_json
 from ..backend import get_device, xp_for
 from ..finetuning import read_tsv
 from ..hf import load_pretrained_weights
+from ..auto import model_class
 from ..modeling import BertModel
 from ..provenance import start_fingerprint
 from ..runs import RunError, check_inputs, prepare_run_dir
@@ -147,7 +148,7 @@ def encoder(pre, random_init: bool, device: str):
     Raises:
         HFFormatError: weights that do not fit the start's config.
     """
-    model = BertModel(pre.config, add_pooling_layer=False, seed=0)
+    model = model_class(pre.config, BertModel)(pre.config, add_pooling_layer=False, seed=0)
     if not random_init:
         load_pretrained_weights(model, pre.state, pre.source)
     model.to(device)

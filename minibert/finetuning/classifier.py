@@ -6,10 +6,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..auto import bert_role, model_class as family_class
 from ..backend import to_numpy
 from ..hf import load_pretrained_weights
 from ..heads import BertForQuestionAnswering, BertForSequenceClassification
-from ..modeling import BertConfig
 from ..runs import Pretrained
 from .data import EncodedSplit, length_batches
 from .metrics import classification_metrics, softmax_np
@@ -25,14 +25,16 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
                 classifier_pooling: str | None = None):
     """A fine-tuning model (``model_class``: :class:`BertForSequenceClassification`,
     :class:`~minibert.heads.BertForTokenClassification` or
-    :class:`~minibert.heads.BertForQuestionAnswering`) with ``len(labels)`` classes (2
+    :class:`~minibert.heads.BertForQuestionAnswering`; the ALBERT class of that role,
+    :mod:`minibert.auto`, when ``pre`` is an ALBERT) with ``len(labels)`` classes (2
     start/end outputs for question answering, ``labels`` None), weights from ``pre``, or
     all fresh when ``random_init`` (same architecture and vocab, for baselines).
 
-    The head of ``pre`` is kept only when it is a head of the same class
+    The head of ``pre`` is kept only when it is a head of the same role
     (``pre.architecture``) with the same labels and pooling (a fine-tuned model trained
     on); else the head is new. ``classifier_dropout`` / ``classifier_pooling`` (None: the
-    start's config) set those config fields.
+    start's config) set those config fields (ALBERT's dropout field is
+    ``classifier_dropout_prob``).
 
     Returns:
         (model, report) with report as :func:`minibert.hf.load_pretrained_weights`.
@@ -41,22 +43,24 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
         ValueError: ``labels`` missing for a classifier.
     """
     kw = pre.config.to_dict()
-    if model_class is BertForQuestionAnswering:
+    role, model_class = model_class, family_class(pre.config, model_class)
+    if role is BertForQuestionAnswering:
         kw["num_labels"] = 2
     else:
         if not labels:
             raise ValueError(f"{model_class.__name__} needs its label set")
         kw["num_labels"] = len(labels)
     if classifier_dropout is not None:
-        kw["classifier_dropout"] = classifier_dropout
+        kw["classifier_dropout" if "classifier_dropout" in kw
+           else "classifier_dropout_prob"] = classifier_dropout
     if classifier_pooling is not None:
         kw["classifier_pooling"] = classifier_pooling
-    model = model_class(BertConfig(**kw), seed=seed, dtype=dtype)
+    model = model_class(type(pre.config)(**kw), seed=seed, dtype=dtype)
     if random_init:
         return model, {"loaded": [], "new": [n for n, _ in model.named_parameters()],
                        "unused": sorted(pre.state)}
     state = dict(pre.state)
-    same_head = (pre.architecture in (None, model_class.__name__)
+    same_head = (bert_role(pre.architecture) in (None, role.__name__)
                  and (pre.labels is None or labels is None or list(pre.labels) == list(labels))
                  and pre.config.classifier_pooling == kw.get("classifier_pooling", "cls"))
     if not same_head:

@@ -40,6 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..atomic import atomic_write_bytes
+from ..auto import bert_role
 from ..backend import to_numpy
 from ..checkpoint import save_checkpoint
 from ..heads import (BertForQuestionAnswering, BertForSequenceClassification,
@@ -512,7 +513,7 @@ def task_for_model(pre, args=None) -> TaskBase | None:
     name = pre.trainer.get("task")
     if name is None:
         name = next((t.name for t in TASKS.values()
-                     if t.model_class.__name__ == pre.architecture), None)
+                     if t.model_class.__name__ == bert_role(pre.architecture)), None)
     if name not in TASKS or (TASKS[name].model_class is not BertForQuestionAnswering
                              and not pre.labels):
         return None

@@ -101,11 +101,14 @@ class Objective(abc.ABC):
 
     def build_model(self, config, *, seed: int = 0, dtype=np.float32, **kwargs):
         """The model this objective trains: a :class:`~minibert.modeling.BertForPreTraining`
-        with the sentence-level head exactly when there is a sentence task. ``kwargs``
-        (e.g. ``label_smoothing``) go to the model."""
+        (an :class:`~minibert.albert.AlbertForPreTraining` for an ALBERT ``config``) with
+        the sentence-level head exactly when there is a sentence task. ``kwargs`` (e.g.
+        ``label_smoothing``) go to the model."""
+        from ..auto import model_class
         from ..modeling import BertForPreTraining
-        return BertForPreTraining(config, seed=seed, dtype=dtype,
-                                  seq_relationship_head=self.sentence_task is not None, **kwargs)
+        return model_class(config, BertForPreTraining)(
+            config, seed=seed, dtype=dtype, seq_relationship_head=self.sentence_task is not None,
+            **kwargs)
 
     def check_max_seq_length(self, max_seq_length: int) -> None:
         """Raises ValueError when ``max_seq_length`` is below ``min_seq_length``."""

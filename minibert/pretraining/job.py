@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from .. import distillation
+from ..albert import AlbertConfig
 from ..atomic import atomic_copy, atomic_write_json
 from ..checkpoint import check_same_config
 from ..cli import flag
 from ..hf import load_pretrained_weights
-from ..modeling import BertConfig
+from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
 from ..provenance import check_same_data, data_fingerprint
 from ..runs import RunError, load_start
@@ -49,6 +50,12 @@ from ..evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pair
 # teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
 PRUNING_CALIBRATION_SEQUENCES = 256
 ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
+# Options of ALBERT's architecture (Lan et al. 2020), only with --model albert.
+ALBERT_OPTIONS = ("embedding_size", "num_hidden_groups", "inner_group_num")
+# --model's recipe: the defaults of the options left at None (fill_model_defaults).
+# ALBERT: sentence-order prediction, n-grams of up to 3 words and gelu_new (section 4.1).
+MODEL_DEFAULTS = {"bert": {"objective": "mlm+nsp", "hidden_act": "gelu", "max_ngram": 1},
+                  "albert": {"objective": "mlm+sop", "hidden_act": "gelu_new", "max_ngram": 3}}
 # Arguments a resumed run may change; every other one decides the data stream, the
 # schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
@@ -61,13 +68,23 @@ RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distribut
 class Start:
     """What :func:`check_options` resolved: the ``--init-checkpoint`` start (a
     :class:`~minibert.runs.Pretrained`, or None), the ``--teacher`` (Pretrained or None),
-    the :class:`~minibert.distillation.DistillationWeights` and the student's
-    :class:`~minibert.modeling.BertConfig` (None unless distilling)."""
+    the :class:`~minibert.distillation.DistillationWeights` and the student's config
+    (:class:`~minibert.modeling.BertConfig` or :class:`~minibert.albert.AlbertConfig`;
+    None unless distilling)."""
 
     init: Any = None
     teacher: Any = None
     weights: Any = None
-    config: BertConfig | None = None
+    config: ModelConfig | None = None
+
+
+def fill_model_defaults(args) -> None:
+    """Set ``--objective``, ``--hidden-act`` and ``--max-ngram`` where they were left at
+    None to the recipe of ``--model`` (:data:`MODEL_DEFAULTS`); a resumed run then takes
+    its own values over these (they were not given)."""
+    for name, value in MODEL_DEFAULTS[args.model].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def check_options(args, given: set[str], resumed: dict | None) -> Start:
@@ -78,15 +95,20 @@ def check_options(args, given: set[str], resumed: dict | None) -> Start:
         RunError: a bad ``--init-checkpoint`` or ``--teacher``, one whose vocab or
             lower-casing contradicts the options, distillation or ELECTRA options without
             ``--teacher`` / ``--objective electra``, ``--batch-size-ramp`` without
-            accumulation. CheckpointError, HFFormatError: unreadable weights.
-            DataChangedError: a resumed run whose corpus or vocab changed since its
-            checkpoint (:func:`check_resumed_data`).
+            accumulation; a start of the other model family than ``--model``, options
+            that do not fit ``--model`` (:func:`check_model_options`). CheckpointError,
+            HFFormatError: unreadable weights. ValueError: model sizes that do not fit
+            together (the config's message, naming the field). DataChangedError: a
+            resumed run whose corpus or vocab changed since its checkpoint
+            (:func:`check_resumed_data`).
     """
+    check_model_options(args, given)
     if resumed is not None:
         check_resumed_data(args, resumed)
     start = Start()
     if resumed is None and args.init_checkpoint:
         start.init = init = load_start(args.init_checkpoint, "--init-checkpoint")
+        check_model_type(init.config, args.model, f"--init-checkpoint {args.init_checkpoint}")
         lower = init.tokenizer_options.get("do_lower_case", True)
         if lower != args.lowercase:
             raise RunError(f"--init-checkpoint {args.init_checkpoint} was trained with "
@@ -118,6 +140,8 @@ def check_options(args, given: set[str], resumed: dict | None) -> Start:
         raise RunError(f"--batch-size-ramp {args.batch_size_ramp:g} ramps the micro-batches "
                        "per step up to --gradient-accumulation-steps, which is 1: give it "
                        ">= 2 (the full batch is --batch-size x that)")
+    if resumed is None and start.init is None and start.config is None:
+        model_config(args, vocab_size=1)   # sizes that do not fit fail before any write
     return start
 
 
@@ -135,22 +159,70 @@ def check_resumed_data(args, resumed: dict) -> None:
                     args.allow_data_change, str(run_dir / "checkpoint.npz"))
 
 
-def model_config(args, vocab_size: int) -> BertConfig:
-    """The architecture the model options ask for: ``--preset`` with ``--num-hidden-layers``,
-    ``--hidden-size`` (then by default hidden/64 heads and 4 x hidden feed-forward),
-    ``--num-attention-heads``, ``--intermediate-size`` and the other model options."""
+def check_model_options(args, given: set[str]) -> None:
+    """Refuse options that ``--model`` does not take: ALBERT's architecture options
+    (:data:`ALBERT_OPTIONS`) for BERT; for ALBERT, pre-LN, ``--objective electra`` (whose
+    generator and discriminator are BERTs) and a student started from the teacher's BERT
+    weights (``--student-init`` other than preset).
+
+    Raises:
+        RunError: naming the options.
+    """
+    if args.model != "albert":
+        if stray := [n for n in ALBERT_OPTIONS if n in given]:
+            raise RunError(", ".join(map(flag, stray)) + ": ALBERT options, only with "
+                           "--model albert")
+        return
+    if args.norm_position != "post":
+        raise RunError(f"--norm-position {args.norm_position}: ALBERT puts LayerNorm after "
+                       "the residual sum only (post); drop it or use --model bert")
+    if args.objective == "electra":
+        raise RunError("--objective electra trains a BERT generator and discriminator; "
+                       "not with --model albert")
+    if args.teacher and args.student_init != "preset":
+        raise RunError(f"--student-init {args.student_init} builds the student from the "
+                       "teacher's BERT weights; an ALBERT student (--model albert) starts "
+                       "from --student-init preset")
+
+
+def check_model_type(config: ModelConfig, model: str, source: str) -> None:
+    """Raise RunError when the model at ``source`` (an option and its path; ``config``
+    its config) is not of the family ``model`` ("bert" or "albert"), naming both."""
+    if config.model_type != model:
+        raise RunError(f"{source}: holds a model of model_type {config.model_type!r}, this "
+                       f"run trains --model {model} (give --model {config.model_type})")
+
+
+def model_config(args, vocab_size: int) -> ModelConfig:
+    """The architecture the model options ask for: ``--model``'s preset table
+    (:data:`~minibert.modeling.PRESETS`, :data:`~minibert.albert.ALBERT_PRESETS`) at
+    ``--preset``, with ``--num-hidden-layers``, ``--hidden-size`` (then by default
+    hidden/64 heads, 4 x hidden feed-forward and, for ALBERT, embedding width
+    min(128, hidden/2) as the presets), ``--num-attention-heads``, ``--intermediate-size``,
+    ALBERT's ``--embedding-size``, ``--num-hidden-groups``, ``--inner-group-num`` and the
+    other model options.
+
+    Returns:
+        a BertConfig (``--model bert``) or an AlbertConfig (``--model albert``).
+    Raises:
+        ValueError: sizes that do not fit together (the config's message names the field).
+    """
     overrides = {k: getattr(args, k) for k in ("num_hidden_layers", "hidden_size",
                  "num_attention_heads", "intermediate_size") if getattr(args, k) is not None}
     if "hidden_size" in overrides:
         overrides.setdefault("num_attention_heads", max(1, overrides["hidden_size"] // 64))
         overrides.setdefault("intermediate_size", 4 * overrides["hidden_size"])
-    return BertConfig.from_preset(
-        args.preset, vocab_size=vocab_size, hidden_act=args.hidden_act,
-        hidden_dropout_prob=args.hidden_dropout_prob,
-        attention_probs_dropout_prob=args.attention_probs_dropout_prob,
-        max_position_embeddings=args.max_position_embeddings,
-        position_embedding_type=args.position_embedding_type,
-        norm_position=args.norm_position, **overrides)
+    common = dict(vocab_size=vocab_size, hidden_act=args.hidden_act,
+                  hidden_dropout_prob=args.hidden_dropout_prob,
+                  attention_probs_dropout_prob=args.attention_probs_dropout_prob,
+                  max_position_embeddings=args.max_position_embeddings,
+                  position_embedding_type=args.position_embedding_type, **overrides)
+    if args.model == "albert":
+        albert = {k: getattr(args, k) for k in ALBERT_OPTIONS if getattr(args, k) is not None}
+        if "hidden_size" in overrides:
+            albert.setdefault("embedding_size", max(1, min(128, overrides["hidden_size"] // 2)))
+        return AlbertConfig.from_preset(args.preset, **common, **albert)
+    return BertConfig.from_preset(args.preset, norm_position=args.norm_position, **common)
 
 
 def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer:
@@ -242,7 +314,7 @@ def check_corpus_shape(data: PretrainData) -> None:
               file=sys.stderr)
 
 
-def run_config(args, start: Start, resumed: dict | None, vocab_size: int) -> BertConfig:
+def run_config(args, start: Start, resumed: dict | None, vocab_size: int) -> ModelConfig:
     """The model's architecture: the student's (distillation), the resumed run's when it
     took one over from ``--init-checkpoint``, the start's, else :func:`model_config`.
 
@@ -282,10 +354,10 @@ def fixed_batches(args, store: TokenStore, vocab: VocabInfo, objective, seed: in
                              short_seq_prob=args.short_seq_prob,
                              masked_lm_prob=args.masked_lm_prob,
                              max_predictions_per_seq=args.max_predictions_per_seq,
-                             whole_word_mask=args.whole_word_mask)
+                             whole_word_mask=args.whole_word_mask, max_ngram=args.max_ngram)
 
 
-def build_model(args, config: BertConfig, data: PretrainData, start: Start,
+def build_model(args, config: ModelConfig, data: PretrainData, start: Start,
                 resumed: dict | None, checkpoint: str = "checkpoint"):
     """The model the run trains, with its starting weights: a
     :class:`~minibert.distillation.DistillationModel` (with ``--teacher``; a new student
@@ -300,7 +372,7 @@ def build_model(args, config: BertConfig, data: PretrainData, start: Start,
                     label_smoothing=args.label_smoothing)
     objective = data.objective
     if start.teacher is not None:
-        model = distillation.DistillationModel(
+        model = distillation.student_class(config)(
             config, distillation.load_teacher(start.teacher, np.dtype(args.dtype)),
             start.weights, seq_relationship_head=objective.sentence_task is not None,
             **model_kw)
@@ -360,7 +432,7 @@ def describe(args, model, data: PretrainData, eval_batches, reference: dict) -> 
             if args.teacher and args.student_init == "every-other-layer"
             else f"{args.teacher} pruned to its sizes"
             if args.teacher and args.student_init == "pruned"
-            else f"{args.preset} preset")
+            else f"{args.preset} {args.model.upper()} preset")
     line = (f"model: {arch}, {model.num_parameters():,} parameters, vocab "
             f"{config.vocab_size}; objective {data.objective.name}; train documents "
             f"{data.train.num_documents}, tokens {data.train.num_tokens:,}; held-out documents "
@@ -394,7 +466,8 @@ class PretrainTask:
                             short_seq_prob=args.short_seq_prob,
                             masked_lm_prob=args.masked_lm_prob,
                             max_predictions_per_seq=args.max_predictions_per_seq,
-                            whole_word_mask=args.whole_word_mask)
+                            whole_word_mask=args.whole_word_mask,
+                            max_ngram=args.max_ngram)
 
     def batches(self, epoch: int, start_batch: int):
         return iterate_batches(self.store, self.vocab, self.args.batch_size,
@@ -404,7 +477,10 @@ class PretrainTask:
 
     def forward(self, model, batch):
         inputs = {k: self.xp.asarray(v) for k, v in batch.model_inputs().items()}
-        out = model(**inputs)
+        kwargs = dict(inputs)
+        if "next_sentence_label" in kwargs:  # under the keyword the model's forward takes
+            kwargs[model.sentence_label] = kwargs.pop("next_sentence_label")  # (ALBERT's)
+        out = model(**kwargs)
         sums = self.objective.stats(out, inputs)
         if isinstance(model, distillation.DistillationModel):
             sums.update(model.stats(out, inputs))

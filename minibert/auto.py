@@ -1,0 +1,83 @@
+"""The model family of a config, as transformers' Auto classes choose it: BERT or ALBERT.
+
+A config says which family it belongs to by its class and its ``model_type`` (``"bert"``,
+``"albert"``, transformers' names), which checkpoints and ``config.json`` record. Every
+ALBERT class subclasses the BERT class of the same role (``AlbertModel`` is a
+``BertModel``, ``AlbertForSequenceClassification`` a ``BertForSequenceClassification``
+...), so code written against the BERT class takes either; only construction has to pick,
+and it picks here:
+
+    config_from_dict({"model_type": "albert", ...})     -> AlbertConfig
+    model_class(albert_config, BertForTokenClassification) -> AlbertForTokenClassification
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .albert import (AlbertConfig, AlbertForPreTraining, AlbertForQuestionAnswering,
+                     AlbertForSequenceClassification, AlbertForTokenClassification, AlbertModel)
+from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
+                    BertForTokenClassification)
+from .modeling import BertConfig, BertForPreTraining, BertModel, ModelConfig
+
+__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "bert_role", "config_class",
+           "config_from_dict", "model_class"]
+
+# model_type -> config class
+CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig}
+
+# BERT class of a role -> the ALBERT class of that role
+ALBERT_CLASSES: dict[type, type] = {
+    BertModel: AlbertModel,
+    BertForPreTraining: AlbertForPreTraining,
+    BertForSequenceClassification: AlbertForSequenceClassification,
+    BertForTokenClassification: AlbertForTokenClassification,
+    BertForQuestionAnswering: AlbertForQuestionAnswering,
+}
+
+
+def config_class(model_type: str) -> type[ModelConfig]:
+    """The config class of ``model_type`` (a key of :data:`CONFIG_CLASSES`).
+
+    Raises:
+        ValueError: an unknown model_type (the message lists the known ones).
+    """
+    try:
+        return CONFIG_CLASSES[model_type]
+    except (KeyError, TypeError):
+        raise ValueError(f"model_type {model_type!r}: expected one of "
+                         f"{', '.join(CONFIG_CLASSES)}") from None
+
+
+def config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """The config a dict describes (a checkpoint's or ``config.json``'s): the class of its
+    ``model_type`` (``"bert"`` when absent: what files written before the field hold),
+    built from its fields (other keys ignored).
+
+    Raises:
+        ValueError: an unknown model_type, or fields the config refuses (naming the field).
+    """
+    return config_class(d.get("model_type", "bert")).from_dict(d)
+
+
+def model_class(config: ModelConfig, bert_class: type) -> type:
+    """The class that plays ``bert_class``'s role (a key of :data:`ALBERT_CLASSES`) for the
+    family of ``config``: ``bert_class`` itself for a BERT config, its ALBERT variant for
+    an :class:`~minibert.albert.AlbertConfig`.
+
+    Raises:
+        ValueError: an ALBERT config and a class with no ALBERT variant.
+    """
+    if not isinstance(config, AlbertConfig) or bert_class in ALBERT_CLASSES.values():
+        return bert_class
+    if bert_class not in ALBERT_CLASSES:
+        raise ValueError(f"{bert_class.__name__} has no ALBERT variant")
+    return ALBERT_CLASSES[bert_class]
+
+
+def bert_role(architecture: str | None) -> str | None:
+    """The name of the BERT class whose role a class name plays (an ``architectures``
+    entry of ``config.json``, a checkpoint's record): ``"AlbertForTokenClassification"``
+    -> ``"BertForTokenClassification"``; any other name, and None, as it is."""
+    names = {albert.__name__: bert.__name__ for bert, albert in ALBERT_CLASSES.items()}
+    return names.get(architecture, architecture)
