@@ -1,29 +1,37 @@
 #!/usr/bin/env python
 """Measure what a starting point is worth downstream: fine-tune it on the shipped
-classification tasks at several label budgets and seeds, probe its frozen mean-pooled
-states, and compare with the same architecture from random weights and a bag of words.
+classification, tagging and question-answering tasks at several label budgets and seeds,
+and compare with the same architecture from random weights and a floor beside every row
+(a bag of words and probes on frozen states, the most frequent tag, the first sentence).
 
     python evaluate.py runs/pretrain random:runs/pretrain          # ours vs random init
     python evaluate.py runs/pretrain $MINILM --budgets 500 all --seeds 3
     python evaluate.py runs/zh --tasks product_reviews
 
 Starts: a train_mlm.py run directory (or checkpoint), a finetune.py output, a Hugging Face
-BERT directory, or ``random:START`` (START's architecture and vocab, fresh weights). Tasks:
-movie_reviews, sms_spam, trec_questions (English) and product_reviews (Chinese), from
-data/classify/ (default: the English ones, or the Chinese one for a start whose vocab is
-mostly CJK characters). A budget N trains on N rows drawn at random from the train split
-(a fresh draw per seed; ``all`` = the whole split); dev picks the best epoch (fine-tuning)
-or the L2 weight (probes); the reported number is test accuracy. Given several ``--lr``,
-each start fine-tunes at every one of them and reports, per task and budget, the rate
-with the best mean dev accuracy over seeds (the protocol of Devlin et al. 2019, §4.1), so
-that a pretrained start and a random one are each compared at their own best rate.
+BERT directory, or ``random:START`` (START's architecture and vocab, fresh weights). Tasks
+(English / Chinese; default: the English ones, or the Chinese ones for a start whose vocab
+is mostly CJK characters): movie_reviews, sms_spam, trec_questions / product_reviews
+(data/classify/, test accuracy), brown_pos (data/tag/en, part-of-speech token accuracy) /
+peoples_daily_ner (data/tag/zh, entity F1), squad_v1 (data/qa/en, SQuAD F1 and exact
+match); a --task-dir is read as finetune.py reads it, its kind told by its files
+(minibert/evaluation/downstream.py). A budget N trains on N rows, sentences or questions
+drawn at random from the train split (a fresh draw per seed; ``all`` or N at least the
+split = the whole split); dev picks the best epoch (fine-tuning) or the L2 weight
+(probes); the reported number is the test score. Given several ``--lr``, each start
+fine-tunes at every one of them and reports, per task and budget, the rate with the best
+mean dev score over seeds (the protocol of Devlin et al. 2019, §4.1), so that a
+pretrained start and a random one are each compared at their own best rate.
 
 For every (task, budget, seed): ``finetune.py`` for each start (a process of its own, its log
-in OUTPUT_DIR/runs/.../NAME.log), a softmax-regression probe on each start's frozen,
-mean-pooled final states (minibert.evaluation.probe; random starts included), and a bag-of-words
-softmax regression. Prints mean ± std over seeds per task and budget, the margin over
-random init (for a start S when ``random:S`` is among the starts) and over the bag of words;
-writes OUTPUT_DIR/results.json (every run and the summary) and OUTPUT_DIR/accuracy_vs_labels.png.
+in OUTPUT_DIR/runs/.../NAME.log) and the floors: for classification a softmax-regression
+probe on each start's frozen, mean-pooled final states (minibert.evaluation.probe; random
+starts included) and a bag-of-words softmax regression; for tagging each word's most
+frequent train tag (the overall most frequent one for an unseen word); for QA the first
+sentence of the context. Prints mean ± std over seeds per task and budget, the margin over
+random init (for a start S when ``random:S`` is among the starts) and over the floor;
+writes OUTPUT_DIR/results.json (every run and the summary) and OUTPUT_DIR/accuracy_vs_labels.png
+(a panel per task).
 A finished fine-tuning run (its summary.json present) is reused when the harness is run
 again with the same settings in the same OUTPUT_DIR and the start's content is the same
 (runs are named by its content fingerprint, not its path: a start replaced at its path runs
@@ -50,9 +58,12 @@ ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data" / "classify"
 TASKS = {"movie_reviews": DATA / "en" / "movie_reviews", "sms_spam": DATA / "en" / "sms_spam",
          "trec_questions": DATA / "en" / "trec_questions",
-         "product_reviews": DATA / "zh" / "product_reviews"}
-ENGLISH = ("movie_reviews", "sms_spam", "trec_questions")
-CHINESE = ("product_reviews",)
+         "product_reviews": DATA / "zh" / "product_reviews",
+         "brown_pos": ROOT / "data" / "tag" / "en" / "brown_pos",
+         "peoples_daily_ner": ROOT / "data" / "tag" / "zh" / "peoples_daily_ner",
+         "squad_v1": ROOT / "data" / "qa" / "en" / "squad_v1"}
+ENGLISH = ("movie_reviews", "sms_spam", "trec_questions", "brown_pos", "squad_v1")
+CHINESE = ("product_reviews", "peoples_daily_ner")
 SETTINGS = ("starts", "tasks", "budgets", "seeds", "epochs", "lr", "batch_size",
             "max_seq_length", "pooling")
 fail = partial(_fail, "evaluate.py")  # PROG: error: MESSAGE, exit status 2
@@ -75,9 +86,12 @@ def parse_args(argv=None):
                         "tasks, or product_reviews for a Chinese vocab")
     p.add_argument("--task-dir", action="append", default=[], metavar="NAME=DIR",
                    help="another task (or another directory for a shipped one): DIR holds "
-                        "train.tsv, dev.tsv and test.tsv as finetune.py reads them")
+                        "train, dev and test files as finetune.py reads them (train.tsv "
+                        "with a label header: classification; other TSV: tagging; "
+                        "train.jsonl: question answering)")
     p.add_argument("--budgets", nargs="+", type=budget, default=[500, 2000, None],
-                   metavar="N|all", help="train rows per run")
+                   metavar="N|all", help="train rows (sentences for tagging, questions "
+                        "for QA) per run")
     p.add_argument("--seeds", type=positive_int, default=3, help="seeds 0 .. N-1")
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--lr", nargs="+", type=float_in(0.0, low_open=True), default=[5e-5],

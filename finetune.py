@@ -14,8 +14,9 @@ question answering (Devlin et al. 2019, 4.1, 4.2, 5.3).
 Tasks (--task): sequence-classification (default), token-classification and
 question-answering; their file formats and metrics: minibert/finetuning/job.py.
 Splits: --train/--dev/--test, or --data DIR with train/dev/test files (default: the
-embedded sample of each task). The label (tag) set comes from the train split and is saved
-with the model; --help describes every option.
+embedded sample of each task). The label (tag) set comes from all splits (or --labels FILE)
+and is saved with the model; a label that dev or test has and train has not is reported,
+not fatal. --help describes every option.
 Training, checkpoints and what is written: minibert/finetuning/job.py.
 """
 from __future__ import annotations
@@ -53,6 +54,11 @@ def add_data_arguments(p) -> None:
     g.add_argument("--dev", help="dev file (overrides DATA/dev.EXT)")
     g.add_argument("--test", help="test file (overrides DATA/test.EXT); 'none' to skip "
                                   "(question answering: skipped when DATA/test.jsonl is absent)")
+    g.add_argument("--labels", metavar="FILE", default=None,
+                   help="classification and tagging: the label (tag) set, one per line in "
+                        "class-id order; every label of the data must be in it (default: "
+                        "the labels of train, dev and test, sorted; a label only dev or "
+                        "test has is reported)")
     g.add_argument("--max-seq-length", type=int_at_least(3), default=None,
                    help="tokens per sequence, [CLS]/[SEP] included (default: 128; 384 for "
                         "question-answering). Classification: longest-first truncation; "
@@ -164,6 +170,8 @@ def check_args(p, args, given: set[str]) -> None:
     if args.teacher and args.task != "sequence-classification":
         p.error(f"--teacher: task distillation is for --task sequence-classification, "
                 f"not {args.task}")
+    if args.labels and args.task == "question-answering":
+        p.error("--labels: question-answering has no label set")
     if args.pooling and args.task != "sequence-classification":
         p.error(f"--pooling: for --task sequence-classification, not {args.task}")
     for name in ("predict", "plot_attention"):

@@ -13,9 +13,11 @@
                                             # general distillation (docs/distillation.md)
     mpirun -np 2 python train_mlm.py        # data parallel over 2 processes (docs/distributed.md)
 
-Steps: learn a WordPiece vocab from the corpus (unless --vocab is given), tokenize the
-corpus into a cached token store, hold out whole documents for evaluation, then train
-with AdamW, warmup + linear decay and global-norm clipping in minibert.training's loop.
+Steps: leave out the documents --exclude-documents lists (by default the Brown documents of
+the POS dev and test splits), learn a WordPiece vocab from the corpus (unless --vocab is
+given), tokenize the corpus into a cached token store, hold out whole documents for
+evaluation, then train with AdamW, warmup + linear decay and global-norm clipping in
+minibert.training's loop.
 Writes to --output-dir (see minibert.runs): vocab.txt, config.json, args.json,
 checkpoint.npz (every --save-every steps and at the end), metrics.jsonl ("train" and
 "eval" records) and summary.json, each file atomically.
@@ -45,6 +47,9 @@ from minibert.training import TrainingConfig, TrainingError, train
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
 DEFAULT_PAIRS = Path(__file__).resolve().parent / "data" / "minimal_pairs" / "en" / "pairs.jsonl"
+# The Brown documents of the POS dev and test splits (data/README.md): not pretrained on.
+DEFAULT_EXCLUDE = (Path(__file__).resolve().parent / "data" / "tag" / "en" / "brown_pos"
+                   / "pretrain_exclude.tsv")
 
 fail = partial(_fail, "train_mlm.py")  # PROG: error: MESSAGE, exit status 2
 
@@ -55,6 +60,15 @@ def add_data_arguments(p) -> None:
     g.add_argument("--corpus", nargs="+", default=[str(DEFAULT_CORPUS)],
                    help="text files or directories (their *.txt): one sentence per line, "
                         "a blank line between documents")
+    g.add_argument("--exclude-documents", nargs="+", metavar="FILE",
+                   default=[str(DEFAULT_EXCLUDE)],
+                   help="leave out of the corpus (training, held-out split and a learned "
+                        "vocab) the documents these lists name (one 'SHA256<TAB>NAME' per "
+                        "line, the digest of the document's lines; see "
+                        "minibert/pretraining/exclusion.py); the default lists the Brown "
+                        "documents of the POS dev and test splits, so a tagger evaluated "
+                        "on them was never pretrained on their sentences; 'none': leave "
+                        "nothing out")
     g.add_argument("--vocab", default=None,
                    help="WordPiece vocab.txt to use; if absent one is learned from the corpus")
     g.add_argument("--vocab-size", type=int_at_least(8), default=8192,
@@ -212,12 +226,13 @@ def main(argv=None) -> int:
     args, given = parse_args(argv)
     job = start_job(args, given, "train_mlm.py", "pretrain",
                     resume_fixed=[k for k in vars(args) if k not in pretraining.RESUME_FREE],
+                    resume_defaults=pretraining.RESUME_DEFAULTS,
                     check=lambda resumed: pretraining.check_options(args, given, resumed))
     comm, run, resumed, start = job.comm, job.run, job.resumed, job.checked
     try:
         with leader_first(comm):  # rank 0 writes the vocab and the token store first
             data = pretraining.prepare_data(args, run, reuse_vocab=resumed is not None
-                                            or not comm.is_leader)
+                                            or not comm.is_leader, resumed=resumed)
         config = pretraining.run_config(args, start, resumed, len(data.tokenizer))
         if comm.is_leader:
             pretraining.check_corpus_shape(data)

@@ -229,7 +229,7 @@ def leader_first(comm):
 
 # Options whose values a job reads (files or directories): no job writes where they are.
 INPUT_OPTIONS = ("corpus", "vocab", "init_checkpoint", "init", "teacher", "model", "data",
-                 "train", "dev", "test")
+                 "train", "dev", "test", "labels", "exclude_documents")
 
 
 def input_paths(args) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """What a result was computed from: content fingerprints of the files a run reads.
 
-A pretraining checkpoint records the fingerprint of its corpus and its vocabulary
-(:func:`data_fingerprint`), and ``train_mlm.py --resume`` compares them with the files as
-they are now (:func:`check_same_data`), so a run does not continue on other data without a
-word. ``evaluate.py`` reuses an earlier fine-tuning run of a start only when the start's
+A pretraining checkpoint records the fingerprint of its corpus, its vocabulary and the
+corpus documents it left out (:func:`data_fingerprint`), and ``train_mlm.py --resume``
+compares them with the files as they are now (:func:`check_same_data`), so a run does not
+continue on other data without a word. ``evaluate.py`` reuses an earlier fine-tuning run of a start only when the start's
 content is the same (:func:`start_fingerprint`), whatever its path.
 
 A file's fingerprint is the SHA-256 of its bytes, read once per process (the result is
@@ -21,7 +21,7 @@ import os
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -70,36 +70,49 @@ def files_fingerprint(paths: Iterable[str | os.PathLike]) -> str:
 
 
 def data_fingerprint(corpus_files: Iterable[str | os.PathLike],
-                     vocab_file: str | os.PathLike) -> dict[str, str | None]:
+                     vocab_file: str | os.PathLike,
+                     left_out: Iterable[str] = ()) -> dict[str, str | None]:
     """{"corpus": :func:`files_fingerprint` of the corpus files, "vocab": the vocab file's
-    fingerprint, or None while it does not exist (it is learned later)}: what a
-    pretraining checkpoint records under ``data``."""
+    fingerprint, or None while it does not exist (it is learned later)}, and when
+    documents were left out of the corpus (``left_out``: their
+    :func:`~minibert.pretraining.exclusion.document_digest` names) "excluded": the
+    SHA-256 of those names, sorted: what a pretraining checkpoint records under
+    ``data``."""
     vocab = Path(vocab_file)
-    return {"corpus": files_fingerprint(corpus_files),
-            "vocab": file_fingerprint(vocab) if vocab.is_file() else None}
+    out = {"corpus": files_fingerprint(corpus_files),
+           "vocab": file_fingerprint(vocab) if vocab.is_file() else None}
+    if names := sorted(left_out):
+        out["excluded"] = "sha256:" + hashlib.sha256("\n".join(names).encode()).hexdigest()
+    return out
 
 
 def check_same_data(recorded: Mapping[str, Any] | None, current: Mapping[str, Any],
-                    allow: bool, source: str) -> list[str]:
+                    allow: bool, source: str,
+                    keys: Sequence[str] = ("corpus", "vocab")) -> list[str]:
     """Compare the data a checkpoint was trained on with the data now.
 
     Args:
         recorded: the checkpoint's ``data`` record (None for one written before it).
-        current: :func:`data_fingerprint` now; a None on either side is not compared.
+        current: :func:`data_fingerprint` now.
         allow: continue anyway (``--allow-data-change``); the change is then printed as a
             warning on stderr.
         source: the checkpoint, for messages.
+        keys: what to compare: "corpus" and "vocab" when both sides have one (a None is
+            not compared); "excluded" always (a missing one: nothing was left out).
     Returns:
-        the names of what changed ("corpus", "vocab"), empty when nothing did.
+        the names of what changed, empty when nothing did.
     Raises:
         DataChangedError: something changed and ``allow`` is False.
     """
-    changed = [k for k in ("corpus", "vocab") if recorded and recorded.get(k)
-               and current.get(k) and recorded[k] != current[k]]
+    if not recorded:
+        return []
+    changed = [k for k in keys if recorded.get(k) != current.get(k)
+               and (k == "excluded" or (recorded.get(k) and current.get(k)))]
     if not changed:
         return []
-    what = " and ".join(changed)
-    detail = "; ".join(f"{k} {recorded[k][:19]}... now {current[k][:19]}..." for k in changed)
+    what = " and ".join("excluded documents" if k == "excluded" else k for k in changed)
+    detail = "; ".join(f"{k} {str(recorded.get(k))[:19]}... now {str(current.get(k))[:19]}..."
+                       for k in changed)
     if not allow:
         raise DataChangedError(f"cannot resume {source}: its {what} changed since the "
                                f"checkpoint was written ({detail}); the run would continue on "

@@ -278,14 +278,16 @@ def plot_attention(model, tokenizer, texts: Sequence[str], max_len: int, xp,
 
 def plot_accuracy_vs_labels(rows: Sequence[Mapping], sizes: Mapping[str, int],
                             path: str | os.PathLike, dpi: int = 110) -> Path:
-    """Test accuracy against the number of train labels: one panel per task, one line per
-    start and kind (fine-tuning solid, probe dashed, bag of words dotted), error bars one
-    standard deviation over seeds.
+    """The test score against the number of train labels (rows, sentences or questions):
+    one panel per task, its y axis the task's metric, one line per start and kind
+    (fine-tuning solid, probe dashed, bag of words and the task's floor dotted), error bars
+    one standard deviation over seeds.
 
     Args:
         rows: summary rows of the evaluation harness, each with ``task``, ``budget``
-            (labels, None = all), ``start``, ``kind`` ("finetune" | "probe" | "bow"),
-            ``mean`` and ``std`` (accuracy in [0, 1]).
+            (labels, None = all), ``start``, ``kind`` ("finetune" | "probe" | "bow" |
+            "floor"), ``mean`` and ``std`` (a score in [0, 1]) and ``metric`` (its name;
+            "accuracy" when absent).
         sizes: task -> rows of its full train split (the x of budget None).
         path: the PNG to write.
     Returns:
@@ -294,7 +296,7 @@ def plot_accuracy_vs_labels(rows: Sequence[Mapping], sizes: Mapping[str, int],
     plt = _pyplot()
     tasks = sorted({r["task"] for r in rows})
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
-    style = {"finetune": "-", "probe": "--", "bow": ":"}
+    style = {"finetune": "-", "probe": "--", "bow": ":", "floor": ":"}
     for ax, task in zip(axes[0], tasks):
         lines: dict[tuple, list] = {}
         for r in rows:
@@ -305,11 +307,13 @@ def plot_accuracy_vs_labels(rows: Sequence[Mapping], sizes: Mapping[str, int],
             pts.sort()
             x, y, e = zip(*pts)
             ax.errorbar(x, y, yerr=e, linestyle=style[kind], marker="o", capsize=3,
-                        label=f"{start[-30:]} ({kind})" if kind != "bow" else start)
+                        label=f"{start[-30:]} ({kind})" if kind not in ("bow", "floor")
+                        else start)
+        metric = next(r.get("metric", "accuracy") for r in rows if r["task"] == task)
         ax.set_xscale("log")
         ax.set_title(task)
         ax.set_xlabel("train labels")
-        ax.set_ylabel("test accuracy")
+        ax.set_ylabel(f"test {metric.replace('_', ' ')}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

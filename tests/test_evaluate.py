@@ -197,3 +197,133 @@ def test_bad_start_and_task_are_error_lines(start_and_task, tmp_path, capsys):
     with pytest.raises(SystemExit):
         evaluate.main([str(run), "--lr", "1e-3", "nan"])
     assert "argument --lr: expected a finite number" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ tagging and QA
+def write_conll(path: Path, sentences) -> None:
+    path.write_text("".join("".join(f"{w}\t{t}\n" for w, t in s) + "\n" for s in sentences))
+
+
+def test_most_frequent_tag_floor_by_hand(tmp_path):
+    from minibert.evaluation.downstream import Tagging, load_task
+    d = tmp_path / "pos"
+    d.mkdir()
+    write_conll(d / "train.tsv", [[("the", "DET"), ("run", "VERB"), ("run", "VERB")],
+                                  [("a", "DET"), ("run", "NOUN"), ("dog", "NOUN")],
+                                  [("dogs", "NOUN"), ("run", "VERB"), ("a", "DET")],
+                                  [("cats", "NOUN"), ("cats", "NOUN")]])
+    write_conll(d / "dev.tsv", [[("the", "DET")]])
+    # test: the/DET run/NOUN cat/NOUN fast/ADV (ADV only in test)
+    write_conll(d / "test.tsv", [[("the", "DET"), ("run", "NOUN"), ("cat", "NOUN"),
+                                  ("fast", "ADV")]])
+    task = load_task(d)
+    assert isinstance(task, Tagging) and task.metric == "accuracy"
+    assert task.tags == ["ADV", "DET", "NOUN", "VERB"]
+    # all train: the -> DET, run -> VERB (3 of 4), unseen cat, fast -> NOUN (5 of 12)
+    assert task.floor_scores(np.arange(4)) == {"accuracy": pytest.approx(2 / 4)}
+    # sentences 1 and 3 only: run -> NOUN, overall NOUN (4 of 5): the/DET wrong (unseen)
+    assert task.floor_scores(np.array([1, 3])) == {"accuracy": pytest.approx(2 / 4)}
+    assert task.floor_scores(np.array([3])) == {"accuracy": pytest.approx(2 / 4)}
+    assert task.floor_scores(np.array([0])) == {"accuracy": pytest.approx(1 / 4)}
+    task.prepare(tmp_path / "out")
+    assert (tmp_path / "out" / "labels.txt").read_text().split() == task.tags
+    # entity tags: the floor and the runs report entity F1
+    ner = tmp_path / "ner"
+    ner.mkdir()
+    write_conll(ner / "train.tsv", [[("Ann", "B-PER"), ("ran", "O")], [("Bo", "B-PER")]])
+    write_conll(ner / "dev.tsv", [[("Ann", "B-PER")]])
+    write_conll(ner / "test.tsv", [[("Ann", "B-PER"), ("met", "O"), ("Cy", "B-PER")]])
+    task = load_task(ner)
+    assert task.metric == "f1"
+    # Ann/B-PER; met and Cy unseen -> the commonest tag B-PER (2 of 3): entities Ann, met,
+    # Cy predicted, Ann and Cy gold: P = 2/3, R = 1
+    assert task.floor_scores(np.arange(2)) == {"f1": pytest.approx(2 * (2 / 3) / (2 / 3 + 1))}
+
+
+def test_first_sentence_floor_and_held_out_dev_articles(tmp_path):
+    import json as _json
+    from minibert.evaluation.downstream import QuestionAnswering, first_sentence, load_task
+    assert first_sentence("Ann wrote it in 1990. Bob read it. Then?") == "Ann wrote it in 1990."
+    assert first_sentence("e.g. no capital after it") == "e.g. no capital after it"
+    d = tmp_path / "qa"
+    d.mkdir()
+
+    def q(qid, title, context, answer):
+        return _json.dumps({"id": qid, "title": title, "context": context, "question": "?",
+                            "answers": {"text": [answer],
+                                        "answer_start": [context.index(answer)]}})
+    ctx = "Ann wrote the book. Bob read it twice."
+    (d / "train.jsonl").write_text("\n".join(q(f"t{i}", f"A{i}", ctx, "Bob")
+                                             for i in range(5)) + "\n")
+    (d / "dev.jsonl").write_text("\n".join([q("d1", "X", ctx, "Ann wrote the book."),
+                                            q("d2", "X", ctx, "Bob read it"),
+                                            q("d3", "X", ctx, "the book")]) + "\n")
+    task = load_task(d)
+    assert isinstance(task, QuestionAnswering) and task.metric == "f1"
+    # no test.jsonl: dev.jsonl is the test split, the last of 5 train articles the dev split
+    assert [e.id for e in task.splits["test"]] == ["d1", "d2", "d3"]
+    assert [e.id for e in task.splits["dev"]] == ["t4"] and len(task.train) == 4
+    task.prepare(tmp_path / "out")
+    assert task.dev == tmp_path / "out" / "dev.jsonl" and task.dev.is_file()
+    # first sentence "Ann wrote the book.": d1 exact; d2 no common token; d3 "the book"
+    # against "ann wrote the book" (articles dropped): P 1/3, R 1 -> F1 1/2
+    m = task.floor_scores(np.arange(4))
+    assert m["exact_match"] == pytest.approx(1 / 3)
+    assert m["f1"] == pytest.approx((1 + 0 + 0.5) / 3)
+
+
+def test_floor_margins_and_metrics_in_the_summary():
+    def rec(start, kind, seed, value, **more):
+        return {"task": "ner", "budget": 4, "seed": seed, "start": start, "kind": kind,
+                "metric": "f1", "f1": value, **more}
+    records = [rec("a", "finetune", 0, 0.6, lr=1e-3, dev_f1=0.5),
+               rec("a", "finetune", 1, 0.8, lr=1e-3, dev_f1=0.5),
+               rec("a", "finetune", 0, 0.9, lr=3e-3, dev_f1=0.4),
+               rec("a", "finetune", 1, 0.9, lr=3e-3, dev_f1=0.4),
+               rec("most frequent tag", "floor", 0, 0.3), rec("most frequent tag", "floor", 1, 0.5)]
+    rows = {(r["start"], r["kind"]): r for r in harness.summarize(records)}
+    ft = rows[("a", "finetune")]
+    assert ft["lr"] == 1e-3 and ft["metric"] == "f1"          # chosen on dev F1
+    assert ft["mean"] == pytest.approx(0.7) and ft["margin_over_floor"] == pytest.approx(0.3)
+    assert "margin_over_floor" not in rows[("most frequent tag", "floor")]
+
+
+def test_evaluate_tagging_end_to_end(start_and_task, tmp_path, capsys):
+    """A tiny start on a tiny POS task: every budget's runs, the most-frequent-tag floor
+    beside them, a tag only test has (a small budget) and the plot."""
+    run, _ = start_and_task
+    rng = np.random.default_rng(1)
+    tags = {"the": "DET", "a": "DET", "film": "NOUN", "plot": "NOUN", "was": "VERB",
+            "very": "ADV", "not": "ADV", "good": "ADJ", "bad": "ADJ"}
+    d = tmp_path / "pos"
+    d.mkdir()
+    for split, n in (("train", 24), ("dev", 6), ("test", 6)):
+        sentences = [[(w, tags[w]) for w in rng.choice(["the", "a"], 1).tolist()
+                      + rng.choice(["film", "plot"], 1).tolist() + ["was"]
+                      + rng.choice(["very", "not", "good", "bad"], 2).tolist()]
+                     for _ in range(n)]
+        write_conll(d / f"{split}.tsv", sentences)
+    out = tmp_path / "eval"
+    argv = [str(run), f"random:{run}", "--task-dir", f"pos={d}", "--tasks", "pos",
+            "--budgets", "4", "100", "--seeds", "1", "--epochs", "2", "--lr", "3e-3",
+            "--batch-size", "8", "--max-seq-length", "12", "--output-dir", str(out)]
+    assert evaluate.main(argv) == 0
+    result = json.loads((out / "results.json").read_text())
+    runs = result["runs"]
+    # budgets 4 and all (100 > 24 sentences runs as all): 2 starts + the floor each
+    assert sorted((r["budget"] or 0, r["kind"]) for r in runs) == [
+        (0, "finetune"), (0, "finetune"), (0, "floor"),
+        (4, "finetune"), (4, "finetune"), (4, "floor")]
+    assert all(r["metric"] == "accuracy" and 0 <= r["accuracy"] <= 1 for r in runs)
+    assert all(0 <= r["dev_accuracy"] <= 1 for r in runs if r["kind"] == "finetune")
+    floor = [r for r in runs if r["kind"] == "floor" and r["budget"] is None][0]
+    assert floor["start"] == "most frequent tag" and floor["accuracy"] == pytest.approx(1.0)
+    summary = [json.loads(p.read_text()) for p in out.glob("runs/pos/**/summary.json")]
+    assert len(summary) == 4 and all(s["task"] == "token-classification" for s in summary)
+    assert all(s["labels"] == sorted(set(tags.values())) for s in summary)
+    rows = {(r["budget"], r["start"], r["kind"]): r for r in result["summary"]}
+    assert "margin_over_floor" in rows[(4, str(run), "finetune")]
+    assert "margin_over_random" in rows[(4, str(run), "finetune")]
+    assert (out / "accuracy_vs_labels.png").stat().st_size > 0
+    table = capsys.readouterr().out
+    assert "most frequent tag" in table and "vs floor" in table

@@ -1,6 +1,7 @@
 """finetune.py and minibert.finetuning: TSV errors naming file and line, metrics, dynamic
 padding, and tiny end-to-end runs from a minibert checkpoint and from a HF directory."""
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -12,8 +13,10 @@ from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining
 from minibert.checkpoint import save_checkpoint
-from minibert.finetuning import (DatasetError, EncodedSplit, classification_metrics,
-                                 encode_split, iterate_batches, label_ids, label_list, read_tsv)
+from minibert.finetuning import (DatasetError, EncodedSplit, choose_labels,
+                                 classification_metrics, encode_split, iterate_batches,
+                                 label_ids, label_list, label_occurrences, read_label_file,
+                                 read_tsv, sort_labels)
 from minibert.runs import load_start
 from minibert.tokenization import BertTokenizer
 
@@ -102,17 +105,57 @@ def test_unknown_label_names_file_and_line(tmp_path):
         label_ids(dev, labels)
 
 
+def test_label_set_from_all_splits_or_a_file(tmp_path):
+    train = read_tsv(write(tmp_path / "train.tsv", "label\tsentence\n10\ta\n2\tb\n"))
+    dev = read_tsv(write(tmp_path / "dev.tsv", "label\tsentence\n2\ta\n3\tb\n3\tc\n"))
+    test = read_tsv(write(tmp_path / "test.tsv", "label\tsentence\n1\ta\n"))
+    found = {"train": label_occurrences(train), "dev": label_occurrences(dev),
+             "test": label_occurrences(test)}
+    chosen = choose_labels(found, sort_labels)
+    assert chosen.labels == ["1", "2", "3", "10"] and chosen.source == "all splits"
+    assert chosen.unseen == {"dev": {"3": f"{tmp_path / 'dev.tsv'}:3"},
+                             "test": {"1": f"{tmp_path / 'test.tsv'}:2"}}
+    assert chosen.record()["labels_unseen_in_train"] == {"dev": ["3"], "test": ["1"]}
+    assert "'3' (" in chosen.notes()[0] and chosen.notes()[1].startswith("test: ")
+    label_ids(dev, chosen.labels)                     # every label has an id now
+    f = write(tmp_path / "labels.txt", "10\n 3 \n\n2\n1\n")
+    chosen = choose_labels(found, sort_labels, f)
+    assert chosen.labels == ["10", "3", "2", "1"] and chosen.source == str(f)
+    write(f, "10\n2\n3\n")
+    with pytest.raises(DatasetError, match=rf"^{re.escape(str(tmp_path / 'test.tsv'))}:2: "
+                                           rf"label '1' is not in --labels {re.escape(str(f))}"):
+        choose_labels(found, sort_labels, f)
+
+
+@pytest.mark.parametrize("content,pattern", [
+    (None, r"labels\.txt: no such file"),
+    (b"", r"labels\.txt: no label \(the file is empty"),
+    (b"\n  \n", r"labels\.txt: no label"),
+    (b"neg\npo\xffs\n", r"labels\.txt:2: not valid UTF-8"),
+    (b"neg\npos\nneg\n", r"labels\.txt:3: label 'neg' is already on line 1"),
+])
+def test_bad_labels_file_is_one_error_line(tmp_path, content, pattern):
+    f = tmp_path / "labels.txt"
+    if content is not None:
+        f.write_bytes(content)
+    with pytest.raises(DatasetError, match=pattern):
+        read_label_file(f)
+
+
 @pytest.mark.parametrize("split,content,pattern", [
-    ("dev", "label\tsentence\nneg\tgood\nmaybe\tfilm\n", r"dev\.tsv:3: unknown label 'maybe'"),
+    ("dev", "label\tsentence\nneg\tgood\nmaybe\tfilm\n",
+     r"dev\.tsv:3: class 'maybe' is not in --labels .*labels\.txt \(2 in it: neg pos\)"),
     ("test", "label\tsentence\n", r"test\.tsv:2: empty split"),
     ("train", "label\tsentence\npos\tgood film\nneg\n", r"train\.tsv:3: .*missing column"),
 ])
 def test_cli_rejects_bad_splits(dataset, pretrained_run, tmp_path, capsys, split, content,
                                 pattern):
     write(dataset / f"{split}.tsv", content)
+    labels = write(tmp_path / "labels.txt", "neg\npos\n")
     with pytest.raises(SystemExit) as e:
         finetune.main(["--init", str(pretrained_run), "--data", str(dataset),
-                       "--output-dir", str(tmp_path / "out"), "--no-progress"])
+                       "--output-dir", str(tmp_path / "out"), "--no-progress",
+                       "--labels", str(labels)])
     assert e.value.code == 2
     import re
     assert re.search(pattern, capsys.readouterr().err)

@@ -258,15 +258,17 @@ def test_freezing_keeps_frozen_weights_and_trains_the_rest(en_run, pos_data, tmp
 # ------------------------------------------------------------------ bad input
 def test_bad_input_gets_error_lines(en_run, pos_data, qa_data, tmp_path, capsys):
     tag = ("--task", "token-classification", "--init", en_run, "--output-dir", tmp_path / "o")
-    # a dev tag the train split never had: file and line
+    # a dev tag that a --labels file does not have: data file and line, and the file
     lines = (pos_data / "dev.tsv").read_text().splitlines()
     lines[2] = lines[2].split("\t")[0] + "\tNEWTAG"
     (pos_data / "dev.tsv").write_text("\n".join(lines) + "\n")
-    err = fails(capsys, *tag, "--data", pos_data)
-    assert re.search(r"dev\.tsv:3: tag 'NEWTAG' .* is not in the train split's tags", err)
+    known = sorted({t for s in read_conll(pos_data / "train.tsv") for t in s.tags})
+    (tmp_path / "tags.txt").write_text("\n".join(known) + "\n")
+    err = fails(capsys, *tag, "--data", pos_data, "--labels", tmp_path / "tags.txt")
+    assert re.search(r"dev\.tsv:3: tag 'NEWTAG' is not in --labels .*tags\.txt", err)
     # entity metrics for part-of-speech tags
     err = fails(capsys, *tag, "--data", BROWN, "--metric", "f1")
-    assert "--metric f1: the train split's tags" in err and "are not entity tags" in err
+    assert "--metric f1: the tags" in err and "are not entity tags" in err
     err = fails(capsys, *tag, "--data", BROWN, "--metric", "exact_match")
     assert "--metric exact_match: token-classification reports accuracy" in err
     qa = ("--task", "question-answering", "--init", en_run, "--output-dir", tmp_path / "q",
@@ -287,6 +289,41 @@ def test_bad_input_gets_error_lines(en_run, pos_data, qa_data, tmp_path, capsys)
     err = fails(capsys, *qa, "--data", qa_data, "--predict", "only a question")
     assert "question-answering takes QUESTION CONTEXT" in err
     assert not (tmp_path / "q" / "checkpoint.npz").exists()
+
+
+def test_a_tag_only_dev_has_is_reported_not_fatal(en_run, pos_data, tmp_path, capsys):
+    """Small budgets: the tag set comes from all splits; a dev tag train never has gets a
+    class id, a note on stderr and a record in summary.json. A --labels file sets the
+    order."""
+    lines = (pos_data / "dev.tsv").read_text().splitlines()
+    lines[2] = lines[2].split("\t")[0] + "\tNEWTAG"
+    (pos_data / "dev.tsv").write_text("\n".join(lines) + "\n")
+    common = ("--task", "token-classification", "--init", en_run, "--data", pos_data,
+              "--epochs", "1", "--batch-size", "8", "--max-seq-length", "48")
+    out = tmp_path / "all"
+    assert run_ft(*common, "--output-dir", out) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"dev: tag\(s\) never in the train split, so never learnt: "
+                     r"'NEWTAG' \(.*dev\.tsv:3\)", err)
+    train_tags = {t for s in read_conll(pos_data / "train.tsv") for t in s.tags}
+    labels = json.loads((out / "labels.json").read_text())
+    assert labels == sorted(train_tags | {"NEWTAG"})
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["label_source"] == "all splits"
+    assert summary["labels_unseen_in_train"] == {"dev": ["NEWTAG"]}
+    assert summary["labels"] == labels
+    # a labels file: its order, and its name in the summary
+    order = ["NEWTAG", "ZZZ", *sorted(train_tags, reverse=True)]
+    (tmp_path / "tags.txt").write_text("\n".join(order) + "\n\n")
+    out = tmp_path / "file"
+    assert run_ft(*common, "--output-dir", out, "--labels", tmp_path / "tags.txt") == 0
+    assert json.loads((out / "labels.json").read_text()) == order
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["label_source"] == str(tmp_path / "tags.txt")
+    # question answering has no label set
+    with pytest.raises(SystemExit):
+        run_ft("--task", "question-answering", "--init", en_run, "--labels", tmp_path / "x")
+    assert "--labels: question-answering has no label set" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ starting points

@@ -255,6 +255,70 @@ def test_build_or_load_store_caches(tmp_path, tok):
     assert s3.num_tokens == s1.num_tokens + 2
 
 
+def test_listed_documents_are_left_out_and_the_rest_kept(tmp_path, tok):
+    from minibert.pretraining.exclusion import (DocumentExclusion, document_digest,
+                                                read_document_list)
+    f = write(tmp_path / "c.txt", "the cat\nsat .\n\n  the dog \nran\n\nthe bird\n")
+    listed = write(tmp_path / "x.tsv", "# a comment\n\n"
+                   f"{document_digest(['the dog', 'ran'])}\tdog story\n"
+                   f"{document_digest(['not in the corpus'])}\tother\n")
+    ex = DocumentExclusion.read([listed])
+    assert list(iter_documents([f], exclude=ex)) == [["the cat", "sat ."], ["the bird"]]
+    assert ex.left_out == {document_digest(["the dog", "ran"]): 2}
+    assert ex.describe() == (f"corpus: left out 1 of the 2 documents listed in {listed} "
+                             "(2 sentences; --exclude-documents none keeps them): dog story")
+    assert ex.record()["left_out"] == [{"name": "dog story", "sentences": 2,
+                                        "sha256": document_digest(["the dog", "ran"])}]
+    # the token store: built without it; a cached store brings back what was left out
+    full = build_store([f], tok, show_progress=False)
+    ex = DocumentExclusion.read([listed])
+    store = build_or_load_store([f], tok, tmp_path / "cache", show_progress=False, exclude=ex)
+    assert store.num_documents == full.num_documents - 1 == 2
+    assert [list(store.document(1)[0])] == [list(full.document(2)[0])]
+    again = DocumentExclusion.read([listed])
+    calls = tok.calls
+    build_or_load_store([f], tok, tmp_path / "cache", show_progress=False, exclude=again)
+    assert tok.calls == calls + 1 and again.left_out == ex.left_out       # cache reused
+    none = DocumentExclusion.read(["none"])
+    assert build_or_load_store([f], tok, tmp_path / "cache", show_progress=False,
+                               exclude=none).num_documents == 3          # other key: rebuilt
+    assert none.describe() == "" and not none.left_out
+    # nothing listed is in the corpus: said so
+    ex = DocumentExclusion.read([write(tmp_path / "y.tsv", f"{'0' * 64}\tghost\n")])
+    assert len(list(iter_documents([f], exclude=ex))) == 3
+    assert "left out no document (none of the 1 listed in" in ex.describe()
+    # bad lists: one line naming file and line
+    with pytest.raises(CorpusError, match=r"z\.tsv:2: expected 'SHA256<TAB>NAME'"):
+        read_document_list(write(tmp_path / "z.tsv", "# ok\nABC\tname\n"))
+    with pytest.raises(CorpusError, match="no such file"):
+        DocumentExclusion.read([tmp_path / "missing.tsv"])
+    with pytest.raises(CorpusError, match="'none' leaves nothing out"):
+        DocumentExclusion.read(["none", listed])
+
+
+def test_shipped_exclusion_list_names_the_pos_sample_documents():
+    """data/tag/en/brown_pos/pretrain_exclude.tsv: 36 Brown documents of data/pretrain/en,
+    which hold every sentence of the shipped POS dev and test samples and none of train."""
+    from minibert.finetuning import read_conll
+    from minibert.pretraining.exclusion import DocumentExclusion
+    root = Path(__file__).resolve().parents[1]
+    ex = DocumentExclusion.read([root / "data/tag/en/brown_pos/pretrain_exclude.tsv"])
+    files = resolve_corpus_files(root / "data/pretrain/en")
+    squash = lambda s: "".join(s.replace("``", '"').replace("''", '"').split())  # noqa: E731
+    kept = {squash(s) for doc in iter_documents(files, exclude=ex) for s in doc}
+    assert len(ex.left_out) == len(ex.listed) == 36
+    gone = {squash(s) for doc in iter_documents(files) for s in doc} - kept
+    for split in ("dev", "test", "train"):
+        sentences = [squash(" ".join(s.words))
+                     for s in read_conll(root / f"data/tag/en/brown_pos/{split}.tsv")]
+        if split == "train":
+            assert not any(s in gone for s in sentences)
+        else:   # every sentence is gone but a one-word or two-word one ('.', 'He asked.')
+            left = [s for s in sentences if s in kept]
+            assert len(left) <= 1 and all(len(s) < 10 for s in left), left
+            assert all(s in gone or s in kept for s in sentences)
+
+
 def test_split_documents():
     store = random_position_store(np.random.default_rng(1), n_docs=50)
     tr, ev = split_documents(store, eval_fraction=0.1, seed=3)

@@ -1,6 +1,7 @@
 """What a result was computed from (minibert.provenance): the corpus and vocab fingerprint
 a pretraining checkpoint records and --resume checks, and evaluate.py's reuse of
 fine-tuning runs keyed by the start's content, not its path."""
+import json
 import os
 import shutil
 import sys
@@ -146,6 +147,44 @@ def test_checkpoint_records_the_data_and_resume_refuses_a_changed_corpus(
     corpus.write_bytes(seen)
     assert train_mlm.main(args_for(corpus, out, "--max-steps", "4", "--resume")) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_left_out_documents_are_said_recorded_and_checked_on_resume(corpus, tmp_path, capsys):
+    from minibert.pretraining.exclusion import document_digest
+    docs = [d.split("\n") for d in corpus.read_text(encoding="utf-8").strip().split("\n\n")]
+    listed = tmp_path / "exclude.tsv"
+    listed.write_text(f"{document_digest(docs[3])}\tchapter three\n", encoding="utf-8")
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert train_mlm.main(args_for(corpus, out, "--exclude-documents", str(listed))) == 0
+    printed = capsys.readouterr().out
+    assert (f"corpus: left out 1 of the 1 documents listed in {listed} ({len(docs[3])} "
+            "sentences; --exclude-documents none keeps them): chapter three") in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["excluded_documents"]["left_out"] == [
+        {"name": "chapter three", "sha256": document_digest(docs[3]), "sentences": len(docs[3])}]
+    assert json.loads((out / "args.json").read_text())["exclude_documents"] == [str(listed)]
+    record = load_checkpoint(out / "checkpoint.npz")["trainer"]["data"]
+    assert record == provenance.data_fingerprint([corpus], out / "vocab.txt",
+                                                 [document_digest(docs[3])])
+    assert record["excluded"] != provenance.data_fingerprint(
+        [corpus], out / "vocab.txt", [document_digest(docs[4])])["excluded"]
+    # without a list nothing is left out, and nothing is recorded
+    plain = tmp_path / "plain"
+    assert train_mlm.main(args_for(corpus, plain, "--exclude-documents", "none")) == 0
+    assert "left out" not in capsys.readouterr().out
+    assert "excluded" not in load_checkpoint(plain / "checkpoint.npz")["trainer"]["data"]
+    assert "excluded_documents" not in json.loads((plain / "summary.json").read_text())
+    # the list changed under the run: a resume would train on other documents
+    listed.write_text(f"{document_digest(docs[4])}\tchapter four\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        train_mlm.main(args_for(corpus, out, "--resume"))
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "excluded documents changed" in err
+    # restored: it resumes and leaves the same document out
+    listed.write_text(f"{document_digest(docs[3])}\tchapter three\n", encoding="utf-8")
+    assert train_mlm.main(args_for(corpus, out, "--resume")) == 0
+    assert "left out 1 of the 1" in capsys.readouterr().out
 
 
 def test_resume_refuses_a_replaced_vocab(corpus, tmp_path, capsys):

@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibert.finetuning import DatasetError, pad_batch
+from minibert.finetuning import DatasetError, choose_labels, pad_batch
 from minibert.finetuning.tagging import (MostFrequentTagBaseline, TaggedSentence,
                                          check_tags, continuation_ids, decode_tags,
                                          encode_tagging, entity_metrics, get_entities,
-                                         is_entity_tagset, read_conll, tag_list,
+                                         is_entity_tagset, read_conll, sort_tags, tag_list,
+                                         tag_occurrences,
                                          tagging_metrics, token_accuracy, warn_long_sentences,
                                          word_windows)
 from minibert.tokenization import BertTokenizer
@@ -106,6 +107,23 @@ def test_unknown_dev_tag_names_file_and_line(tmp_path):
     tok, _ = tokenizers(EN_VOCAB)
     with pytest.raises(DatasetError, match=r"dev.tsv:4:"):
         encode_tagging(tok, dev, 16, tag_list(train))
+
+
+def test_tag_set_from_all_splits_reports_tags_train_lacks(tmp_path):
+    train = read_conll(write(tmp_path, "a\tO\nb\tB-PER\n", "train.tsv"))
+    dev = read_conll(write(tmp_path, "x\tO\n\ny\tI-PER\nz\tB-LOC\nw\tB-LOC\n", "dev.tsv"))
+    assert tag_occurrences(dev) == {"O": f"{tmp_path / 'dev.tsv'}:1",
+                                    "I-PER": f"{tmp_path / 'dev.tsv'}:3",
+                                    "B-LOC": f"{tmp_path / 'dev.tsv'}:4"}
+    found = {"train": tag_occurrences(train), "dev": tag_occurrences(dev)}
+    chosen = choose_labels(found, sort_tags, unit="tag")
+    assert chosen.labels == ["O", "B-LOC", "B-PER", "I-PER"]
+    assert list(chosen.unseen["dev"]) == ["I-PER", "B-LOC"]
+    check_tags(dev, chosen.labels)                    # encodes without an error now
+    f = write(tmp_path, "O\nB-PER\nI-PER\n", "tags.txt")
+    with pytest.raises(DatasetError, match=r"dev.tsv:4: tag 'B-LOC' is not in --labels "
+                                           r".*tags.txt \(3 in it: O B-PER I-PER\)"):
+        choose_labels(found, sort_tags, f, unit="tag")
 
 
 # --------------------------------------------------------------------------- alignment

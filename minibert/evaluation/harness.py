@@ -1,17 +1,22 @@
 """The evaluation harness (``evaluate.py``): what a starting point is worth downstream,
-measured as ``../shared/DESIGN.md`` section 8 asks.
+measured as ``../shared/DESIGN.md`` section 8 asks, on every kind of task ``finetune.py``
+has (:mod:`.downstream`: sentence classification, tagging, question answering).
 
-For every (task, label budget, seed) the harness draws the train rows (:func:`draw`),
-fine-tunes every start at every learning rate (:func:`run_finetune`: ``finetune.py`` in a
-process of its own, as a user runs it), fits a probe on each start's frozen mean-pooled
-states and a bag-of-words floor (:mod:`.probe`, :func:`probe_records`), then reports each
-start at the rate with the best mean dev accuracy over seeds (:func:`best_lr_runs`, the
-protocol of Devlin et al. 2019, section 4.1), with the margins over random init and the bag
-of words (:func:`summarize`, :func:`print_table`).
+For every (task, label budget, seed) the harness draws the train rows (sentences,
+questions; ``Task.draw``), fine-tunes every start at every learning rate
+(:func:`run_finetune`: ``finetune.py`` in a process of its own, as a user runs it), and
+puts the floors beside them (:func:`floor_records`): for classification a probe on each
+start's frozen mean-pooled states and a bag of words (:mod:`.probe`,
+:func:`probe_records`), for tagging the most frequent tag per word, for QA the first
+sentence of the context. Each start is reported at the rate with the best mean dev score
+over seeds (:func:`best_lr_runs`, the protocol of Devlin et al. 2019, section 4.1), with
+the margins over random init and the floor (:func:`summarize`, :func:`print_table`).
 
 Records (one dict per run): ``task``, ``budget`` (train rows, None = all), ``seed``,
-``start``, ``kind`` ("finetune" | "probe" | "bow"), ``accuracy`` (test, in [0, 1]); a
-fine-tuning record also ``lr`` and ``dev_accuracy``.
+``start``, ``kind`` ("finetune" | "probe" | "bow" | "floor"), ``metric`` (the task's:
+"accuracy", entity "f1" for NER, SQuAD "f1" for QA; a record without one is "accuracy")
+and its test value under that name (in [0, 1]; QA also ``exact_match``); a fine-tuning
+record also ``lr`` and ``dev_METRIC``.
 """
 from __future__ import annotations
 
@@ -25,15 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_write_bytes, atomic_write_json
+from ..atomic import atomic_write_json
 from ..backend import get_device, xp_for
-from ..finetuning import read_tsv
 from ..hf import load_pretrained_weights
 from ..auto import model_class
 from ..modeling import BertModel
 from ..provenance import start_fingerprint
 from ..runs import RunError, check_inputs, prepare_run_dir
 from ..tokenization import BertTokenizer
+from .downstream import load_task
 from .probe import bag_of_words, fit_probe, mean_pooled_features
 
 BOW = "bag of words"
@@ -80,33 +85,6 @@ def is_chinese_vocab(vocab_file: Path) -> bool:
     return cjk > 0.5 * len(tokens)
 
 
-def draw(n_rows: int, size: int | None, seed: int, labels: list[str]) -> np.ndarray:
-    """The train rows of one run: all (in order) or ``size`` drawn without replacement,
-    re-drawn (up to 100 times) until at least two classes are present.
-
-    Returns:
-        int array of row indices, sorted. Raises: ValueError when no draw holds two classes.
-    """
-    if size is None or size >= n_rows:
-        return np.arange(n_rows)
-    rng = np.random.default_rng([seed, size])
-    for _ in range(100):
-        idx = np.sort(rng.choice(n_rows, size=size, replace=False))
-        if len({labels[i] for i in idx}) > 1:
-            return idx
-    raise ValueError(f"cannot draw {size} train rows holding two classes")
-
-
-def write_subset(path: Path, examples, idx: np.ndarray) -> Path:
-    """The drawn rows as a train.tsv that finetune.py reads (atomically)."""
-    pair = examples[0].text_b is not None
-    header = "label\tsentence_a\tsentence_b" if pair else "label\tsentence"
-    rows = [f"{e.label}\t{e.text_a}" + (f"\t{e.text_b}" if pair else "")
-            for e in (examples[i] for i in idx)]
-    atomic_write_bytes(path, ("\n".join([header, *rows]) + "\n").encode("utf-8"))
-    return path
-
-
 def start_key(start: str, pre) -> str:
     """What the fine-tuning runs of a start are reused by: the content of the start
     (:func:`minibert.provenance.start_fingerprint`), not its path, so a start replaced at
@@ -120,10 +98,11 @@ def name_of(key: str, lr: float) -> str:
     return f"{hashlib.sha1(key.encode()).hexdigest()[:10]}-lr{lr:g}"
 
 
-def run_finetune(script: Path, argv: list[str], out: Path) -> tuple[float, float]:
-    """(dev, test) accuracy of one ``finetune.py`` run at its best dev epoch: the script
-    run with ``argv`` and ``--output-dir out`` in a process of its own, its output in
-    ``out.log`` beside ``out``; a run whose summary.json exists is reused.
+def run_finetune(script: Path, argv: list[str], out: Path) -> dict:
+    """The ``summary.json`` of one ``finetune.py`` run (dev and test metrics at its best
+    dev epoch): the script run with ``argv`` and ``--output-dir out`` in a process of its
+    own, its output in ``out.log`` beside ``out``; a run whose summary.json exists is
+    reused.
 
     Raises:
         RuntimeError: the run failed (the message names its command and log).
@@ -138,8 +117,7 @@ def run_finetune(script: Path, argv: list[str], out: Path) -> tuple[float, float
         if code != 0:
             raise RuntimeError(f"finetune.py {' '.join(argv)} failed (exit {code}); its log: "
                                f"{log}")
-    result = json.loads(summary.read_text())
-    return float(result["dev"]["accuracy"]), float(result["test"]["accuracy"])
+    return json.loads(summary.read_text())
 
 
 def encoder(pre, random_init: bool, device: str):
@@ -177,62 +155,93 @@ def probe_records(features: dict, y: dict, idx: np.ndarray, texts: dict, n_label
     return records
 
 
-def finetune_argv(args, start: str, seed: int, lr: float, train: Path, task: Path) -> list:
-    """finetune.py's options for one run of ``start`` (``random:`` = fresh weights)."""
+def finetune_argv(args, data, start: str, seed: int, lr: float, train: Path) -> list:
+    """finetune.py's options for one run of ``start`` (``random:`` = fresh weights) on the
+    task ``data`` (a :mod:`.downstream` task) with the drawn ``train`` file."""
     return ["--init", start.removeprefix("random:"), "--train", str(train),
-            "--dev", str(task / "dev.tsv"), "--test", str(task / "test.tsv"),
+            "--dev", str(data.dev), "--test", str(data.test),
             "--seed", str(seed), "--epochs", str(args.epochs), "--lr", str(lr),
-            "--batch-size", str(args.batch_size), "--max-seq-length", str(args.max_seq_length),
-            "--pooling", args.pooling, "--group-by-length", "--no-progress",
+            "--batch-size", str(args.batch_size), *data.argv(args), "--no-progress",
             *(["--random-init"] if start.startswith("random:") else []),
             *(["--device", args.device] if args.device else [])]
 
 
+def encode_features(args, task: str, data, starts: dict) -> dict:
+    """The probes' inputs of a classification task: per start, per split, its frozen
+    mean-pooled states ({} without ``args.probe`` or for another kind of task)."""
+    if not args.probe or data.floor is not None:      # a task with a floor of its own
+        return {}
+    features = {}
+    for s, pre in starts.items():
+        print(f"{task}: encoding with {s} (frozen, mean-pooled)", flush=True)
+        model, tokenizer = encoder(pre, s.startswith("random:"), get_device())
+        features[s] = {k: mean_pooled_features(model, tokenizer, texts(ex), args.max_seq_length,
+                                               xp=xp_for()) for k, ex in data.splits.items()}
+    return features
+
+
+def texts(examples) -> list:
+    """The texts of classification examples (a pair as a tuple)."""
+    return [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+
+
+def floor_records(data, features: dict, idx: np.ndarray, where: dict) -> list[dict]:
+    """One seed's records beside the fine-tuning runs: for classification the probes and
+    the bag of words (:func:`probe_records`), else the task's floor (kind "floor")."""
+    if data.floor is not None:
+        return [{**where, "start": data.floor, "kind": "floor", "metric": data.metric,
+                 **data.floor_scores(idx)}]
+    labels = sorted({e.label for e in data.train})
+    y = {s: np.array([labels.index(e.label) for e in ex]) for s, ex in data.splits.items()}
+    flat = {s: [t if isinstance(t, str) else " ".join(t) for t in texts(ex)]
+            for s, ex in data.splits.items()}
+    return probe_records(features, y, idx, flat, len(labels), **where)
+
+
 def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Path):
-    """Every run of one task (its train.tsv, dev.tsv and test.tsv in ``d``): per budget and
-    seed, each start (name -> :class:`~minibert.runs.Pretrained`) fine-tuned by ``script``
-    (finetune.py) at each rate, the probes and the bag of words; run directories under
-    ``out/runs``, named by the start's content (:func:`start_key`), so a finished run is
-    reused only for the same start. ``args``: evaluate.py's options.
+    """Every run of one task (its splits in ``d``, of any kind :func:`.downstream.load_task`
+    tells): per budget and seed, each start (name -> :class:`~minibert.runs.Pretrained`)
+    fine-tuned by ``script`` (finetune.py) at each rate, and the floors beside them (probes
+    and bag of words, or the task's floor); run directories under ``out/runs``, named by
+    the start's content (:func:`start_key`), so a finished run is reused only for the same
+    start. ``args``: evaluate.py's options.
 
     Returns:
         (the records, as the module docstring says; the rows of the train split).
     Raises:
         DatasetError: a split that cannot be read. RuntimeError: a failed fine-tuning run.
     """
-    splits = {s: read_tsv(d / f"{s}.tsv") for s in ("train", "dev", "test")}
-    labels = sorted({e.label for e in splits["train"]})
-    y = {s: np.array([labels.index(e.label) for e in ex]) for s, ex in splits.items()}
-    texts = {s: [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in ex]
-             for s, ex in splits.items()}
+    data = load_task(d)
+    data.prepare(out / "runs" / task)
     keys = {s: start_key(s, pre) for s, pre in starts.items()}
-    features = {}
-    for s, pre in starts.items() if args.probe else ():
-        print(f"{task}: encoding with {s} (frozen, mean-pooled)", flush=True)
-        model, tokenizer = encoder(pre, s.startswith("random:"), get_device())
-        features[s] = {k: mean_pooled_features(model, tokenizer, texts[k], args.max_seq_length,
-                                               xp=xp_for()) for k in texts}
-    flat = {k: [t if isinstance(t, str) else " ".join(t) for t in v] for k, v in texts.items()}
+    features = encode_features(args, task, data, starts)
     records = []
-    for b in args.budgets:
+    n = len(data.train)   # a budget of the whole split or more runs once, as "all"
+    for b in dict.fromkeys(None if b is not None and b >= n else b for b in args.budgets):
         for seed in range(args.seeds):
-            idx = draw(len(splits["train"]), b, seed, [e.label for e in splits["train"]])
+            idx = data.draw(b, seed)
             tag = f"{task}/{'all' if b is None else b}/seed{seed}"
-            subset = write_subset(out / "runs" / tag / "train.tsv", splits["train"], idx)
+            subset = data.write_train(out / "runs" / tag / f"train.{data.ext}", idx)
             where = {"task": task, "budget": b, "seed": seed}
             for s in starts:
                 for lr in args.lr if args.finetune else ():
-                    dev_acc, acc = run_finetune(
-                        script, finetune_argv(args, s, seed, lr, subset, d),
-                        out / "runs" / tag / name_of(keys[s], lr))
+                    summary = run_finetune(script, finetune_argv(args, data, s, seed, lr, subset),
+                                           out / "runs" / tag / name_of(keys[s], lr))
+                    dev = data.scores(summary, "dev")[data.metric]
                     records.append({**where, "start": s, "kind": "finetune", "lr": lr,
-                                    "dev_accuracy": dev_acc, "accuracy": acc})
-            records += probe_records(features, y, idx, flat, len(labels), **where)
+                                    "metric": data.metric, **data.scores(summary, "test"),
+                                    "dev_" + data.metric: dev})
+            records += floor_records(data, features, idx, where)
             print(f"{tag}: " + ", ".join(f"{r['start'][-30:]} {r['kind']}"
                                          + (f" lr {r['lr']:g}" if "lr" in r else "")
-                                         + f" {r['accuracy']:.3f}" for r in records
+                                         + f" {score(r):.3f}" for r in records
                                          if r["budget"] == b and r["seed"] == seed), flush=True)
-    return records, len(splits["train"])
+    return records, len(data.train)
+
+
+def score(record: dict) -> float:
+    """A record's test score: its ``metric`` (accuracy when it names none)."""
+    return record[record.get("metric", "accuracy")]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -242,13 +251,14 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def best_lr_runs(records: list[dict]) -> list[dict]:
     """The records without the fine-tuning runs of every learning rate but the one with the
-    best mean dev accuracy over seeds, per (task, budget, start); a tie goes to the rate
-    given first. Probe and bag-of-words records pass through."""
+    best mean dev score (the record's ``metric``) over seeds, per (task, budget, start); a
+    tie goes to the rate given first. Probe and floor records pass through."""
     dev: dict[tuple, dict[float, list[float]]] = {}
     for r in records:
         if r["kind"] == "finetune":
             key = (r["task"], r["budget"], r["start"])
-            dev.setdefault(key, {}).setdefault(r["lr"], []).append(r["dev_accuracy"])
+            dev.setdefault(key, {}).setdefault(r["lr"], []).append(
+                r["dev_" + r.get("metric", "accuracy")])
     best = {key: max(by_lr, key=lambda lr: statistics.fmean(by_lr[lr]))
             for key, by_lr in dev.items()}
     return [r for r in records if r["kind"] != "finetune"
@@ -256,17 +266,20 @@ def best_lr_runs(records: list[dict]) -> list[dict]:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    """Mean and std of test accuracy per (task, budget, start, kind), with margins over
-    ``random:START`` and the bag of words; the fine-tuning rows at each start's best
-    learning rate (:func:`best_lr_runs`)."""
+    """Mean and std of the test score (each record's ``metric``) per (task, budget, start,
+    kind), with margins over ``random:START``, the bag of words and the task's floor
+    (``margin_over_floor``); the fine-tuning rows at each start's best learning rate
+    (:func:`best_lr_runs`)."""
     groups: dict[tuple, list[dict]] = {}
     for r in best_lr_runs(records):
         groups.setdefault((r["task"], r["budget"], r["start"], r["kind"]), []).append(r)
-    accs = {key: [r["accuracy"] for r in rs] for key, rs in groups.items()}
+    accs = {key: [score(r) for r in rs] for key, rs in groups.items()}
+    floors = {(t, b): v for (t, b, _, kind), v in accs.items() if kind == "floor"}
     rows = []
     for (task, b, start, kind), rs in groups.items():
         m, s = mean_std(accs[task, b, start, kind])
-        row = {"task": task, "budget": b, "start": start, "kind": kind, "mean": m, "std": s,
+        row = {"task": task, "budget": b, "start": start, "kind": kind,
+               "metric": rs[0].get("metric", "accuracy"), "mean": m, "std": s,
                "seeds": len(rs)}
         if "lr" in rs[0]:  # one rate per fine-tuning group, after best_lr_runs
             row["lr"] = rs[0]["lr"]
@@ -277,19 +290,24 @@ def summarize(records: list[dict]) -> list[dict]:
         bow = accs.get((task, b, BOW, "bow"))
         if bow and kind != "bow":
             row["margin_over_bow"] = m - statistics.fmean(bow)
+        if (task, b) in floors and kind != "floor":
+            row["margin_over_floor"] = m - statistics.fmean(floors[task, b])
         rows.append(row)
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    """The summary rows as a table on stdout (accuracies in percent)."""
-    print(f"{'task':<16}{'labels':>7}  {'start':<44}{'kind':<10}{'lr':>8}{'test acc':>16}"
-          f"{'vs random':>11}{'vs BoW':>9}")
-    for r in sorted(rows, key=lambda r: (r["task"], r["budget"] or 10 ** 9, r["kind"] == "bow",
-                                         r["start"], r["kind"])):
+    """The summary rows as a table on stdout (scores in percent; ``vs floor``: the margin
+    over the bag of words, or over the task's floor)."""
+    print(f"{'task':<18}{'labels':>7}  {'start':<44}{'kind':<10}{'lr':>8}{'metric':>10}"
+          f"{'test':>14}{'vs random':>11}{'vs floor':>10}")
+    for r in sorted(rows, key=lambda r: (r["task"], r["budget"] or 10 ** 9,
+                                         r["kind"] in ("bow", "floor"), r["start"], r["kind"])):
         b = "all" if r["budget"] is None else r["budget"]
         vr = f"{100 * r['margin_over_random']:+.1f}" if "margin_over_random" in r else ""
-        vb = f"{100 * r['margin_over_bow']:+.1f}" if "margin_over_bow" in r else ""
+        over = r.get("margin_over_bow", r.get("margin_over_floor"))
+        vb = f"{100 * over:+.1f}" if over is not None else ""
         lr = f"{r['lr']:g}" if "lr" in r else ""
-        print(f"{r['task']:<16}{b:>7}  {r['start'][-44:]:<44}{r['kind']:<10}{lr:>8}"
-              f"{100 * r['mean']:>9.1f} ± {100 * r['std']:<4.1f}{vr:>11}{vb:>9}")
+        print(f"{r['task']:<18}{b:>7}  {r['start'][-44:]:<44}{r['kind']:<10}{lr:>8}"
+              f"{r.get('metric', 'accuracy'):>10}{100 * r['mean']:>7.1f} ± "
+              f"{100 * r['std']:<4.1f}{vr:>11}{vb:>10}")

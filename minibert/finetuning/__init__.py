@@ -3,26 +3,29 @@ and the models of a fine-tuning run (:mod:`.classifier`), token classification
 (:mod:`.tagging`), extractive question answering (:mod:`.qa`), and the three tasks of
 ``finetune.py`` behind one interface (:mod:`.tasks`)."""
 from .classifier import build_model, eval_batches, evaluate, predict_split
-from .data import (Batch, DatasetError, EncodedSplit, Example, encode_split, iterate_batches,
-                   label_ids, label_list, length_grouped_batches, pad_batch, read_tsv)
+from .data import (Batch, DatasetError, EncodedSplit, Example, LabelSet, choose_labels,
+                   encode_split, iterate_batches, label_ids, label_list, label_occurrences,
+                   length_grouped_batches, pad_batch, read_label_file, read_tsv, sort_labels)
 from .metrics import classification_metrics, confusion_matrix, log_softmax_np, softmax_np
 from .qa import (QAExample, QAFeatures, QAPrediction, exact_match_score, f1_score,
                  normalize_answer, postprocess_qa_predictions, prepare_qa_features,
                  read_squad, squad_metrics)
 from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, TaggedSentence, TaggedSplit,
                       check_tags, decode_tags, encode_tagging, entity_metrics, get_entities,
-                      is_entity_tagset, read_conll, tag_list, tagging_metrics, token_accuracy,
-                      warn_long_sentences)
+                      is_entity_tagset, read_conll, sort_tags, tag_list, tag_occurrences,
+                      tagging_metrics, token_accuracy, warn_long_sentences)
 
 __all__ = ["Batch", "DatasetError", "EncodedSplit", "Example", "build_model", "eval_batches",
            "classification_metrics", "confusion_matrix", "encode_split", "evaluate",
            "iterate_batches", "label_ids", "label_list", "length_grouped_batches", "pad_batch",
-           "predict_split",
+           "predict_split", "LabelSet", "choose_labels", "label_occurrences",
+           "read_label_file", "sort_labels",
            "read_tsv", "log_softmax_np", "softmax_np",
            # token classification
            "IGNORE_INDEX", "MostFrequentTagBaseline", "TaggedSentence", "TaggedSplit",
            "check_tags", "decode_tags", "encode_tagging", "entity_metrics", "get_entities",
-           "is_entity_tagset", "read_conll", "tag_list", "tagging_metrics", "token_accuracy",
+           "is_entity_tagset", "read_conll", "sort_tags", "tag_list", "tag_occurrences",
+           "tagging_metrics", "token_accuracy",
            "warn_long_sentences",
            # question answering
            "QAExample", "QAFeatures", "QAPrediction", "exact_match_score", "f1_score",

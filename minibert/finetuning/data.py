@@ -3,9 +3,10 @@
 
 TSV format (UTF-8, tab-separated, one header line): ``label<TAB>sentence`` for single
 sentences or ``label<TAB>sentence_a<TAB>sentence_b`` for pairs. Labels are strings (``0``,
-``pos``, ``HUM`` ...); the label set is the sorted set of the train split's labels (in
-numeric order when they are all integers) and is saved with the model. Errors name the
-file and the 1-based line.
+``pos``, ``HUM`` ...); the label set is the sorted set of the labels of all splits (in
+numeric order when they are all integers), or the lines of a labels file
+(:func:`choose_labels`), and is saved with the model. Errors name the file and the
+1-based line.
 
 Shape legend: B = batch, T = longest sequence in the batch (tokens), K = labels.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -105,14 +106,113 @@ def read_tsv(path: str | os.PathLike) -> list[Example]:
     return examples
 
 
-def label_list(examples: Sequence[Example]) -> list[str]:
-    """The label set of a (train) split: sorted, numerically when every label is an
-    integer ("2" before "10"), else as strings. Index = class id."""
-    labels = {e.label for e in examples}
+def sort_labels(labels: Iterable[str]) -> list[str]:
+    """Distinct labels sorted, numerically when every label is an integer ("2" before
+    "10"), else as strings. Index = class id."""
+    labels = set(labels)
     try:
         return sorted(labels, key=int)
     except ValueError:
         return sorted(labels)
+
+
+def label_list(examples: Sequence[Example]) -> list[str]:
+    """The label set of a split (:func:`sort_labels` of its labels)."""
+    return sort_labels(e.label for e in examples)
+
+
+def label_occurrences(examples: Sequence[Example]) -> dict[str, str]:
+    """Each label of ``examples`` with where it first occurs (``path:line``), in order of
+    first occurrence (the input of :func:`choose_labels`)."""
+    out: dict[str, str] = {}
+    for e in examples:
+        out.setdefault(e.label, f"{e.path}:{e.line}")
+    return out
+
+
+def read_label_file(path: str | os.PathLike) -> list[str]:
+    """A labels file (``--labels``): one label per line, in class-id order; surrounding
+    whitespace is stripped and blank lines are skipped.
+
+    Raises:
+        DatasetError: a missing file, a line that is not UTF-8, a label given twice
+            (``path:line``), or no label at all.
+    """
+    path = Path(path)
+    labels: dict[str, int] = {}
+    for lineno, text in text_lines(path):
+        label = text.strip()
+        if label in labels:
+            raise DatasetError(f"{path}:{lineno}: label {label!r} is already on line "
+                               f"{labels[label]}")
+        if label:
+            labels[label] = lineno
+    if not labels:
+        raise DatasetError(f"{path}: no label (the file is empty or only blank lines); "
+                           "--labels takes one label per line")
+    return list(labels)
+
+
+@dataclass
+class LabelSet:
+    """The label set of a job (:func:`choose_labels`): ``labels`` (index = class id),
+    ``source`` (``"all splits"`` or the labels file), and ``unseen``: per split other than
+    train, its labels that the train split never has, each with where it first occurs
+    (``path:line``); the model is never trained to predict them."""
+
+    labels: list[str]
+    source: str
+    unseen: dict[str, dict[str, str]]
+
+    def notes(self, unit: str = "label") -> list[str]:
+        """One line per split with labels unseen in train (for stderr)."""
+        return [f"{split}: {unit}(s) never in the train split, so never learnt: "
+                + ", ".join(f"{l!r} ({where})" for l, where in found.items())
+                for split, found in self.unseen.items()]
+
+    def record(self) -> dict:
+        """What ``summary.json`` keeps: ``label_source`` and ``labels_unseen_in_train``
+        (split -> labels)."""
+        return {"label_source": self.source,
+                "labels_unseen_in_train": {k: list(v) for k, v in self.unseen.items()}}
+
+
+def choose_labels(found: dict[str, dict[str, str]], order: Callable[[Iterable[str]], list[str]],
+                  labels_file: str | os.PathLike | None = None, unit: str = "label"
+                  ) -> LabelSet:
+    """The label set of a job from the labels its splits hold.
+
+    Without a file the set is ``order`` of the labels of all splits (so a label that only
+    dev or test has still gets a class id, and scoring never stops on it); with one, the
+    file's labels in its order (:func:`read_label_file`), which must cover every label
+    of the data.
+
+    Args:
+        found: split name ("train", "dev", "test") -> {label: ``path:line`` of its first
+            occurrence} (:func:`label_occurrences`, ``tag_occurrences``).
+        order: distinct labels -> the label list (:func:`sort_labels`, ``sort_tags``).
+        labels_file: the ``--labels`` file, or None.
+        unit: "label" or "tag", for the messages.
+    Raises:
+        DatasetError: the file cannot be read (see :func:`read_label_file`), or a label of
+            the data is not in it (``path:line: tag 'X' is not in --labels FILE``).
+    """
+    if labels_file is None:
+        labels = order(l for occ in found.values() for l in occ)
+        source = "all splits"
+    else:
+        labels, source = read_label_file(labels_file), str(labels_file)
+        known = set(labels)
+        for occ in found.values():
+            for label, where in occ.items():
+                if label not in known:
+                    raise DatasetError(f"{where}: {unit} {label!r} is not in --labels "
+                                       f"{labels_file} ({len(labels)} in it: "
+                                       f"{' '.join(labels)})")
+    train = found.get("train", {})
+    unseen = {split: {l: w for l, w in occ.items() if l not in train}
+              for split, occ in found.items() if split != "train"}
+    return LabelSet(labels, source, {k: v for k, v in unseen.items() if v})
 
 
 def label_ids(examples: Sequence[Example], labels: Sequence[str]) -> np.ndarray:
@@ -126,8 +226,8 @@ def label_ids(examples: Sequence[Example], labels: Sequence[str]) -> np.ndarray:
     out = np.empty(len(examples), dtype=np.int64)
     for i, e in enumerate(examples):
         if e.label not in index:
-            raise DatasetError(f"{e.path}:{e.line}: unknown label {e.label!r}; the train "
-                               f"split's labels are {list(labels)}")
+            raise DatasetError(f"{e.path}:{e.line}: unknown label {e.label!r}; the labels "
+                               f"are {list(labels)}")
         out[i] = index[e.label]
     return out
 
@@ -302,6 +402,7 @@ def iterate_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0, *,
         yield pad_batch(split, index, pad_id)
 
 
-__all__ = ["DatasetError", "Example", "read_tsv", "label_list", "label_ids", "EncodedSplit",
+__all__ = ["DatasetError", "Example", "read_tsv", "sort_labels", "label_list",
+           "label_occurrences", "read_label_file", "LabelSet", "choose_labels", "label_ids", "EncodedSplit",
            "encode_split", "Batch", "pad_batch", "length_batches", "length_grouped_batches",
            "iterate_batches"]

@@ -68,7 +68,8 @@ RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted
                    "task": "sequence-classification",  # classified sentences,
                    "label_all_tokens": False, "doc_stride": 128, "max_query_length": 64,
                    "n_best_size": 20, "max_answer_length": 30,
-                   "freeze_embeddings": False, "freeze_layers": 0}  # froze nothing
+                   "freeze_embeddings": False, "freeze_layers": 0,  # froze nothing
+                   "labels": None}              # and had no labels file
 
 
 def load_init(args):
@@ -236,6 +237,8 @@ def write_results(args, run, task, data, pre, loop_task, state, timing: dict, bu
                "train_seconds_this_run": round(train_s, 1),
                "train_seconds_per_epoch": round(train_s / max(timing["steps"], 1)
                                                 * timing["per_epoch"], 1)}
+    if data.label_set is not None:
+        summary.update(data.label_set.record())
     if data.baseline is not None:
         summary["most_frequent_tag_baseline"] = data.baseline
     for name, split in (("dev", data.dev), ("test", data.test)):

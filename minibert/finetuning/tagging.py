@@ -36,7 +36,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -105,11 +105,27 @@ def read_conll(path: str | os.PathLike) -> list[TaggedSentence]:
     return sentences
 
 
-def tag_list(sentences: Sequence[TaggedSentence]) -> list[str]:
-    """The tag set of a (train) split: ``O`` first when it occurs, then the other tags
-    sorted as strings. Index = class id."""
-    tags = {t for s in sentences for t in s.tags}
+def sort_tags(tags: Iterable[str]) -> list[str]:
+    """Distinct tags in class-id order: ``O`` first when it occurs, then the others sorted
+    as strings."""
+    tags = set(tags)
     return (["O"] if "O" in tags else []) + sorted(tags - {"O"})
+
+
+def tag_list(sentences: Sequence[TaggedSentence]) -> list[str]:
+    """The tag set of a split (:func:`sort_tags` of its tags). Index = class id."""
+    return sort_tags(t for s in sentences for t in s.tags)
+
+
+def tag_occurrences(sentences: Sequence[TaggedSentence]) -> dict[str, str]:
+    """Each tag of ``sentences`` with where it first occurs (``path:line``), in order of
+    first occurrence (the input of :func:`~minibert.finetuning.data.choose_labels`)."""
+    out: dict[str, str] = {}
+    for s in sentences:
+        for i, t in enumerate(s.tags):
+            if t not in out:
+                out[t] = f"{s.path}:{s.line + i}"
+    return out
 
 
 def tag_ids(sentence: TaggedSentence, tags: Sequence[str] | dict[str, int]) -> list[int]:
@@ -512,7 +528,8 @@ def warn_long_sentences(split: TaggedSplit, max_seq_length: int, what: str = "")
     return msg
 
 
-__all__ = ["IGNORE_INDEX", "TaggedSentence", "read_conll", "tag_list", "tag_ids",
+__all__ = ["IGNORE_INDEX", "TaggedSentence", "read_conll", "sort_tags", "tag_list",
+           "tag_occurrences", "tag_ids",
            "check_tags", "TaggedSplit", "word_windows", "continuation_ids", "encode_tagging",
            "decode_tags", "is_entity_tagset", "get_entities", "entity_metrics",
            "token_accuracy", "tagging_metrics", "MostFrequentTagBaseline",

@@ -8,8 +8,10 @@ A task (:data:`TASKS` by name: :class:`SequenceClassification`,
 arguments (:func:`make_task`) and gives:
 
 * ``read(paths, tokenizer, max_len)`` -> :class:`TaskData`: the splits read, checked and
-  encoded, the label set of the train split, notes for the log (long sentences cut into
-  windows, the most-frequent-tag baseline, features per question);
+  encoded, the label set (of all splits, or of the ``labels`` option's file:
+  :func:`~minibert.finetuning.data.choose_labels`), notes for the log (long sentences cut
+  into windows, labels that only dev / test have, the most-frequent-tag baseline,
+  features per question);
 * ``build_model(pre, labels, ...)``: its model class (:data:`~TaskBase.model_class`) from a
   starting point (:func:`~minibert.finetuning.classifier.build_model`);
 * ``forward(model, batch, xp)``: the loss and metric sums of one batch for the loop (device
@@ -47,21 +49,23 @@ from ..heads import (BertForQuestionAnswering, BertForSequenceClassification,
                      BertForTokenClassification)
 from .classifier import build_model, eval_batches, evaluate as evaluate_classifier
 from .metrics import log_softmax_np
-from .data import DatasetError, EncodedSplit, encode_split, iterate_batches, label_list, read_tsv
+from .data import (DatasetError, EncodedSplit, LabelSet, choose_labels, encode_split,
+                   iterate_batches, label_occurrences, read_tsv, sort_labels)
 from .qa import (exact_match_score, f1_score, postprocess_qa_predictions,
                  prepare_qa_features, read_squad, squad_metrics)
 from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, decode_tags,
-                      encode_tagging, is_entity_tagset, read_conll, tag_list, tagging_metrics,
-                      warn_long_sentences)
+                      encode_tagging, is_entity_tagset, read_conll, sort_tags, tag_occurrences,
+                      tagging_metrics, warn_long_sentences)
 
 
 @dataclass
 class TaskData:
     """What :meth:`TaskBase.read` returns: ``labels`` (class names / tags; None for QA),
     the encoded ``train``, ``dev`` and ``test`` (None when skipped) splits, ``notes``
-    (lines for the log), ``warnings`` (lines for stderr: sentences cut into windows ...),
-    ``settings`` (saved with the model, e.g. the word unit of a tagger) and ``baseline``
-    (the most-frequent-tag baseline's dev / test metrics, tagging only)."""
+    (lines for the log), ``warnings`` (lines for stderr: sentences cut into windows,
+    labels unseen in train ...), ``settings`` (saved with the model, e.g. the word unit
+    of a tagger), ``baseline`` (the most-frequent-tag baseline's dev / test metrics,
+    tagging only) and ``label_set`` (where the labels came from; None for QA)."""
 
     labels: list[str] | None
     train: EncodedSplit
@@ -71,6 +75,7 @@ class TaskData:
     warnings: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     baseline: dict | None = None
+    label_set: LabelSet | None = None
 
 
 class TaskBase:
@@ -153,12 +158,20 @@ class TaskBase:
         dev = reader(paths["dev"])
         return train, dev, reader(paths["test"]) if paths["test"] is not None else None
 
-    @staticmethod
-    def _check_label_set(labels, path, unit: str, task: str) -> None:
-        """Raises DatasetError when the train split ``path`` has fewer than two ``unit``s."""
-        if len(labels) < 2:
-            raise DatasetError(f"{path}: the train split has one {unit} only "
-                               f"({labels[0]!r}); {task} needs at least two")
+    def _label_set(self, found: dict[str, dict[str, str]], order, train_path, unit: str,
+                   task: str) -> LabelSet:
+        """The job's label set (:func:`~minibert.finetuning.data.choose_labels` with the
+        ``labels`` option's file) from ``found`` (split -> label -> where it first occurs).
+
+        Raises:
+            DatasetError: the train split ``train_path`` has fewer than two ``unit``s, or
+                the labels file is unreadable or misses a label of the data.
+        """
+        train = list(found["train"])
+        if len(train) < 2:
+            raise DatasetError(f"{train_path}: the train split has one {unit} only "
+                               f"({train[0]!r}); {task} needs at least two")
+        return choose_labels(found, order, self.option("labels", None), unit)
 
     # -- the loop ----------------------------------------------------------------------
     def summarize(self, totals: dict) -> dict:
@@ -187,11 +200,14 @@ class SequenceClassification(TaskBase):
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
         train_ex, dev_ex, test_ex = self._read_splits(read_tsv, paths, max_train_examples)
-        labels = label_list(train_ex)
-        self._check_label_set(labels, paths["train"], "class", "classification")
+        splits = {"train": train_ex, "dev": dev_ex} | ({"test": test_ex} if test_ex else {})
+        chosen = self._label_set({k: label_occurrences(v) for k, v in splits.items()},
+                                 sort_labels, paths["train"], "class", "classification")
+        labels = chosen.labels
         enc = lambda ex: encode_split(tokenizer, ex, max_len, labels)  # noqa: E731
         self.labels, self.settings["max_seq_length"] = labels, max_len
-        return TaskData(labels, enc(train_ex), enc(dev_ex), enc(test_ex) if test_ex else None)
+        return TaskData(labels, enc(train_ex), enc(dev_ex), enc(test_ex) if test_ex else None,
+                        warnings=chosen.notes("label"), label_set=chosen)
 
     def forward(self, model, batch, xp):
         labels = xp.asarray(batch.labels)
@@ -253,7 +269,7 @@ class TokenClassification(TaskBase):
 
     def resolve_metric(self, metric, labels) -> str:
         if metric in ("f1", "precision", "recall") and not is_entity_tagset(labels):
-            raise ValueError(f"--metric {metric}: the train split's tags {labels} are not "
+            raise ValueError(f"--metric {metric}: the tags {labels} are not "
                              f"entity tags (O, B-X, I-X ...), so only --metric accuracy "
                              f"applies")
         return super().resolve_metric(metric, labels)
@@ -271,9 +287,11 @@ class TokenClassification(TaskBase):
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
         train_s, dev_s, test_s = self._read_splits(read_conll, paths, max_train_examples)
-        tags = tag_list(train_s)
-        self._check_label_set(tags, paths["train"], "tag", "tagging")
-        warn: list[str] = []
+        splits = {"train": train_s, "dev": dev_s} | ({"test": test_s} if test_s else {})
+        chosen = self._label_set({k: tag_occurrences(v) for k, v in splits.items()},
+                                 sort_tags, paths["train"], "tag", "tagging")
+        tags = chosen.labels
+        warn: list[str] = chosen.notes("tag")
         train = self._encode(tokenizer, train_s, max_len, tags, str(paths["train"]), warn)
         dev = self._encode(tokenizer, dev_s, max_len, tags, str(paths["dev"]), warn)
         test = (self._encode(tokenizer, test_s, max_len, tags, str(paths["test"]), warn)
@@ -294,7 +312,7 @@ class TokenClassification(TaskBase):
         return TaskData(tags, train, dev, test, notes=[
             f"tags ({len(tags)}): {' '.join(tags)}; train {len(train_s)} sentences, "
             f"{words} words ({self.settings['word_unit']} words)", note],
-            warnings=warn, settings=dict(self.settings), baseline=baseline)
+            warnings=warn, settings=dict(self.settings), baseline=baseline, label_set=chosen)
 
     def forward(self, model, batch, xp):
         labels = xp.asarray(batch.labels)                                  # (B, T)

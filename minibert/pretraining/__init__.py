@@ -5,6 +5,7 @@ organisation does not (the corpus is tokenized once into a memory-mappable store
 instances are generated on the fly, epoch by epoch). One idea per module:
 
 * :mod:`.corpus`: reading text, the :class:`TokenStore`, held-out split, unigram baseline;
+* :mod:`.exclusion`: documents left out of a corpus, named by the digest of their text;
 * :mod:`.masking`: the MLM corruption every objective shares (80/10/10);
 * :mod:`.batches`: epochs of instances, shuffling, resumption, fixed-shape :class:`Batch`;
 * how documents become sequences (BERT pairs, ALBERT segments, RoBERTa full sentences)

@@ -25,13 +25,16 @@ import warnings
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..atomic import atomic_write
 from ..nn.losses import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from .exclusion import DocumentExclusion
 
 _TAG_SPLIT = 404  # first word of the SeedSequence entropy of the held-out split
 _STORE_FORMAT = 1
@@ -84,7 +87,8 @@ def resolve_corpus_files(paths: str | os.PathLike | Iterable[str | os.PathLike])
     return files
 
 
-def iter_documents(files: Sequence[str | os.PathLike], progress: tqdm | None = None) -> Iterator[list[str]]:
+def iter_documents(files: Sequence[str | os.PathLike], progress: tqdm | None = None,
+                   exclude: DocumentExclusion | None = None) -> Iterator[list[str]]:
     """Stream documents from corpus files: one sentence per line, blank line between documents.
 
     As ``create_training_instances`` in the reference, each line is stripped, a blank
@@ -96,6 +100,8 @@ def iter_documents(files: Sequence[str | os.PathLike], progress: tqdm | None = N
     Inputs:
         files: paths of UTF-8 text files (see ``resolve_corpus_files``).
         progress: optional tqdm bar counting bytes; updated per line.
+        exclude: documents to leave out (:class:`~.exclusion.DocumentExclusion`, which
+            notes those it meets), or None.
     Yields:
         list[str]: the stripped, non-empty sentences of one document.
     Raises:
@@ -126,9 +132,10 @@ def iter_documents(files: Sequence[str | os.PathLike], progress: tqdm | None = N
                 if line:
                     doc.append(line)
                 elif doc:
-                    yield doc
+                    if exclude is None or exclude.keep(doc):
+                        yield doc
                     doc = []
-            if doc:
+            if doc and (exclude is None or exclude.keep(doc)):
                 yield doc
 
 
@@ -273,6 +280,7 @@ def build_store(
     tokenizer,
     show_progress: bool = True,
     min_documents: int = 1,
+    exclude: DocumentExclusion | None = None,
 ) -> TokenStore:
     """Tokenize a corpus into a :class:`TokenStore` (the reading half of ``create_training_instances``).
 
@@ -287,6 +295,7 @@ def build_store(
         show_progress: show a tqdm bar (bytes read) while tokenizing.
         min_documents: fewer documents than this is an error; pass the objective's
             ``Objective.min_documents`` (2 for next-sentence prediction).
+        exclude: documents left out (see :func:`iter_documents`), or None.
     Returns:
         TokenStore with int32 tokens and int64 offsets.
     Raises:
@@ -305,7 +314,7 @@ def build_store(
               disable=not show_progress) as bar:
         for f in files:
             before = len(doc_ends)
-            for doc in iter_documents([f], progress=bar):
+            for doc in iter_documents([f], progress=bar, exclude=exclude):
                 n_sent = 0
                 for line in doc:
                     ids = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(line))
@@ -406,8 +415,10 @@ def load_store(directory: str | os.PathLike, mmap: bool = True) -> TokenStore:
     return store
 
 
-def _fingerprint(files: Sequence[Path], tokenizer) -> str:
+def _fingerprint(files: Sequence[Path], tokenizer, exclude: DocumentExclusion | None) -> str:
     h = hashlib.sha256()
+    if exclude is not None and exclude.listed:
+        h.update(f"exclude {exclude.key}\n".encode())
     for f in files:
         st = f.stat()
         h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
@@ -427,11 +438,14 @@ def build_or_load_store(
     cache_dir: str | os.PathLike,
     show_progress: bool = True,
     min_documents: int = 1,
+    exclude: DocumentExclusion | None = None,
 ) -> TokenStore:
     """``build_store`` once, then reuse the memory-mapped copy in ``cache_dir``.
 
-    The cache is keyed by the corpus files (path, size, mtime) and the tokenizer (its
-    vocab and how it tokenizes a probe string); a mismatch rebuilds it.
+    The cache is keyed by the corpus files (path, size, mtime), the tokenizer (its
+    vocab and how it tokenizes a probe string) and the documents ``exclude`` lists; a
+    mismatch rebuilds it. The documents left out are kept with the cache and put back
+    into ``exclude.left_out`` when it is reused.
 
     Returns:
         TokenStore, memory-mapped from ``cache_dir``.
@@ -440,19 +454,24 @@ def build_or_load_store(
             ``min_documents`` documents.
     """
     files = resolve_corpus_files(paths)
-    key = _fingerprint(files, tokenizer)
+    key = _fingerprint(files, tokenizer, exclude)
     cdir = Path(cache_dir)
     marker = cdir / "store.json"
     if marker.is_file():
         try:
-            if json.loads(marker.read_text()).get("meta", {}).get("fingerprint") == key:
+            meta = json.loads(marker.read_text()).get("meta", {})
+            if meta.get("fingerprint") == key:
                 store = load_store(cdir)
                 _check_documents(store.num_documents, min_documents, files)
+                if exclude is not None:
+                    exclude.left_out = dict(meta.get("left_out", {}))
                 return store
         except (CorpusError, ValueError, OSError):
             pass
-    store = build_store(files, tokenizer, show_progress=show_progress, min_documents=min_documents)
-    save_store(store, cdir, meta={"fingerprint": key, "files": [str(f) for f in files]})
+    store = build_store(files, tokenizer, show_progress=show_progress,
+                        min_documents=min_documents, exclude=exclude)
+    save_store(store, cdir, meta={"fingerprint": key, "files": [str(f) for f in files],
+                                  "left_out": dict(exclude.left_out) if exclude else {}})
     return load_store(cdir)
 
 

@@ -6,8 +6,8 @@ The script is the table of contents; each step is one function here:
 1. :func:`check_options` (before anything is written): the starting point
    (``--init-checkpoint``), the teacher and the student's architecture (``--teacher``,
    :mod:`minibert.distillation`), options that only mean something with others;
-2. :func:`prepare_data`: the corpus, the vocab (given, the run's own, or learned), the
-   token store, the held-out documents;
+2. :func:`prepare_data`: the corpus (less the documents ``--exclude-documents`` lists),
+   the vocab (given, the run's own, or learned), the token store, the held-out documents;
 3. :func:`model_config` and :func:`build_model`: the architecture and the model (the
    objective's, or a distillation student), its starting weights;
 4. :class:`PretrainTask`: batches, forward and held-out evaluation for the loop, with the
@@ -42,6 +42,7 @@ from .batches import iterate_batches, make_eval_batches
 from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_documents,
                      resolve_corpus_files, split_documents, token_counts,
                      unigram_cross_entropy)
+from .exclusion import DocumentExclusion
 from .masking import VocabInfo
 from .samples import MaskSamples, pick_samples
 from ..evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
@@ -62,6 +63,8 @@ RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distribut
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
                "save_every", "max_nonfinite_steps", "allow_data_change")
+# The value of an argument added later, for checkpoints written before it existed.
+RESUME_DEFAULTS = {"exclude_documents": ["none"]}   # older runs left nothing out
 
 
 @dataclass
@@ -225,11 +228,12 @@ def model_config(args, vocab_size: int) -> ModelConfig:
     return BertConfig.from_preset(args.preset, norm_position=args.norm_position, **common)
 
 
-def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer:
+def prepare_tokenizer(args, run, files, objective, reuse: bool,
+                      exclude: DocumentExclusion) -> BertTokenizer:
     """The run's tokenizer: its own vocab.txt when ``reuse`` (a resumed run, or a rank
     other than 0, which reads what rank 0 wrote), else ``--vocab`` copied into the run
     directory (so the run is self-contained for finetune.py), else a WordPiece vocab
-    learned from the corpus files.
+    learned from the corpus files, less the documents ``exclude`` lists.
 
     Raises:
         CorpusError: ``--vocab`` missing; an empty corpus, or fewer documents than the
@@ -242,7 +246,7 @@ def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer
             raise CorpusError(f"--vocab {args.vocab}: no such file")
         atomic_copy(args.vocab, run.vocab)
     else:
-        documents = sum(1 for _ in iter_documents(files))
+        documents = sum(1 for _ in iter_documents(files, exclude=exclude))
         where = ", ".join(map(str, files))
         if documents == 0:
             raise CorpusError(f"{where}: the corpus is empty (no non-blank line)")
@@ -253,7 +257,9 @@ def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer
         print(f"learning a {args.vocab_size}-token WordPiece vocab from {where}")
         t0 = time.time()
         algorithm = {"algorithm": args.vocab_algorithm} if args.vocab_algorithm else {}
-        train_wordpiece([str(f) for f in files], vocab_size=args.vocab_size,
+        text = ((s for doc in iter_documents(files, exclude=exclude) for s in doc)
+                if exclude.listed else [str(f) for f in files])
+        train_wordpiece(text, vocab_size=args.vocab_size,
                         lowercase=args.lowercase, output=str(run.vocab),
                         show_progress=args.progress, **algorithm)
         print(f"vocab written to {run.vocab} in {time.time() - t0:.1f} s")
@@ -264,9 +270,11 @@ def prepare_tokenizer(args, run, files, objective, reuse: bool) -> BertTokenizer
 class PretrainData:
     """The objective, tokenizer, :class:`~.masking.VocabInfo`, the training and held-out
     :class:`~.corpus.TokenStore` of a run (:func:`prepare_data`), the fingerprint of the
-    corpus and vocab they come from (:func:`minibert.provenance.data_fingerprint`), which
-    every checkpoint records, and the minimal pairs it is evaluated on (a
-    :class:`~minibert.evaluation.minimal_pairs.PairsProbe` or None)."""
+    corpus, vocab and left-out documents they come from
+    (:func:`minibert.provenance.data_fingerprint`), which every checkpoint records, the
+    minimal pairs it is evaluated on (a
+    :class:`~minibert.evaluation.minimal_pairs.PairsProbe` or None) and the documents left
+    out of the corpus (:class:`~.exclusion.DocumentExclusion`)."""
 
     objective: Any
     tokenizer: BertTokenizer
@@ -275,28 +283,37 @@ class PretrainData:
     held_out: TokenStore
     fingerprint: dict
     pairs: PairsProbe | None = None
+    excluded: DocumentExclusion | None = None
 
 
-def prepare_data(args, run, reuse_vocab: bool) -> PretrainData:
-    """Corpus files, tokenizer (:func:`prepare_tokenizer`), the token store cached in
-    ``RUN/cache``, the held-out documents (``--eval-fraction``) and the minimal pairs
-    (:func:`pairs_probe`).
+def prepare_data(args, run, reuse_vocab: bool, resumed: dict | None = None) -> PretrainData:
+    """Corpus files less the documents of ``--exclude-documents``
+    (:class:`~.exclusion.DocumentExclusion`), tokenizer (:func:`prepare_tokenizer`), the
+    token store cached in ``RUN/cache``, the held-out documents (``--eval-fraction``) and
+    the minimal pairs (:func:`pairs_probe`). A ``resumed`` run must leave out the same
+    documents as its checkpoint records (:func:`minibert.provenance.check_same_data`).
 
     Raises:
-        CorpusError: unreadable, empty or too small corpus; a bad ``--vocab``.
+        CorpusError: unreadable, empty or too small corpus; a bad ``--vocab`` or
+            ``--exclude-documents`` file.
         PairsError: an unreadable ``--eval-pairs`` file.
+        DataChangedError: other documents left out than the resumed run's.
     """
     objective = get_objective(args.objective)
     files = resolve_corpus_files(args.corpus)
-    tokenizer = prepare_tokenizer(args, run, files, objective, reuse_vocab)
+    exclude = DocumentExclusion.read(args.exclude_documents)
+    tokenizer = prepare_tokenizer(args, run, files, objective, reuse_vocab, exclude)
     store = build_or_load_store(files, tokenizer, cache_dir=run.path / "cache",
                                 show_progress=args.progress,
-                                min_documents=objective.min_documents)
+                                min_documents=objective.min_documents, exclude=exclude)
+    fingerprint = data_fingerprint(files, run.vocab, exclude.left_out)
+    if resumed is not None:
+        check_same_data(resumed["trainer"].get("data"), fingerprint, args.allow_data_change,
+                        str(run.checkpoint), keys=("excluded",))
     train, held_out = split_documents(store, eval_fraction=args.eval_fraction, seed=args.seed,
                                       min_documents=objective.min_documents)
     return PretrainData(objective, tokenizer, VocabInfo.from_tokenizer(tokenizer), train,
-                        held_out, data_fingerprint(files, run.vocab),
-                        pairs_probe(args, tokenizer))
+                        held_out, fingerprint, pairs_probe(args, tokenizer), exclude)
 
 
 def check_corpus_shape(data: PretrainData) -> None:
@@ -417,7 +434,7 @@ def reference_losses(args, data: PretrainData, eval_batches, model, xp) -> dict[
     if data.pairs is not None:
         files = resolve_corpus_files(args.corpus)
         reference["pairs_trigram_acc"] = data.pairs.trigram_floor(
-            s for doc in iter_documents(files) for s in doc)
+            s for doc in iter_documents(files, exclude=data.excluded) for s in doc)
     if args.teacher and model.teacher.has_mlm_head:
         total, count = model.teacher.mlm_loss_sums(eval_batches, xp)
         reference["teacher_mlm_loss"] = total / count if count else float("nan")
@@ -439,6 +456,8 @@ def describe(args, model, data: PretrainData, eval_batches, reference: dict) -> 
             f"{data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
             "sequences" + "".join(f"; {k.replace('_', ' ')} {v:.3f}"
                                   for k, v in reference.items()))
+    if data.excluded is not None and (left := data.excluded.describe()):
+        line += "\n" + left
     if args.teacher:
         line += "\n" + distillation.describe_teacher(model, args.teacher)
     return line
@@ -454,6 +473,7 @@ class PretrainTask:
         self.args, self.objective, self.store, self.vocab = (args, data.objective, data.train,
                                                              data.vocab)
         self.data_fingerprint = data.fingerprint
+        self.excluded = data.excluded
         self.reference = reference
         self.eval_batches, self.model, self.xp = eval_batches, model, xp
         self.evaluate = self._evaluate if eval_batches else None
@@ -537,9 +557,11 @@ def write_summary(args, run, task: PretrainTask, state, last_eval: dict | None,
                **{"eval_" + k: v for k, v in (last_eval or {}).items()
                   if k not in ("kind", "step", "elapsed_s") and k not in reference},
                "checkpoint": str(run.checkpoint)}
+    if task.excluded is not None and task.excluded.files:
+        summary["excluded_documents"] = task.excluded.record()
     atomic_write_json(run.summary, summary)
     print("summary: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                  for k, v in summary.items()))
+                                  for k, v in summary.items() if k != "excluded_documents"))
     if last_eval and "unigram_baseline" in reference:
         base = reference["unigram_baseline"]
         print(f"held-out MLM loss {last_eval['mlm_loss']:.3f} nats vs unigram baseline "
