@@ -11,6 +11,9 @@
   (the records of :mod:`minibert.gradflow`).
 * :func:`plot_accuracy_vs_labels` -- the evaluation harness's test accuracy against the
   number of train labels.
+* :func:`plot_minimal_pairs` -- minimal-pair accuracy per field, several systems.
+* :func:`plot_pretraining_runs` -- held-out MLM loss and minimal-pair accuracy of several
+  pretraining runs against training minutes.
 
 Every picture of the project is drawn here and written atomically (temporary file, then
 rename).
@@ -349,5 +352,40 @@ def plot_minimal_pairs(results: Mapping[str, Mapping], path: str | os.PathLike,
     ax.set_ylim(0, 100)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def plot_pretraining_runs(runs: Mapping[str, Sequence[Mapping]], path: str | os.PathLike,
+                          floor: float | None = None, dpi: int = 110) -> Path:
+    """Pretraining runs side by side against training minutes: held-out MLM loss (left)
+    and minimal-pair accuracy (right), one line per run, the word-trigram floor dashed.
+
+    Args:
+        runs: run label -> its evaluation records in step order, each with ``minutes``
+            (float, training time at that evaluation), ``mlm_loss`` (nats) and, where
+            scored, ``pairs_acc`` (macro %, :mod:`minibert.evaluation.minimal_pairs`).
+        floor: the trigram's macro % on the same pairs, or None.
+        path: the PNG to write.
+    Returns:
+        the path written.
+    """
+    plt = _pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, recs in runs.items():
+        a1.plot([r["minutes"] for r in recs], [r["mlm_loss"] for r in recs], "o-", ms=3,
+                label=label)
+        pts = [(r["minutes"], r["pairs_acc"]) for r in recs if r.get("pairs_acc") is not None]
+        if pts:
+            a2.plot(*zip(*pts), "o-", ms=3, label=label)
+    if floor is not None:
+        a2.axhline(floor, linestyle="--", color="grey", linewidth=1, label="word trigram")
+    a2.axhline(50, linestyle=":", color="grey", linewidth=1)
+    a1.set_ylabel("held-out MLM loss (nats)")
+    a2.set_ylabel("minimal pairs, macro accuracy (%)")
+    for a in (a1, a2):
+        a.set_xlabel("training minutes")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path, dpi)

@@ -70,3 +70,44 @@ def test_bench_train_step_fp16_steps_run_and_tf32_needs_a_gpu(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_albert_compares_the_families_at_one_width(capsys):
+    """Three systems per round in their own processes; the ratios are of this round's rows
+    and the parameter counts are the models' (ALBERT-tiny about half of BERT-tiny)."""
+    assert load("bench_albert").main(["--batch-size", "2", "--seq-len", "16", "--vocab-size",
+                                      "2000", "--warmup", "1", "--steps", "1",
+                                      "--rounds", "1"]) == 0
+    *rows, ratio = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    by = {r["system"]: r for r in rows}
+    assert set(by) == {"bert", "albert", "albert-E=H"}
+    assert by["albert"]["embedding_size"] == 64 and by["albert-E=H"]["embedding_size"] == 128
+    assert by["albert"]["parameters"] < by["albert-E=H"]["parameters"] < by["bert"]["parameters"]
+    assert ratio["albert"]["parameters"] == round(by["albert"]["parameters"]
+                                                  / by["bert"]["parameters"], 3)
+    assert ratio["albert"]["step_s"] == round(by["albert"]["step_s"] / by["bert"]["step_s"], 3)
+
+
+def test_compare_pretraining_tables_and_plots_runs(tmp_path, capsys):
+    """Minutes come from a given pace (step x s/step) or the run's clock; the table holds
+    the last evaluation and the best pair accuracy; the plot is a PNG."""
+    runs = []
+    for name, accs in (("a", (52.0, 61.0, 58.0)), ("b", (50.0, 51.0, 55.0))):
+        run = tmp_path / name
+        run.mkdir()
+        recs = [{"kind": "train", "step": 1, "loss": 9.0}] + [
+            {"kind": "eval", "step": 100 * (i + 1), "elapsed_s": 30.0 * (i + 1),
+             "mlm_loss": 6.0 - i, "pairs_acc": acc, "pairs_trigram_acc": 66.0}
+            for i, acc in enumerate(accs)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        runs.append(str(run))
+    png = tmp_path / "curves.png"
+    assert load("compare_pretraining").main(runs + ["--seconds-per-step", "0.6", "1.2",
+                                                     "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| a | 300 | 3.0 | 4.000 | 58.0 | 61.0 (200) |" in out      # 300 x 0.6 s
+    assert "| b | 300 | 6.0 | 4.000 | 55.0 | 55.0 (300) |" in out      # 300 x 1.2 s
+    assert "word trigram on the same pairs: 66.0" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    load("compare_pretraining").main(runs[:1])
+    assert "| a | 300 | 1.5 |" in capsys.readouterr().out              # its own clock: 90 s
