@@ -23,10 +23,10 @@ round prints the ALBERT / BERT ratios of that round.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +36,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+
+from bench_train_step import run_child  # noqa: E402
 
 SYSTEMS = ("bert", "albert", "albert-E=H")
 
@@ -47,42 +49,32 @@ def config_for(system: str, preset: str, vocab_size: int):
         return BertConfig.from_preset(preset, vocab_size=vocab_size)
     config = AlbertConfig.from_preset(preset, vocab_size=vocab_size)
     if system == "albert-E=H":
-        config = AlbertConfig.from_preset(preset, vocab_size=vocab_size,
-                                          embedding_size=config.hidden_size)
+        config = dataclasses.replace(config, embedding_size=config.hidden_size)
     return config
 
 
 def one(system: str, preset: str, B: int, T: int, V: int, warmup: int, steps: int) -> dict:
-    """Build and step one system in this process: its figures."""
+    """Build and step one system in this process (bench_train_step's minibert step on its
+    batch): its figures."""
     from bench_memory import rss_mib
-    from bench_train_step import FixedBatchTask, make_batch
-    from minibert import backend
-    from minibert.auto import model_class
-    from minibert.modeling import BertForPreTraining
-    from minibert.optim import AdamW
-    from minibert.training import TrainingConfig, train_step
-    backend.set_device("cpu")
+    from bench_train_step import make_batch, minibert_step_fn
     config = config_for(system, preset, V)
-    model = model_class(config, BertForPreTraining)(config)
     _, batch = make_batch(np.random.default_rng(0), B, T, V)
-    if system != "bert":             # ALBERT's sentence head is sentence-order prediction
-        batch["sentence_order_label"] = batch.pop("next_sentence_label")
-    opt = AdamW(model.named_parameters(), lr=1e-4)
-    task = FixedBatchTask(batch)
-    cfg = TrainingConfig(max_steps=1, lr=1e-4, max_grad_norm=1.0)
+    step = minibert_step_fn(config, batch, "cpu")
     setup = rss_mib()
-    times, loss = [], None
-    for i in range(warmup + steps):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
         t0 = time.perf_counter()
-        loss, *_ = train_step(model, opt, task, [None], i, 1e-4, cfg, device="cpu")
-        loss = float(loss)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+        loss = step()
+        times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024       # KiB -> MiB
-    return {"system": system, "preset": preset, "parameters": model.num_parameters(),
+    median = statistics.median(times)
+    return {"system": system, "preset": preset, "parameters": step.model.num_parameters(),
             "embedding_size": getattr(config, "embedding_size", config.hidden_size),
             "hidden_size": config.hidden_size, "layers": config.num_hidden_layers,
-            "step_s": statistics.median(times), "tokens_per_s": B * T / statistics.median(times),
+            "step_s": median, "tokens_per_s": B * T / median,
             "step_added_mib": round(peak - setup, 1), "peak_rss_mib": round(peak, 1),
             "loss": round(loss, 4)}
 
@@ -98,6 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        p.error("--steps and --rounds must be >= 1, --warmup >= 0")
     sizes = (args.batch_size, args.seq_len, args.vocab_size, args.warmup, args.steps)
     if args.one:  # a child process: one system, one preset
         print(json.dumps(one(args.one, args.presets[0], *sizes)))
@@ -106,13 +100,10 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             rows = {}
             for system in SYSTEMS:
-                out = subprocess.run(
-                    [sys.executable, __file__, "--one", system, "--presets", preset,
-                     "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
-                     "--vocab-size", str(args.vocab_size), "--warmup", str(args.warmup),
-                     "--steps", str(args.steps)],
-                    check=True, capture_output=True, text=True).stdout
-                rows[system] = json.loads(out.strip().splitlines()[-1])
+                rows[system] = run_child(
+                    __file__, system, preset, batch_size=args.batch_size,
+                    seq_len=args.seq_len, vocab_size=args.vocab_size, warmup=args.warmup,
+                    steps=args.steps)
                 print(json.dumps(dict(rows[system], round=r + 1)))
             b = rows["bert"]
             print(json.dumps({"preset": preset, "round": r + 1, "vs": "bert", **{

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +28,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+
+from bench_train_step import run_child  # noqa: E402
 
 
 def rss_mib() -> float:
@@ -73,12 +74,9 @@ def main(argv=None) -> int:
     for preset in args.presets:
         rows = {}
         for system in ("minibert", "pytorch"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", system, "--presets", preset,
-                 "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
-                 "--vocab-size", str(args.vocab_size), "--steps", str(args.steps)],
-                check=True, capture_output=True, text=True).stdout
-            rows[system] = json.loads(out.strip().splitlines()[-1])
+            rows[system] = run_child(__file__, system, preset, batch_size=args.batch_size,
+                                     seq_len=args.seq_len, vocab_size=args.vocab_size,
+                                     steps=args.steps)
             print(json.dumps(rows[system]))
         m, t = rows["minibert"], rows["pytorch"]
         print(json.dumps({"preset": preset,

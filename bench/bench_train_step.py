@@ -106,8 +106,11 @@ PRECISIONS = ("fp32", "tf32", "fp16")
 
 def minibert_step_fn(config, batch, device, precision="fp32"):
     """minibert's step: ``--tf32`` sets TF32 matmuls (GPU), fp16 is ``--dtype float16``
-    (float16 compute, float32 master weights in AdamW, dynamic loss scaling)."""
+    (float16 compute, float32 master weights in AdamW, dynamic loss scaling). The model is
+    the pretraining class of the config's family (an ALBERT config gives
+    AlbertForPreTraining, its sentence label under its own keyword); ``step.model`` is it."""
     from minibert import backend
+    from minibert.auto import model_class
     from minibert.modeling import BertForPreTraining
     from minibert.optim import AdamW
     from minibert.training import TrainingConfig, train_step
@@ -116,9 +119,11 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
         backend.set_tf32(True)
     xp = backend.xp_for(device)
     dtype = np.float16 if precision == "fp16" else np.float32
-    model = BertForPreTraining(config, dtype=dtype).to(device)
+    model = model_class(config, BertForPreTraining)(config, dtype=dtype).to(device)
     opt = AdamW(model.named_parameters(), lr=1e-4)
-    task = FixedBatchTask({k: xp.asarray(v) for k, v in batch.items()})
+    inputs = {k: xp.asarray(v) for k, v in batch.items()}
+    inputs[model.sentence_label] = inputs.pop("next_sentence_label")
+    task = FixedBatchTask(inputs)
     cfg = TrainingConfig(max_steps=1, lr=1e-4, max_grad_norm=1.0)
     count = [0]
 
@@ -126,6 +131,7 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
         loss, *_ = train_step(model, opt, task, [None], count[0], 1e-4, cfg, device=device)
         count[0] += 1
         return float(loss)  # a host sync, as a training loop that logs the loss has
+    step.model = model
     return step
 
 
@@ -177,6 +183,17 @@ def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
 
 
 SYSTEMS = ("minibert", "torch_equal_work", "transformers")
+
+
+def run_child(script: str, system: str, preset: str, **options):
+    """Run ``script --one SYSTEM --presets PRESET --OPTION VALUE ...`` in a fresh Python
+    process (options named as keywords, ``batch_size`` -> ``--batch-size``) and return the
+    JSON of the last line it prints. Raises CalledProcessError when the child fails."""
+    argv = [sys.executable, script, "--one", system, "--presets", preset]
+    for name, value in options.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def time_steps(system: str, preset: str, args) -> list[float]:
@@ -248,14 +265,10 @@ def main(argv=None):
         times = {k: [] for k in SYSTEMS}
         for _ in range(args.rounds):
             for system in SYSTEMS:
-                out = subprocess.run(
-                    [sys.executable, __file__, "--one", system, "--presets", preset,
-                     "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
-                     "--vocab-size", str(args.vocab_size), "--steps", str(args.steps),
-                     "--warmup", str(args.warmup), "--device", args.device,
-                     "--precision", args.precision],
-                    check=True, capture_output=True, text=True).stdout
-                times[system] += json.loads(out.strip().splitlines()[-1])
+                times[system] += run_child(
+                    __file__, system, preset, batch_size=args.batch_size,
+                    seq_len=args.seq_len, vocab_size=args.vocab_size, steps=args.steps,
+                    warmup=args.warmup, device=args.device, precision=args.precision)
         tokens = args.batch_size * args.seq_len
         row = {"preset": preset, "device": args.device, "precision": args.precision,
                "batch": args.batch_size, "seq_len": args.seq_len, "vocab": args.vocab_size,

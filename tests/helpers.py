@@ -6,7 +6,7 @@ from pathlib import Path
 
 from minibert import BertForPreTraining, fast_cpu
 from minibert.hf import save_hf_directory
-from minibert.runs import load_start
+from minibert.runs import METRICS, MetricsLog, load_start
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -64,3 +64,9 @@ def snapshot(directory: Path) -> dict:
     return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns,
                                              hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted(Path(directory).rglob("*")) if p.is_file()}
+
+
+def records(out, kind: str = "train") -> list[dict]:
+    """The ``kind`` records ("train", "eval", ...) of the run directory ``out``'s
+    metrics.jsonl, in file order."""
+    return [r for r in MetricsLog.read(Path(out) / METRICS) if r["kind"] == kind]

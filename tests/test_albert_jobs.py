@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import finetune  # noqa: E402
 import train_mlm  # noqa: E402
 from minibert.pretraining import batches as batches_module  # noqa: E402
+from helpers import records  # noqa: E402
 
 
 def args_for(corpus, out, *extra):
@@ -38,11 +39,6 @@ def args_for(corpus, out, *extra):
             "--batch-size", "4", "--max-steps", "8", "--log-every", "1", "--eval-every", "4",
             "--save-every", "4", "--eval-fraction", "0.1", "--eval-instances", "16",
             "--eval-pairs-per-paradigm", "2", "--no-progress", *extra]
-
-
-def records(out, kind):
-    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 CURVE_KEYS = ("step", "epoch", "lr", "loss", "mlm_loss", "sop_loss", "mlm_acc", "sop_acc",

@@ -83,6 +83,11 @@ def test_bench_albert_compares_the_families_at_one_width(capsys):
     assert set(by) == {"bert", "albert", "albert-E=H"}
     assert by["albert"]["embedding_size"] == 64 and by["albert-E=H"]["embedding_size"] == 128
     assert by["albert"]["parameters"] < by["albert-E=H"]["parameters"] < by["bert"]["parameters"]
+    from minibert import AlbertConfig, AlbertForPreTraining, BertConfig, BertForPreTraining
+    assert by["bert"]["parameters"] == BertForPreTraining(
+        BertConfig.from_preset("tiny", vocab_size=2000)).num_parameters()
+    assert by["albert-E=H"]["parameters"] == AlbertForPreTraining(
+        AlbertConfig.from_preset("tiny", vocab_size=2000, embedding_size=128)).num_parameters()
     assert ratio["albert"]["parameters"] == round(by["albert"]["parameters"]
                                                   / by["bert"]["parameters"], 3)
     assert ratio["albert"]["step_s"] == round(by["albert"]["step_s"] / by["bert"]["step_s"], 3)

@@ -31,6 +31,7 @@ from minibert.gradcheck import check_tensor
 from minibert.nn import attention_backward, attention_forward, softmax_forward
 from minibert.testing import (assert_parameter_gradients, attention_inputs, bert_configs,
                               float_arrays, padding_masks, seeds, token_batches)
+from helpers import records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -411,11 +412,6 @@ def bare_teacher(teacher_run, tmp_path_factory):
     model = BertModel(start.config, add_pooling_layer=False)
     load_pretrained_weights(model, start.state)
     return save_hf_directory(model, tmp_path_factory.mktemp("hf") / "bare", start.vocab_file)
-
-
-def records(out, kind):
-    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 STUDENT = ("--teacher", None, "--hidden-size", "16", "--num-attention-heads", "2",

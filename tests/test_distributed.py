@@ -20,6 +20,7 @@ from hypothesis import given, settings, strategies as st
 from minibert import distributed
 from minibert.checkpoint import load_checkpoint
 from minibert.distributed import Communicator, DistributedError, init_distributed, shard_rows
+from helpers import records
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "mpi_worker.py"
@@ -61,10 +62,6 @@ def single(*cmd, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
-
-
-def records(path: Path, kind="train"):
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
 
 
 # --------------------------------------------------------------------- in one process
@@ -144,7 +141,7 @@ def test_two_ranks_equal_one_process_and_agree_after_every_step(tmp_path, dtype,
     assert ranks == {"world_size": 2, "max_rank_difference": 0.0}
     a, b = np.load(one / "params.npy"), np.load(two / "params.npy")
     assert np.max(np.abs(a - b)) <= tol * max(1.0, np.max(np.abs(a)))
-    ra, rb = records(one / "metrics.jsonl"), records(two / "metrics.jsonl")
+    ra, rb = records(one), records(two)
     assert [r["step"] for r in rb] == list(range(1, 7))      # rank 0 alone writes, once a step
     assert [r["count"] for r in rb] == [7, 7, 7, 1, 7, 7]    # sums of both ranks' rows
     np.testing.assert_allclose([r["loss"] for r in rb], [r["loss"] for r in ra], rtol=tol)
@@ -188,12 +185,12 @@ def test_train_mlm_two_ranks_equal_accumulation_in_one_process(corpus, tmp_path,
     shutil.copy(two / "vocab.txt", tmp_path / "vocab.txt")
     single(*pretrain_args(corpus, one, "--batch-size", "4", "--gradient-accumulation-steps",
                           "2", "--vocab", tmp_path / "vocab.txt", "--model", model))
-    r2, r1 = records(two / "metrics.jsonl"), records(one / "metrics.jsonl")
+    r2, r1 = records(two), records(one)
     assert [r["step"] for r in r2] == list(range(1, 7))
     for key in ("loss", "mlm_loss", f"{task}_loss", "grad_norm", "mlm_acc"):
         np.testing.assert_allclose([r[key] for r in r2], [r[key] for r in r1], rtol=1e-9,
                                    err_msg=key)
-    assert len(records(two / "metrics.jsonl", "eval")) == 2   # evaluated once per eval step
+    assert len(records(two, "eval")) == 2   # evaluated once per eval step
     m2, m1 = load_checkpoint(two / "checkpoint.npz"), load_checkpoint(one / "checkpoint.npz")
     assert m2["trainer"]["world_size"] == 2 and m1["trainer"]["world_size"] == 1
     for name, value in m1["model"].items():
@@ -227,7 +224,7 @@ def test_resume_on_another_world_size_continues_the_data_stream(corpus, tmp_path
     out = single(ROOT / "train_mlm.py", "--resume", cut, "--no-progress").stdout
     print(f"killed after the checkpoint of step {step}")
     assert "written by a run on 2 rank(s); this run has 1" in out
-    a, b = records(full / "metrics.jsonl"), records(cut / "metrics.jsonl")
+    a, b = records(full), records(cut)
     assert [r["step"] for r in b] == list(range(1, 7))
     np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a], rtol=1e-9)
 
@@ -261,11 +258,11 @@ def test_finetune_two_ranks_equal_one_process(tmp_path):
               "--log-every", "1", "--max-seq-length", "12", "--no-progress"]
     mpirun(2, *common, "--output-dir", tmp_path / "two")
     single(*common, "--output-dir", tmp_path / "one")
-    r2, r1 = records(tmp_path / "two/metrics.jsonl"), records(tmp_path / "one/metrics.jsonl")
+    r2, r1 = records(tmp_path / "two"), records(tmp_path / "one")
     assert len(r2) == len(r1) == 10
     np.testing.assert_allclose([r["loss"] for r in r2], [r["loss"] for r in r1], rtol=2e-6)
     assert [r["real_tokens"] for r in r2] == [r["real_tokens"] for r in r1]
-    assert len(records(tmp_path / "two/metrics.jsonl", "eval")) == 2
+    assert len(records(tmp_path / "two", "eval")) == 2
     for name in ("summary.json", "best_model.npz", "predictions_dev.tsv"):
         assert (tmp_path / "two" / name).is_file()
     m2 = load_checkpoint(tmp_path / "two/checkpoint.npz")["model"]

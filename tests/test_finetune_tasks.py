@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import finetune  # noqa: E402
+from helpers import records  # noqa: E402
 
 VOCABS = ROOT / "tests" / "data" / "tokenization"
 BROWN = ROOT / "data" / "tag" / "en" / "brown_pos"
@@ -94,11 +95,6 @@ def fails(capsys, *argv) -> str:
     err = capsys.readouterr().err
     assert e.value.code == 2 and "error:" in err and "Traceback" not in err, err
     return err
-
-
-def records(out: Path, kind="train"):
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == kind]
 
 
 # ------------------------------------------------------------------ token classification

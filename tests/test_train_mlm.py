@@ -13,6 +13,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import train_mlm  # noqa: E402
 from minibert.checkpoint import load_checkpoint  # noqa: E402
 from minibert.modeling import BertForPreTraining  # noqa: E402
+from helpers import records  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +33,6 @@ def args_for(corpus, out, *extra):
             "--log-every", "1", "--eval-every", "4", "--save-every", "4",
             "--eval-fraction", "0.1", "--eval-instances", "16", "--eval-pairs-per-paradigm",
             "2", "--no-progress", *extra]
-
-
-def records(out, kind):
-    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 CURVE_KEYS = ("step", "epoch", "lr", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc",
