@@ -121,9 +121,17 @@ def encode_sentence(tokenizer, text: str) -> tuple[list[int], list[int | None]]:
             [None, *a.word_ids, None])
 
 
-def scorable(tokenizer, ids: Sequence[int]) -> bool:
-    """Whether an encoded sentence has a token other than [CLS], [SEP] and [UNK]."""
-    return any(i != tokenizer.unk_token_id for i in ids[1:-1])
+def unscorable(tokenizer, ids: Sequence[int], limit: int) -> str | None:
+    """Why an encoded sentence (``ids`` with [CLS] and [SEP]) cannot be scored by a model
+    of ``limit`` positions: "gives no token", "gives only [UNK]", "N tokens, more than the
+    L allowed"; None when it can."""
+    if len(ids) == 2:
+        return "gives no token"
+    if all(i == tokenizer.unk_token_id for i in ids[1:-1]):
+        return "gives only [UNK]"
+    if len(ids) > limit:
+        return f"{len(ids)} tokens, more than the {limit} allowed"
+    return None
 
 
 def score_texts(model, tokenizer, texts: Sequence[str], method: str = "pll-word-l2r",
@@ -135,16 +143,13 @@ def score_texts(model, tokenizer, texts: Sequence[str], method: str = "pll-word-
     Raises:
         ScoringError: a text that gives no token, or only ``[UNK]`` (the message gives its
             position from 1), or is longer than ``max_length`` (default: the model's
-            positions) tokens; see :func:`score_ids`.
+            positions) tokens (:func:`unscorable`); see :func:`score_ids`.
     """
     limit = max_length or model.config.max_position_embeddings
     sentences = [encode_sentence(tokenizer, t) for t in texts]
     for n, (text, (ids, _)) in enumerate(zip(texts, sentences), 1):
-        if not scorable(tokenizer, ids):
-            raise ScoringError(f"text {n}: {text[:60]!r} gives "
-                               f"{'no token' if len(ids) == 2 else 'only [UNK]'}")
-        if len(ids) > limit:
-            raise ScoringError(f"text {n}: {len(ids)} tokens, more than the {limit} allowed")
+        if why := unscorable(tokenizer, ids, limit):
+            raise ScoringError(f"text {n}: {text[:60]!r} {why}")
     scores = score_ids(model, sentences, tokenizer.mask_token_id, tokenizer.pad_token_id,
                        method, batch_size)
     out = []
@@ -158,4 +163,4 @@ def score_texts(model, tokenizer, texts: Sequence[str], method: str = "pll-word-
 
 
 __all__ = ["METHODS", "ScoringError", "encode_sentence", "masked_copies", "score_ids",
-           "score_texts", "scorable"]
+           "score_texts", "unscorable"]

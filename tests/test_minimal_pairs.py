@@ -127,3 +127,19 @@ def test_minimal_pairs_command_bad_input_is_an_error_line(tmp_path, capsys):
             minibert_main(["minimal-pairs", *argv, "--no-floors"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and msg in err and "Traceback" not in err, err
+
+
+def test_pairs_probe_drops_what_cannot_be_scored_and_scores_the_rest(tmp_path):
+    """A pair with an only-[UNK] sentence or one longer than the positions is dropped and
+    counted; the rest score as score_pairs_mlm scores them."""
+    from minibert.evaluation.minimal_pairs import PairsProbe, score_pairs_mlm
+    from minibert.pipelines import load_model
+    model, tok, _ = load_model("fill-mask", str(tiny_mlm_run(tmp_path / "run")))
+    ok = [MinimalPair("the cat sat .", "the cat sit .", "u1", "f", "t", 1),
+          MinimalPair("a dog ran .", "a dog run .", "u2", "f", "t", 2)]
+    long = MinimalPair("the cat sat on the mat today .", "the cat sat on the mat now .",
+                       "u1", "f", "t", 3)
+    unk = MinimalPair("the cat sat .", "ʬʬʬ", "u2", "f", "t", 4)
+    probe = PairsProbe(ok + [long, unk], tok, max_length=8)
+    assert probe.pairs == ok and probe.dropped == 2
+    assert probe(model.eval()) == pytest.approx(score_pairs_mlm(model, tok, ok)["macro"])

@@ -125,16 +125,18 @@ class PairsProbe:
     """The minimal-pair macro accuracy of a masked LM during pretraining: a fixed set of
     pairs, tokenized once here, scored by PLL-word-l2r in one batched pass per call.
 
-    Pairs with a sentence the tokenizer turns into nothing but ``[UNK]`` are dropped
-    (``dropped`` counts them), so another language's vocabulary costs no error.
+    Pairs with a sentence that cannot be scored (:func:`minibert.scoring.unscorable`:
+    nothing but ``[UNK]``, or more than ``max_length`` tokens) are dropped (``dropped``
+    counts them), so another language's vocabulary costs no error.
     """
 
-    def __init__(self, pairs: Sequence[MinimalPair], tokenizer, batch_size: int = 256):
-        from ..scoring import encode_sentence, scorable
+    def __init__(self, pairs: Sequence[MinimalPair], tokenizer, batch_size: int = 256,
+                 max_length: int = 512):
+        from ..scoring import encode_sentence, unscorable
         encoded = [(p, encode_sentence(tokenizer, p.good), encode_sentence(tokenizer, p.bad))
                    for p in pairs]
-        kept = [e for e in encoded if scorable(tokenizer, e[1][0])
-                and scorable(tokenizer, e[2][0])]
+        kept = [e for e in encoded if not unscorable(tokenizer, e[1][0], max_length)
+                and not unscorable(tokenizer, e[2][0], max_length)]
         self.pairs = [p for p, _, _ in kept]
         self.sentences = [g for _, g, _ in kept] + [b for _, _, b in kept]
         self.dropped = len(pairs) - len(self.pairs)

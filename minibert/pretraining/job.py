@@ -536,7 +536,7 @@ def pairs_probe(args, tokenizer) -> PairsProbe | None:
     if not args.eval_pairs_per_paradigm:
         return None
     pairs = first_per_paradigm(read_pairs(args.eval_pairs), args.eval_pairs_per_paradigm)
-    probe = PairsProbe(pairs, tokenizer)
+    probe = PairsProbe(pairs, tokenizer, max_length=args.max_position_embeddings)
     return probe if probe.pairs else None
 
 
