@@ -312,7 +312,7 @@ def plot_accuracy_vs_labels(rows: Sequence[Mapping], sizes: Mapping[str, int],
             ax.errorbar(x, y, yerr=e, linestyle=style[kind], marker="o", capsize=3,
                         label=f"{start[-30:]} ({kind})" if kind not in ("bow", "floor")
                         else start)
-        metric = next(r.get("metric", "accuracy") for r in rows if r["task"] == task)
+        metric = next(r["metric"] for r in rows if r["task"] == task)
         ax.set_xscale("log")
         ax.set_title(task)
         ax.set_xlabel("train labels")

@@ -167,14 +167,14 @@ def test_evaluate_end_to_end(start_and_task, tmp_path, capsys):
 def test_best_lr_is_chosen_on_dev_not_test():
     def ft(start, lr, seed, dev, test):
         return {"task": "t", "budget": None, "seed": seed, "start": start, "kind": "finetune",
-                "lr": lr, "dev_accuracy": dev, "accuracy": test}
+                "lr": lr, "metric": "accuracy", "dev_accuracy": dev, "accuracy": test}
     # rate 1e-4 wins on mean dev (0.8 vs 0.75) though 1e-3 wins on test
     records = [ft("a", 1e-4, 0, 0.9, 0.6), ft("a", 1e-4, 1, 0.7, 0.6),
                ft("a", 1e-3, 0, 0.75, 0.9), ft("a", 1e-3, 1, 0.75, 0.9),
                # a tie on dev goes to the rate given first
                ft("b", 2e-4, 0, 0.7, 0.5), ft("b", 5e-4, 0, 0.7, 0.8),
                {"task": "t", "budget": None, "seed": 0, "start": "a", "kind": "probe",
-                "accuracy": 0.5}]
+                "metric": "accuracy", "accuracy": 0.5}]
     kept = harness.best_lr_runs(records)
     assert [r for r in kept if r["start"] == "a" and r["kind"] == "finetune"] == records[:2]
     assert [r for r in kept if r["start"] == "b"] == [records[4]]

@@ -26,8 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import atomic_write_bytes
-from ..finetuning import (MostFrequentTagBaseline, is_entity_tagset, read_conll, read_squad,
-                          read_tsv, sort_tags, squad_metrics, tagging_metrics)
+from ..finetuning import (MostFrequentTagBaseline, read_conll, read_squad,
+                          read_tsv, sort_tags, squad_metrics)
+from ..finetuning.data import text_lines, tsv_header
+from ..finetuning.tasks import TASKS
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
 
@@ -56,18 +58,32 @@ class Classification:
 
     Attributes: ``name`` (finetune.py's --task), ``metric``, ``unit`` (what a budget
     counts), ``floor`` (the floor's start name, None: the harness's bag of words),
-    ``splits`` (split -> examples), ``dev`` / ``test`` (the files finetune.py reads).
+    ``splits`` (split -> examples), ``dev`` / ``test`` (the files finetune.py reads),
+    ``labels`` (the labels of all splits, sorted), and per split ``label_ids`` ((N,) int class
+    ids) and ``texts`` (a text, or a pair as a tuple), the probes' inputs.
     """
 
-    name, metric, unit, floor, ext = "sequence-classification", "accuracy", "rows", None, "tsv"
+    name, metric, unit, floor = "sequence-classification", "accuracy", "rows", None
 
     def __init__(self, d: Path):
         self.splits = {s: read_tsv(d / f"{s}.tsv") for s in ("train", "dev", "test")}
         self.dev, self.test = d / "dev.tsv", d / "test.tsv"
+        self.labels = sorted({e.label for ex in self.splits.values() for e in ex})
+        ids = {label: i for i, label in enumerate(self.labels)}
+        # what the probes and the bag of words read, per split: class ids and texts
+        self.label_ids = {s: np.array([ids[e.label] for e in ex])
+                          for s, ex in self.splits.items()}
+        self.texts = {s: [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in ex]
+                      for s, ex in self.splits.items()}
 
     @property
     def train(self) -> list:
         return self.splits["train"]
+
+    @property
+    def ext(self) -> str:
+        """The extension of the task's files, as finetune.py's task reads them."""
+        return TASKS[self.name].ext
 
     def draw(self, size: int | None, seed: int) -> np.ndarray:
         """Train rows of one run (:func:`draw`, two classes at least)."""
@@ -87,9 +103,9 @@ class Classification:
         return path
 
     def argv(self, args) -> list[str]:
-        """finetune.py options of this kind beyond the splits, seed, rate and start."""
-        return ["--max-seq-length", str(args.max_seq_length), "--pooling", args.pooling,
-                "--group-by-length"]
+        """finetune.py options of this kind beyond the task, splits, sequence length, seed,
+        rate and start (:func:`.harness.finetune_argv`)."""
+        return ["--pooling", args.pooling, "--group-by-length"]
 
     def scores(self, summary: dict, split: str) -> dict[str, float]:
         """{metric: value in [0, 1]} of a finetune.py summary's ``split`` ("dev"/"test")."""
@@ -107,7 +123,7 @@ class Tagging(Classification):
         self.splits = {s: read_conll(d / f"{s}.tsv") for s in ("train", "dev", "test")}
         self.dev, self.test = d / "dev.tsv", d / "test.tsv"
         self.tags = sort_tags(t for ss in self.splits.values() for s in ss for t in s.tags)
-        self.metric = "f1" if is_entity_tagset(self.tags) else "accuracy"
+        self.metric = TASKS[self.name]().default_metric(self.tags)
         self.labels_file: Path | None = None
 
     def draw(self, size: int | None, seed: int) -> np.ndarray:
@@ -126,15 +142,12 @@ class Tagging(Classification):
         return path
 
     def argv(self, args) -> list[str]:
-        return ["--task", self.name, "--max-seq-length", str(args.max_seq_length),
-                "--labels", str(self.labels_file)]
+        return ["--labels", str(self.labels_file)]
 
     def floor_scores(self, idx: np.ndarray) -> dict[str, float]:
         """The most-frequent-tag floor fitted on the drawn train sentences, on test."""
         base = MostFrequentTagBaseline().fit([self.train[i] for i in idx])
-        test = self.splits["test"]
-        m = tagging_metrics([s.tags for s in test], base.predict(test), self.tags)
-        return {self.metric: float(m[self.metric])}
+        return {self.metric: float(base.score(self.splits["test"])[self.metric])}
 
 
 def first_sentence(context: str) -> str:
@@ -146,8 +159,7 @@ def first_sentence(context: str) -> str:
 class QuestionAnswering(Classification):
     """Extractive QA, SQuAD v1.1 JSON lines (see the module docstring for the splits)."""
 
-    name, metric, unit, floor, ext = ("question-answering", "f1", "questions",
-                                      "first sentence", "jsonl")
+    name, metric, unit, floor = "question-answering", "f1", "questions", "first sentence"
 
     def __init__(self, d: Path):
         train = read_squad(d / "train.jsonl")
@@ -188,22 +200,22 @@ class QuestionAnswering(Classification):
         return path
 
     def argv(self, args) -> list[str]:
-        return ["--task", self.name, "--max-seq-length", str(args.max_seq_length),
-                "--doc-stride", str(max(1, args.max_seq_length // 4))]
+        return ["--doc-stride", str(max(1, args.max_seq_length // 4))]
 
     def scores(self, summary: dict, split: str) -> dict[str, float]:
-        return {k: float(summary[split][k]) / 100 for k in ("f1", "exact_match")}
+        return {k: float(summary[split][k]) / 100 for k in TASKS[self.name].metrics}
 
     def floor_scores(self, idx: np.ndarray) -> dict[str, float]:
         """The first-sentence floor on test (it learns nothing from the train rows)."""
         test = self.splits["test"]
         m = squad_metrics(test, {e.id: first_sentence(e.context) for e in test})
-        return {k: m[k] / 100 for k in ("f1", "exact_match")}
+        return {k: m[k] / 100 for k in TASKS[self.name].metrics}
 
 
 def load_task(d: Path) -> Classification:
     """The task in directory ``d``, its kind told by its files: ``train.jsonl``: question
-    answering; ``train.tsv`` whose first line is a ``label<TAB>...`` header:
+    answering; ``train.tsv`` whose first line is a classification header
+    (:func:`~minibert.finetuning.data.tsv_header`, as :func:`read_tsv` reads it):
     classification; another ``train.tsv``: tagging.
 
     Raises:
@@ -213,11 +225,10 @@ def load_task(d: Path) -> Classification:
     d = Path(d)
     if (d / "train.jsonl").is_file():
         return QuestionAnswering(d)
-    head = "label\t"                      # a missing train.tsv: read_tsv names it
-    if (d / "train.tsv").is_file():
-        with open(d / "train.tsv", "rb") as f:
-            head = f.readline().decode("utf-8", "replace").lstrip("\ufeff")
-    return Classification(d) if head.startswith("label\t") else Tagging(d)
+    if not (d / "train.tsv").is_file():
+        return Classification(d)          # read_tsv names the missing file
+    first = next(text_lines(d / "train.tsv"), (1, ""))[1]
+    return Classification(d) if tsv_header(first) else Tagging(d)
 
 
 __all__ = ["draw", "Classification", "Tagging", "QuestionAnswering", "first_sentence",

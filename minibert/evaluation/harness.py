@@ -143,14 +143,14 @@ def probe_records(features: dict, y: dict, idx: np.ndarray, texts: dict, n_label
     records = []
     for start, f in features.items():
         probe, _ = fit_probe(f["train"][idx], y["train"][idx], f["dev"], y["dev"], n_labels)
-        records.append({**where, "start": start, "kind": "probe",
+        records.append({**where, "start": start, "kind": "probe", "metric": "accuracy",
                         "accuracy": float((probe.predict(f["test"]) == y["test"]).mean())})
     X, vocab = bag_of_words([texts["train"][i] for i in idx])
     Xd, _ = bag_of_words(texts["dev"], vocab)
     Xt, _ = bag_of_words(texts["test"], vocab)
     probe, _ = fit_probe(X, y["train"][idx], Xd, y["dev"], n_labels,
                          l2_grid=(1e-3, 1e-2, 1e-1, 1.0))
-    records.append({**where, "start": BOW, "kind": "bow",
+    records.append({**where, "start": BOW, "kind": "bow", "metric": "accuracy",
                     "accuracy": float((probe.predict(Xt) == y["test"]).mean())})
     return records
 
@@ -158,10 +158,11 @@ def probe_records(features: dict, y: dict, idx: np.ndarray, texts: dict, n_label
 def finetune_argv(args, data, start: str, seed: int, lr: float, train: Path) -> list:
     """finetune.py's options for one run of ``start`` (``random:`` = fresh weights) on the
     task ``data`` (a :mod:`.downstream` task) with the drawn ``train`` file."""
-    return ["--init", start.removeprefix("random:"), "--train", str(train),
+    return ["--task", data.name, "--init", start.removeprefix("random:"), "--train", str(train),
             "--dev", str(data.dev), "--test", str(data.test),
             "--seed", str(seed), "--epochs", str(args.epochs), "--lr", str(lr),
-            "--batch-size", str(args.batch_size), *data.argv(args), "--no-progress",
+            "--batch-size", str(args.batch_size), "--max-seq-length", str(args.max_seq_length),
+            *data.argv(args), "--no-progress",
             *(["--random-init"] if start.startswith("random:") else []),
             *(["--device", args.device] if args.device else [])]
 
@@ -175,14 +176,9 @@ def encode_features(args, task: str, data, starts: dict) -> dict:
     for s, pre in starts.items():
         print(f"{task}: encoding with {s} (frozen, mean-pooled)", flush=True)
         model, tokenizer = encoder(pre, s.startswith("random:"), get_device())
-        features[s] = {k: mean_pooled_features(model, tokenizer, texts(ex), args.max_seq_length,
-                                               xp=xp_for()) for k, ex in data.splits.items()}
+        features[s] = {k: mean_pooled_features(model, tokenizer, ts, args.max_seq_length,
+                                               xp=xp_for()) for k, ts in data.texts.items()}
     return features
-
-
-def texts(examples) -> list:
-    """The texts of classification examples (a pair as a tuple)."""
-    return [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
 
 
 def floor_records(data, features: dict, idx: np.ndarray, where: dict) -> list[dict]:
@@ -191,11 +187,9 @@ def floor_records(data, features: dict, idx: np.ndarray, where: dict) -> list[di
     if data.floor is not None:
         return [{**where, "start": data.floor, "kind": "floor", "metric": data.metric,
                  **data.floor_scores(idx)}]
-    labels = sorted({e.label for e in data.train})
-    y = {s: np.array([labels.index(e.label) for e in ex]) for s, ex in data.splits.items()}
-    flat = {s: [t if isinstance(t, str) else " ".join(t) for t in texts(ex)]
-            for s, ex in data.splits.items()}
-    return probe_records(features, y, idx, flat, len(labels), **where)
+    flat = {s: [t if isinstance(t, str) else " ".join(t) for t in ts]
+            for s, ts in data.texts.items()}
+    return probe_records(features, data.label_ids, idx, flat, len(data.labels), **where)
 
 
 def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Path):
@@ -240,8 +234,8 @@ def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Pat
 
 
 def score(record: dict) -> float:
-    """A record's test score: its ``metric`` (accuracy when it names none)."""
-    return record[record.get("metric", "accuracy")]
+    """A record's test score: the value of its ``metric``."""
+    return record[record["metric"]]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -258,7 +252,7 @@ def best_lr_runs(records: list[dict]) -> list[dict]:
         if r["kind"] == "finetune":
             key = (r["task"], r["budget"], r["start"])
             dev.setdefault(key, {}).setdefault(r["lr"], []).append(
-                r["dev_" + r.get("metric", "accuracy")])
+                r["dev_" + r["metric"]])
     best = {key: max(by_lr, key=lambda lr: statistics.fmean(by_lr[lr]))
             for key, by_lr in dev.items()}
     return [r for r in records if r["kind"] != "finetune"
@@ -279,7 +273,7 @@ def summarize(records: list[dict]) -> list[dict]:
     for (task, b, start, kind), rs in groups.items():
         m, s = mean_std(accs[task, b, start, kind])
         row = {"task": task, "budget": b, "start": start, "kind": kind,
-               "metric": rs[0].get("metric", "accuracy"), "mean": m, "std": s,
+               "metric": rs[0]["metric"], "mean": m, "std": s,
                "seeds": len(rs)}
         if "lr" in rs[0]:  # one rate per fine-tuning group, after best_lr_runs
             row["lr"] = rs[0]["lr"]
@@ -309,5 +303,5 @@ def print_table(rows: list[dict]) -> None:
         vb = f"{100 * over:+.1f}" if over is not None else ""
         lr = f"{r['lr']:g}" if "lr" in r else ""
         print(f"{r['task']:<18}{b:>7}  {r['start'][-44:]:<44}{r['kind']:<10}{lr:>8}"
-              f"{r.get('metric', 'accuracy'):>10}{100 * r['mean']:>7.1f} ± "
+              f"{r['metric']:>10}{100 * r['mean']:>7.1f} ± "
               f"{100 * r['std']:<4.1f}{vr:>11}{vb:>10}")

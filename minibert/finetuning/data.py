@@ -60,6 +60,13 @@ def text_lines(path: Path):
             yield lineno, (text.lstrip("\ufeff") if lineno == 1 else text)
 
 
+def tsv_header(text: str) -> tuple[str, ...] | None:
+    """The columns a labelled TSV's first line names (:data:`SINGLE_COLUMNS` or
+    :data:`PAIR_COLUMNS`, case and spaces ignored), or None when it is not such a header."""
+    header = tuple(c.strip().lower() for c in text.split("\t"))
+    return header if header in (SINGLE_COLUMNS, PAIR_COLUMNS) else None
+
+
 def read_tsv(path: str | os.PathLike) -> list[Example]:
     """Read a labelled TSV split (see the module docstring).
 
@@ -78,8 +85,8 @@ def read_tsv(path: str | os.PathLike) -> list[Example]:
     header = None
     for lineno, text in text_lines(path):
         if lineno == 1:
-            header = tuple(c.strip().lower() for c in text.split("\t"))
-            if header not in (SINGLE_COLUMNS, PAIR_COLUMNS):
+            header = tsv_header(text)
+            if header is None:
                 raise DatasetError(
                     f"{path}:1: header must be 'label<TAB>sentence' or "
                     f"'label<TAB>sentence_a<TAB>sentence_b', got {text!r}")
