@@ -44,7 +44,7 @@ def config_class(model_type: str) -> type[ModelConfig]:
     """
     try:
         return CONFIG_CLASSES[model_type]
-    except (KeyError, TypeError):
+    except KeyError:
         raise ValueError(f"model_type {model_type!r}: expected one of "
                          f"{', '.join(CONFIG_CLASSES)}") from None
 
@@ -68,7 +68,7 @@ def model_class(config: ModelConfig, bert_class: type) -> type:
     Raises:
         ValueError: an ALBERT config and a class with no ALBERT variant.
     """
-    if not isinstance(config, AlbertConfig) or bert_class in ALBERT_CLASSES.values():
+    if not isinstance(config, AlbertConfig):
         return bert_class
     if bert_class not in ALBERT_CLASSES:
         raise ValueError(f"{bert_class.__name__} has no ALBERT variant")

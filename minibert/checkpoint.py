@@ -52,8 +52,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
     arrays = {"model/" + k: v for k, v in model.state_dict().items()}
     if optimizer is not None:
         arrays.update({"optim/" + k: v for k, v in optimizer.state_dict().items()})
-    config = {"model_type": model.config.model_type, **model.config.to_dict()}
-    meta = {"format": FORMAT, "config": config, "trainer": trainer_state or {}}
+    meta = {"format": FORMAT, "config": model.config.to_record(),
+            "trainer": trainer_state or {}}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     return atomic_write(path, lambda f: np.savez(f, **arrays))
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from .atomic import atomic_copy, atomic_write
 from .albert import AlbertConfig
+from .auto import CONFIG_CLASSES, config_class
 from .modeling import BertConfig
 from .torchbin import TorchBinError, declared_storage_bytes, load_torch_state_dict
 from .validation import (UntrustedFileError, check_config_fields, check_finite,
@@ -106,7 +107,7 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return any((path / n).is_file() for n in (SAFETENSORS_NAME, BIN_NAME))
     archs = d.get("architectures")
-    return d.get("model_type") in ("bert", "albert") or (isinstance(archs, list) and any(
+    return d.get("model_type") in CONFIG_CLASSES or (isinstance(archs, list) and any(
         str(a).startswith(("Bert", "Albert")) for a in archs))
 
 
@@ -121,12 +122,11 @@ def config_from_hf(d: dict[str, Any], source: str = "config.json"):
             ``hidden_act``), or an invalid value (the config's error, naming the field,
             prefixed with ``source``).
     """
-    model_type = d.get("model_type", "bert")
-    if model_type not in ("bert", "albert"):
-        raise HFFormatError(f"{source}: model_type {model_type!r}, only 'bert' and "
-                            "'albert' are supported")
-    cls, fields = ((AlbertConfig, ALBERT_HF_CONFIG_FIELDS) if model_type == "albert"
-                   else (BertConfig, HF_CONFIG_FIELDS))
+    try:
+        cls = config_class(d.get("model_type", "bert"))
+    except ValueError as e:
+        raise HFFormatError(f"{source}: {e}") from None
+    fields = ALBERT_HF_CONFIG_FIELDS if cls is AlbertConfig else HF_CONFIG_FIELDS
     kw = {k: d[k] for k in fields if k in d}
     if kw.get("position_embedding_type", "absolute") != "absolute":
         raise HFFormatError(f"{source}: position_embedding_type "

@@ -90,10 +90,15 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+    def to_record(self) -> dict[str, Any]:
+        """The fields and ``model_type`` (as transformers' ``config.json``): what
+        ``config.json`` and a checkpoint's meta record hold, and
+        :func:`minibert.auto.config_from_dict` reads back."""
+        return {"model_type": self.model_type, **self.to_dict()}
+
     def to_json(self) -> str:
-        """The fields and ``model_type`` (as transformers' ``config.json``), as JSON."""
-        return json.dumps({"model_type": self.model_type, **self.to_dict()}, indent=2,
-                          sort_keys=True)
+        """:meth:`to_record` as JSON."""
+        return json.dumps(self.to_record(), indent=2, sort_keys=True)
 
 
 @dataclass

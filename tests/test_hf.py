@@ -181,3 +181,18 @@ def test_weights_with_more_layers_than_the_config_are_refused(tmp_path, vocab_fi
     pre = BertForPreTraining(tiny(), seed=1)
     report = load_pretrained_weights(BertForSequenceClassification(tiny()), pre.state_dict())
     assert "cls.seq_relationship.weight" in report["unused"]
+
+
+def test_config_of_another_model_type_is_refused_naming_it():
+    """config.json's model_type picks the family (minibert.auto); another type is one
+    HFFormatError naming the file, the type and the known ones."""
+    from minibert import AlbertConfig, BertConfig
+    from minibert.hf import config_from_hf
+    small = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=32)
+    assert type(config_from_hf(small)) is BertConfig
+    assert type(config_from_hf({**small, "model_type": "albert", "embedding_size": 8})) \
+        is AlbertConfig
+    with pytest.raises(HFFormatError, match=r"cfg\.json: model_type 'gpt2': expected one "
+                                            r"of bert, albert"):
+        config_from_hf({**small, "model_type": "gpt2"}, "cfg.json")
