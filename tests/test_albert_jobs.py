@@ -22,7 +22,7 @@ from minibert.distillation import (AlbertDistillationModel, DistillationWeights,
 from minibert.finetuning.tasks import make_task, task_for_model
 from minibert.hf import load_pretrained_weights
 from minibert.runs import load_start
-from minibert.testing import albert_configs, assert_parameter_gradients, seeds, token_batches
+from minibert.testing import albert_configs, seeds, token_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -30,6 +30,7 @@ import finetune  # noqa: E402
 import train_mlm  # noqa: E402
 from minibert.pretraining import batches as batches_module  # noqa: E402
 from helpers import records  # noqa: E402
+from test_distillation import assert_student_gradients  # noqa: E402
 
 
 def args_for(corpus, out, *extra):
@@ -214,17 +215,7 @@ def test_albert_student_gradients_of_the_total_loss(data, hs, sop, seed):
                 seq_relationship_head=sop)
     batch = data.draw(token_batches(config, max_batch=3))
     kw = {k: v for k, v in batch.model_inputs().items() if sop or k != "next_sentence_label"}
-    dloss = float(rng.uniform(0.5, 2.0))
-
-    def loss():
-        return dloss * float(model(**kw).loss)
-
-    loss()
-    model.zero_grad()
-    model.backward(dloss=dloss)
-    assert_parameter_gradients(model, loss, rng, "albert student",
-                               full=lambda n: n.startswith("hidden_projection"))
-    assert not any(p.grad.any() for p in teacher.parameters())
+    assert_student_gradients(model, kw, teacher, rng, seed, "albert student")
 
 
 def test_an_albert_student_distils_from_a_bert_teacher(bert_run, moby30, tmp_path):

@@ -246,6 +246,14 @@ def test_student_gradients_of_the_total_loss(data, dropout, hs, layers, head, ns
     batch = data.draw(token_batches(config, max_batch=3))
     kw = {k: v for k, v in batch.model_inputs().items()
           if nsp or k != "next_sentence_label"}
+    assert_student_gradients(model, kw, tmodel, rng, seed, "distillation")
+
+
+def assert_student_gradients(model, kw: dict, teacher, rng, seed: int, name: str) -> None:
+    """A distillation student's backward of ``dloss`` x its total loss on the inputs
+    ``kw`` against central differences of every parameter (W_h in full), with the same
+    dropout masks at every evaluation; the frozen ``teacher`` model learned nothing and
+    stays in inference mode."""
     dloss = float(rng.uniform(0.5, 2.0))
 
     def loss():
@@ -255,11 +263,11 @@ def test_student_gradients_of_the_total_loss(data, dropout, hs, layers, head, ns
     loss()
     model.zero_grad()
     model.backward(dloss=dloss)
-    assert_parameter_gradients(model, loss, rng, "distillation",
+    assert_parameter_gradients(model, loss, rng, name,
                                full=lambda n: n.startswith("hidden_projection"))
     # the teacher learned nothing and kept no activations
-    assert not any(p.grad.any() for p in tmodel.parameters())
-    assert tmodel.training is False
+    assert not any(p.grad.any() for p in teacher.parameters())
+    assert teacher.training is False
 
 
 @settings(max_examples=1, deadline=None)

@@ -282,8 +282,8 @@ class PretrainData:
     train: TokenStore
     held_out: TokenStore
     fingerprint: dict
+    excluded: DocumentExclusion
     pairs: PairsProbe | None = None
-    excluded: DocumentExclusion | None = None
 
 
 def prepare_data(args, run, reuse_vocab: bool, resumed: dict | None = None) -> PretrainData:
@@ -313,7 +313,7 @@ def prepare_data(args, run, reuse_vocab: bool, resumed: dict | None = None) -> P
     train, held_out = split_documents(store, eval_fraction=args.eval_fraction, seed=args.seed,
                                       min_documents=objective.min_documents)
     return PretrainData(objective, tokenizer, VocabInfo.from_tokenizer(tokenizer), train,
-                        held_out, fingerprint, pairs_probe(args, tokenizer), exclude)
+                        held_out, fingerprint, exclude, pairs_probe(args, tokenizer))
 
 
 def check_corpus_shape(data: PretrainData) -> None:
@@ -456,7 +456,7 @@ def describe(args, model, data: PretrainData, eval_batches, reference: dict) -> 
             f"{data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
             "sequences" + "".join(f"; {k.replace('_', ' ')} {v:.3f}"
                                   for k, v in reference.items()))
-    if data.excluded is not None and (left := data.excluded.describe()):
+    if left := data.excluded.describe():
         line += "\n" + left
     if args.teacher:
         line += "\n" + distillation.describe_teacher(model, args.teacher)
@@ -557,7 +557,7 @@ def write_summary(args, run, task: PretrainTask, state, last_eval: dict | None,
                **{"eval_" + k: v for k, v in (last_eval or {}).items()
                   if k not in ("kind", "step", "elapsed_s") and k not in reference},
                "checkpoint": str(run.checkpoint)}
-    if task.excluded is not None and task.excluded.files:
+    if task.excluded.files:
         summary["excluded_documents"] = task.excluded.record()
     atomic_write_json(run.summary, summary)
     print("summary: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
