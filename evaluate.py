@@ -82,8 +82,8 @@ def parse_args(argv=None):
     p.add_argument("starts", nargs="+", metavar="START",
                    help="run dir, checkpoint, finetune.py output, HF BERT dir, or random:START")
     p.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
-                   help=f"of {', '.join(TASKS)} and any --task-dir; default: the English "
-                        "tasks, or product_reviews for a Chinese vocab")
+                   help=f"of {', '.join(TASKS)} and any --task-dir; default: "
+                        f"{', '.join(ENGLISH)}, or {', '.join(CHINESE)} for a Chinese vocab")
     p.add_argument("--task-dir", action="append", default=[], metavar="NAME=DIR",
                    help="another task (or another directory for a shipped one): DIR holds "
                         "train, dev and test files as finetune.py reads them (train.tsv "
@@ -96,16 +96,18 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--lr", nargs="+", type=float_in(0.0, low_open=True), default=[5e-5],
                    metavar="LR", help="fine-tuning learning rates; with several, each start "
-                   "reports the one with the best mean dev accuracy per task and budget")
+                   "reports the one with the best mean dev score (the task's metric) per task "
+                   "and budget")
     add_options(p, batch_size=32)
     p.add_argument("--max-seq-length", type=int_at_least(3), default=128)
     p.add_argument("--pooling", choices=["cls", "mean"], default="cls",
                    help="what the fine-tuned classifier reads: the pooled [CLS] vector or the "
                         "mean of the last hidden states (finetune.py --pooling)")
     p.add_argument("--no-finetune", dest="finetune", action="store_false",
-                   help="probes and bag of words only")
+                   help="the floors only (probes and bag of words, most frequent tag, first "
+                   "sentence)")
     p.add_argument("--no-probe", dest="probe", action="store_false",
-                   help="fine-tuning and bag of words only")
+                   help="no probes on frozen states: fine-tuning and the floors")
     add_options(p, output_dir="runs/evaluate", device=None, overwrite=dict(
         default=False, help="start afresh in an OUTPUT_DIR that holds a run with other "
                             "settings"))
