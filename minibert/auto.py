@@ -40,13 +40,13 @@ def config_class(model_type: str) -> type[ModelConfig]:
     """The config class of ``model_type`` (a key of :data:`CONFIG_CLASSES`).
 
     Raises:
-        ValueError: an unknown model_type (the message lists the known ones).
+        ValueError: an unknown model_type, or one that is not a string (the message lists
+            the known ones).
     """
-    try:
+    if isinstance(model_type, str) and model_type in CONFIG_CLASSES:
         return CONFIG_CLASSES[model_type]
-    except KeyError:
-        raise ValueError(f"model_type {model_type!r}: expected one of "
-                         f"{', '.join(CONFIG_CLASSES)}") from None
+    raise ValueError(f"model_type {model_type!r}: expected one of "
+                     f"{', '.join(CONFIG_CLASSES)}")
 
 
 def config_from_dict(d: dict[str, Any]) -> ModelConfig:

@@ -107,8 +107,10 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return any((path / n).is_file() for n in (SAFETENSORS_NAME, BIN_NAME))
     archs = d.get("architectures")
-    return d.get("model_type") in CONFIG_CLASSES or (isinstance(archs, list) and any(
-        str(a).startswith(("Bert", "Albert")) for a in archs))
+    model_type = d.get("model_type")
+    if isinstance(model_type, str) and model_type in CONFIG_CLASSES:
+        return True
+    return isinstance(archs, list) and any(str(a).startswith(("Bert", "Albert")) for a in archs)
 
 
 def config_from_hf(d: dict[str, Any], source: str = "config.json"):

