@@ -258,13 +258,13 @@ def test_build_or_load_store_caches(tmp_path, tok):
 def test_listed_documents_are_left_out_and_the_rest_kept(tmp_path, tok):
     from minibert.pretraining.exclusion import (DocumentExclusion, document_digest,
                                                 read_document_list)
-    f = write(tmp_path / "c.txt", "the cat\nsat .\n\n  the dog \nran\n\nthe bird\n")
+    f = write(tmp_path / "c.txt", "the cat\nsat .\n\n  the dog \nran\n\nthe bird\n\nthe dog\nran\n")
     listed = write(tmp_path / "x.tsv", "# a comment\n\n"
                    f"{document_digest(['the dog', 'ran'])}\tdog story\n"
                    f"{document_digest(['not in the corpus'])}\tother\n")
     ex = DocumentExclusion.read([listed])
     assert list(iter_documents([f], exclude=ex)) == [["the cat", "sat ."], ["the bird"]]
-    assert ex.left_out == {document_digest(["the dog", "ran"]): 2}
+    assert ex.left_out == {document_digest(["the dog", "ran"]): 2}     # both copies, counted once
     assert ex.describe() == (f"corpus: left out 1 of the 2 documents listed in {listed} "
                              "(2 sentences; --exclude-documents none keeps them): dog story")
     assert ex.record()["left_out"] == [{"name": "dog story", "sentences": 2,
@@ -273,7 +273,7 @@ def test_listed_documents_are_left_out_and_the_rest_kept(tmp_path, tok):
     full = build_store([f], tok, show_progress=False)
     ex = DocumentExclusion.read([listed])
     store = build_or_load_store([f], tok, tmp_path / "cache", show_progress=False, exclude=ex)
-    assert store.num_documents == full.num_documents - 1 == 2
+    assert store.num_documents == full.num_documents - 2 == 2
     assert [list(store.document(1)[0])] == [list(full.document(2)[0])]
     again = DocumentExclusion.read([listed])
     calls = tok.calls
@@ -281,11 +281,11 @@ def test_listed_documents_are_left_out_and_the_rest_kept(tmp_path, tok):
     assert tok.calls == calls + 1 and again.left_out == ex.left_out       # cache reused
     none = DocumentExclusion.read(["none"])
     assert build_or_load_store([f], tok, tmp_path / "cache", show_progress=False,
-                               exclude=none).num_documents == 3          # other key: rebuilt
+                               exclude=none).num_documents == 4          # other key: rebuilt
     assert none.describe() == "" and not none.left_out
     # nothing listed is in the corpus: said so
     ex = DocumentExclusion.read([write(tmp_path / "y.tsv", f"{'0' * 64}\tghost\n")])
-    assert len(list(iter_documents([f], exclude=ex))) == 3
+    assert len(list(iter_documents([f], exclude=ex))) == 4
     assert "left out no document (none of the 1 listed in" in ex.describe()
     # bad lists: one line naming file and line
     with pytest.raises(CorpusError, match=r"z\.tsv:2: expected 'SHA256<TAB>NAME'"):
@@ -317,6 +317,35 @@ def test_shipped_exclusion_list_names_the_pos_sample_documents():
             left = [s for s in sentences if s in kept]
             assert len(left) <= 1 and all(len(s) < 10 for s in left), left
             assert all(s in gone or s in kept for s in sentences)
+
+
+def test_the_log_line_names_the_first_documents_left_out_and_counts_the_rest(tmp_path):
+    from minibert.pretraining.exclusion import SHOWN, DocumentExclusion, document_digest
+    n = SHOWN + 3
+    f = write(tmp_path / "c.txt", "".join(f"doc {i}\n\n" for i in range(n + 1)))
+    listed = write(tmp_path / "x.tsv", "".join(f"{document_digest([f'doc {i}'])}\tname{i}\n"
+                                               for i in range(n)))
+    ex = DocumentExclusion.read([listed])
+    assert list(iter_documents([f], exclude=ex)) == [[f"doc {n}"]]
+    line = ex.describe()
+    assert f"left out {n} of the {n} documents" in line and f"({n} sentences;" in line
+    assert f"name{SHOWN - 1} and 3 more" in line and f"name{SHOWN}" not in line
+    assert line.endswith("and 3 more (summary.json names them all)")
+    assert [r["name"] for r in ex.record()["left_out"]] == [f"name{i}" for i in range(n)]
+
+
+def test_shipped_chinese_ner_exclusion_list_reads():
+    """data/tag/zh/peoples_daily_ner/pretrain_exclude.tsv (paragraphs of the shared People's
+    Daily corpus, which the repository does not ship): well formed, one line per distinct
+    paragraph, each named after the sample split it serves."""
+    from minibert.pretraining.exclusion import DocumentExclusion, read_document_list
+    path = Path(__file__).resolve().parents[1] / "data/tag/zh/peoples_daily_ner/pretrain_exclude.tsv"
+    listed = read_document_list(path)
+    lines = [ln for ln in path.read_text("utf-8").splitlines() if ln and not ln.startswith("#")]
+    assert len(listed) == len(lines) == 149
+    assert all(n.startswith("peoples_daily_199801 paragraph") and n.endswith(("(dev)", "(test)"))
+               for n in listed.values())
+    assert DocumentExclusion.read([path]).listed == listed
 
 
 def test_split_documents():

@@ -25,6 +25,7 @@ from typing import Sequence
 from .corpus import CorpusError
 
 NONE = "none"   # --exclude-documents none: leave nothing out
+SHOWN = 40      # the log line names at most this many of the documents left out
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -69,7 +70,9 @@ class DocumentExclusion:
         listed: {digest: name} of every list file, in order.
         files: the list files read (empty: nothing is left out).
         left_out: {digest: sentences} of the corpus documents that :meth:`keep` refused,
-            in corpus order (filled while the corpus is read, or from a cached store).
+            in corpus order (filled while the corpus is read, or from a cached store). Every
+            copy of a listed document is left out; a document the corpus holds more than
+            once counts once here, as the corpus is read more than once per run.
     """
 
     listed: dict[str, str]
@@ -115,7 +118,9 @@ class DocumentExclusion:
         if not self.left_out:
             return (f"corpus: left out no document (none of the {len(self.listed)} listed "
                     f"in {where} is in it)")
-        names = ", ".join(self.listed[d] for d in self.left_out)
+        names = ", ".join(self.listed[d] for d in list(self.left_out)[:SHOWN])
+        if len(self.left_out) > SHOWN:
+            names += f" and {len(self.left_out) - SHOWN} more (summary.json names them all)"
         return (f"corpus: left out {len(self.left_out)} of the {len(self.listed)} documents "
                 f"listed in {where} ({sum(self.left_out.values()):,} sentences; "
                 f"--exclude-documents none keeps them): {names}")
