@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining
 from minibert.gradcheck import (PERTURBATIONS, GradcheckReport, check_module, check_tensor,
-                                perturbed)
+                                numerical_gradient, perturbed)
 from minibert.gradflow import (adamw_updates, grad_flow_record, grad_flow_stats, layer_of,
                                read_grad_flow)
 from minibert.nn import Linear, Module, Parameter, softmax_backward
@@ -136,6 +136,28 @@ def test_check_module_on_a_user_module():
     assert "FAIL" in str(bad)
     with pytest.raises(AssertionError, match="gradient check failed for x"):
         assert_module_gradients(Scale(4, wrong=True), [x], input_names=["x"])
+
+
+def test_a_zero_gradient_passes_to_the_loss_rounding_noise_and_no_further():
+    """A loss that a shift of x cannot change (softmax of scores + x[0], as a key bias)
+    has a true gradient of 0; with a large loss, central differences of it are rounding
+    noise well above atol = 1e-8, which difference_noise admits. A wrong gradient above
+    that noise still fails."""
+    from minibert.gradcheck.core import difference_noise
+    rng = np.random.default_rng(3)
+    z, w = rng.standard_normal(64), 1e4 * rng.standard_normal(64)
+    x = np.zeros(1)
+
+    def loss():
+        e = np.exp(z + x[0] - (z + x[0]).max())
+        return float(w @ (e / e.sum()))
+
+    noise = abs(numerical_gradient(loss, x, 1e-6)[0])
+    assert noise > 1e-8                                 # what atol alone would refuse
+    floor = difference_noise(loss(), 1e-6)
+    assert floor > noise
+    assert check_tensor(loss, x, np.zeros(1), "shift").result == "pass (abs)"
+    assert check_tensor(loss, x, np.full(1, 3 * floor), "shift").result == "FAIL"
 
 
 def test_check_tensor_results_and_parameter_assertion():
