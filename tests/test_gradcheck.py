@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining
 from minibert.gradcheck import (PERTURBATIONS, GradcheckReport, check_module, check_tensor,
-                                numerical_gradient, perturbed)
+                                difference_noise, numerical_gradient, perturbed)
 from minibert.gradflow import (adamw_updates, grad_flow_record, grad_flow_stats, layer_of,
                                read_grad_flow)
 from minibert.nn import Linear, Module, Parameter, softmax_backward
@@ -143,7 +143,6 @@ def test_a_zero_gradient_passes_to_the_loss_rounding_noise_and_no_further():
     has a true gradient of 0; with a large loss, central differences of it are rounding
     noise well above atol = 1e-8, which difference_noise admits. A wrong gradient above
     that noise still fails."""
-    from minibert.gradcheck.core import difference_noise
     rng = np.random.default_rng(3)
     z, w = rng.standard_normal(64), 1e4 * rng.standard_normal(64)
     x = np.zeros(1)

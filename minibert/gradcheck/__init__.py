@@ -2,8 +2,8 @@
 
 Three levels of API:
 
-* :func:`rel_error`, :func:`numerical_gradient`, :func:`directional_derivative` and
-  :func:`check_tensor`: the primitives (arrays perturbed in place and restored exactly);
+* :func:`rel_error`, :func:`numerical_gradient`, :func:`directional_derivative`,
+  :func:`difference_noise` and :func:`check_tensor`: the primitives (arrays perturbed in place and restored exactly);
 * :func:`check_module`: every parameter and input gradient of a :class:`~minibert.nn.Module`
   (yours or ours) against central differences, returned as a :class:`GradcheckReport`
   that prints as a table;
@@ -18,11 +18,11 @@ Modules: ``core`` (the primitives, :func:`check_module` and the report), ``pertu
 """
 from .catalogue import LAYERS, Shapes, layer_checks, random_token_batch, run_checks
 from .core import (GradcheckReport, GradcheckRow, check_module, check_tensor,
-                   directional_derivative, numerical_gradient, rel_error)
+                   difference_noise, directional_derivative, numerical_gradient, rel_error)
 from .perturbations import PERTURBATIONS, perturbed
 
 __all__ = [
     "LAYERS", "PERTURBATIONS", "GradcheckReport", "GradcheckRow", "Shapes", "check_module",
-    "check_tensor", "directional_derivative", "layer_checks", "numerical_gradient",
+    "check_tensor", "difference_noise", "directional_derivative", "layer_checks", "numerical_gradient",
     "perturbed", "random_token_batch", "rel_error", "run_checks",
 ]
