@@ -187,8 +187,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "ramp; 0: off)")
     add_options(g, lr=dict(default=2e-3, help=(
         "peak learning rate (2e-3: the tiny preset's best at 3,000 steps, docs/grammar.md; "
-        "figures measured before 2026-11-26 used the earlier default, 1e-3)")),
-                weight_decay=0.01, correct_bias=True, max_grad_norm=1.0,
+        "figures measured before 2026-11-26 used the earlier default, 1e-3)")))
+    add_options(g, weight_decay=0.01, correct_bias=True, max_grad_norm=1.0,
                 max_nonfinite_steps=5)
     g.add_argument("--warmup-steps", type=non_negative_int, default=None,
                    help="linear warmup steps (default: 10%% of --max-steps)")

@@ -3,7 +3,8 @@
 Three levels of API:
 
 * :func:`rel_error`, :func:`numerical_gradient`, :func:`directional_derivative`,
-  :func:`difference_noise` and :func:`check_tensor`: the primitives (arrays perturbed in place and restored exactly);
+  :func:`difference_noise` and :func:`check_tensor`: the primitives (arrays perturbed in
+  place and restored exactly);
 * :func:`check_module`: every parameter and input gradient of a :class:`~minibert.nn.Module`
   (yours or ours) against central differences, returned as a :class:`GradcheckReport`
   that prints as a table;
@@ -23,6 +24,6 @@ from .perturbations import PERTURBATIONS, perturbed
 
 __all__ = [
     "LAYERS", "PERTURBATIONS", "GradcheckReport", "GradcheckRow", "Shapes", "check_module",
-    "check_tensor", "difference_noise", "directional_derivative", "layer_checks", "numerical_gradient",
-    "perturbed", "random_token_batch", "rel_error", "run_checks",
+    "check_tensor", "difference_noise", "directional_derivative", "layer_checks",
+    "numerical_gradient", "perturbed", "random_token_batch", "rel_error", "run_checks",
 ]
