@@ -1,7 +1,9 @@
 """The CPU fast paths: the same formulas as the nn/ reference functions, computed faster.
 
 The layer functions of :mod:`minibert.nn` (``layernorm_forward``, ``softmax_forward``,
-``gelu_forward`` ...) are written as the plain formula. On NumPy arrays each of them asks
+``gelu_forward`` ...) and :func:`minibert.optim.adamw_update` are written as the plain
+formula, and the formula is what runs until a job switches the fast paths on with
+:func:`minibert.backend.set_fast_paths`. Then, on NumPy arrays, each of them asks
 :func:`minibert.backend.fast_path` for its entry in :data:`FAST_PATHS` and runs it instead.
 What the functions here do that the formulas do not:
 
@@ -131,7 +133,8 @@ def keep_freed_memory() -> bool:
     (docs/performance.md). jemalloc and tcmalloc, the allocators PyTorch's CPU tuning guide
     recommends, keep freed memory by default too. The cost: the process keeps its peak heap
     until it exits.
-    Called by :func:`minibert.backend.set_device` for the CPU; process-wide, once.
+    Called by :func:`minibert.backend.set_fast_paths` when it switches them on;
+    process-wide, once.
 
     Returns:
         True if the settings took (glibc); False where there is no glibc ``mallopt``
@@ -373,7 +376,50 @@ def cross_entropy_backward(dloss, cache):
     return dlogits.astype(out_dtype, copy=False)
 
 
+# --- AdamW -------------------------------------------------------------------------------
+
+def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: float,
+                 b2: float, eps: float, weight_decay: float, scratch=None) -> None:
+    """:func:`minibert.optim.adamw_update` as in-place passes over cache-sized blocks of
+    the flat buffers, on the CPU's threads (:func:`parallel_blocks`): the same bits.
+
+    Args: as :func:`minibert.optim.adamw_update`; ``scratch``: a (S,) array of p's dtype
+    for the intermediates (a new one when None).
+    """
+    tmp = np.empty_like(p) if scratch is None else scratch
+    if weight_decay and n_decay:
+        decay = 1.0 - lr * weight_decay
+
+        def decay_block(q):
+            # p -= lr wd p on the matrices, which come first in the buffer
+            q *= decay
+
+        parallel_blocks(decay_block, p[:n_decay])
+
+    def block(p, g, m, v, tmp):
+        # m = b1 m + (1 - b1) g
+        m *= b1
+        np.multiply(g, 1.0 - b1, out=tmp)
+        m += tmp
+        # v = b2 v + g^2 (1 - b2)
+        v *= b2
+        np.multiply(g, g, out=tmp)
+        tmp *= 1.0 - b2
+        v += tmp
+        # p -= m / (sqrt(v) v_scale + eps) step_size
+        np.sqrt(v, out=tmp)
+        if v_scale != 1.0:
+            tmp *= v_scale
+        tmp += eps
+        np.divide(m, tmp, out=tmp)
+        tmp *= step_size
+        p -= tmp
+
+    parallel_blocks(block, p, g, m, v, tmp)
+
+
 FAST_PATHS = {f.__name__: f for f in (
     gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
-    layernorm_backward, softmax_nll, cross_entropy_backward)}
-"""The name of an nn/ function -> its CPU fast path (same arguments, same result)."""
+    layernorm_backward, softmax_nll, cross_entropy_backward, adamw_update)}
+"""The name of a formula (an nn/ function, or :func:`minibert.optim.adamw_update`) -> its
+CPU fast path (same arguments, same result)."""

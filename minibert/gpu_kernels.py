@@ -2,8 +2,9 @@
 element-wise launches. Imported only when arrays live on the GPU (CuPy compiles a kernel
 with NVRTC on its first call and caches it).
 
-Every kernel computes exactly the formula of the NumPy code it replaces (named in its
-docstring); tests compare the two on a device.
+Every kernel computes the formula it replaces (named in its docstring) and runs only when a
+job switches the fast paths on (:func:`minibert.backend.set_fast_paths`); tests compare
+the two through the NumPy stand-in of CuPy (tests/fakecupy.py).
 """
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def _adamw_kernel():
 
 
 def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: float,
-                 b2: float, eps: float, weight_decay: float) -> None:
+                 b2: float, eps: float, weight_decay: float, scratch=None) -> None:
     """One fused AdamW update over flat (S,) buffers, in place on p, m, v: the formula of
-    ``minibert.optim.AdamW._update`` (Loshchilov & Hutter 2019, BERT's eps placement).
+    :func:`minibert.optim.adamw_update` (Loshchilov & Hutter 2019, BERT's eps placement).
 
     Args:
         p, g, m, v: (S,) float32 CuPy arrays (parameters, gradient, moments).
@@ -45,6 +46,12 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
         lr, step_size: floats or 0-d device arrays (a skipped step passes lr 0 with no
             host read); v_scale, b1, b2, eps, weight_decay: floats, passed to the kernel
             as scalar arguments (no host-to-device copy).
+        scratch: unused (the kernel keeps its intermediates in registers).
     """
     _adamw_kernel()(g, lr, step_size, v_scale, b1, b2, 1.0 - b1, 1.0 - b2, eps, weight_decay,
                     int(n_decay), p, m, v)
+
+
+FAST_PATHS = {"adamw_update": adamw_update}
+"""The name of a formula -> its fused GPU kernel, where the GPU has one (see
+:func:`minibert.backend.fast_path`); the other formulas run as written on the GPU."""

@@ -13,8 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .backend import get_array_module, to_numpy
-from .fast_cpu import parallel_blocks
+from .backend import fast_path, get_array_module, to_numpy
 from .nn import FlatParameters, Parameter
 
 
@@ -83,6 +82,34 @@ class DynamicLossScaler:
         self.good_steps = xp.asarray(np.asarray(state["good_steps"]), dtype=xp.int64)
 
 
+def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: float,
+                 b2: float, eps: float, weight_decay: float, scratch=None) -> None:
+    """One AdamW update of flat buffers, in place on ``p``, ``m`` and ``v``: the formula.
+
+    Adam's moments (Kingma & Ba 2015, Algorithm 1) with the weight decay decoupled from
+    the gradient (Loshchilov & Hutter 2019, Algorithm 2) and eps added outside the square
+    root, after the bias correction of v (google-research/bert ``optimization.py``;
+    ``torch.optim.AdamW``). With the fast paths on, :func:`minibert.fast_cpu.adamw_update`
+    (NumPy) or :func:`minibert.gpu_kernels.adamw_update` (CuPy) runs instead; both give
+    the same result (tests/test_fast_cpu.py, tests/test_gpu.py).
+
+    Args:
+        p, g, m, v: (S,) float arrays of one dtype: parameters, gradient, first and second
+            moments. The first ``n_decay`` scalars of ``p`` (the matrices) are decayed.
+        lr: the learning rate of this step (a float or a 0-d array: 0 on a skipped step).
+        step_size: lr / (1 - b1^t) with bias correction, else lr. v_scale: 1 / sqrt(1 -
+            b2^t) with bias correction, else 1. b1, b2: the moments' decay rates in [0, 1).
+        eps: added to the denominator. weight_decay: wd >= 0.
+        scratch: unused here (the fast CPU path's (S,) workspace).
+    """
+    xp = get_array_module(p)
+    if weight_decay and n_decay:
+        p[:n_decay] *= 1.0 - lr * weight_decay          # p -= lr wd p, matrices only
+    m[...] = b1 * m + (1.0 - b1) * g                    # first moment, (S,)
+    v[...] = b2 * v + g * g * (1.0 - b2)                # second moment, (S,)
+    p -= m / (xp.sqrt(v) * v_scale + eps) * step_size   # the Adam step, (S,)
+
+
 class AdamW:
     """Adam with decoupled weight decay, over one flat buffer of all parameters.
 
@@ -139,7 +166,8 @@ class AdamW:
         weights = self.flat.data if self.master is None else self.master
         self.m = xp.zeros_like(weights)                               # (S,)
         self.v = xp.zeros_like(weights)                               # (S,)
-        # (S,) workspace of the NumPy update; the GPU's fused kernel needs none
+        # (S,) workspace of the CPU fast path (fast_cpu.adamw_update); the formula and the
+        # GPU's fused kernel need none
         self._tmp = xp.empty_like(weights) if xp is np else None
 
     def loss_scale(self):
@@ -197,52 +225,11 @@ class AdamW:
         p, g = self.flat.data, self.flat.grad
         if self.master is not None:
             p, g = self.master, self.master_grad
-        m, v, tmp = self.m, self.v, self._tmp
-        xp = get_array_module(p)
-        if xp is not np:  # pragma: no cover - GPU only
-            from .gpu_kernels import adamw_update
-            adamw_update(p, g, m, v, self.n_decay, lr, step_size, v_scale, b1, b2, self.eps,
-                         self.weight_decay)
-        else:
-            self._update(p, g, m, v, tmp, lr, step_size, v_scale)
+        update = fast_path("adamw_update", p) or adamw_update
+        update(p, g, self.m, self.v, self.n_decay, lr, step_size, v_scale, b1, b2, self.eps,
+               self.weight_decay, scratch=self._tmp)
         if self.master is not None:
             self.flat.data[...] = self.master                        # float32 -> float16
-
-    def _update(self, p, g, m, v, tmp, lr, step_size, v_scale) -> None:
-        """The AdamW update in NumPy passes over cache-sized blocks of the flat buffers, on
-        the CPU's threads (:func:`minibert.fast_cpu.parallel_blocks`; the GPU runs one fused
-        kernel)."""
-        b1, b2 = self.betas
-        eps = self.eps
-        if self.weight_decay and self.n_decay:
-            decay = 1.0 - lr * self.weight_decay
-
-            def decay_block(q):
-                # p -= lr wd p on the matrices, which come first in the buffer
-                q *= decay
-
-            parallel_blocks(decay_block, p[:self.n_decay])
-
-        def block(p, g, m, v, tmp):
-            # m = b1 m + (1 - b1) g
-            m *= b1
-            np.multiply(g, 1.0 - b1, out=tmp)
-            m += tmp
-            # v = b2 v + (1 - b2) g^2
-            v *= b2
-            np.multiply(g, g, out=tmp)
-            tmp *= 1.0 - b2
-            v += tmp
-            # p -= step_size m / (sqrt(v) v_scale + eps)
-            np.sqrt(v, out=tmp)
-            if v_scale != 1.0:
-                tmp *= v_scale
-            tmp += eps
-            np.divide(m, tmp, out=tmp)
-            tmp *= step_size
-            p -= tmp
-
-        parallel_blocks(block, p, g, m, v, tmp)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Host copies of the moments ("m.<name>", "v.<name>", each of its parameter's

@@ -34,7 +34,6 @@ from .albert import AlbertConfig
 from .gradcheck import (GradcheckReport, check_module, check_tensor, random_token_batch,
                         rel_error)
 from .modeling import BertConfig
-from .pretraining import Batch
 from .nn import extended_attention_mask
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
@@ -142,6 +141,7 @@ def token_batches(draw, config: BertConfig, max_batch: int = 3, max_len: int | N
     T = draw(st.integers(max(1, min_len), max(max_len, min_len)))
     rng = np.random.default_rng(draw(seeds))
     full = draw(st.booleans())
+    from .pretraining import Batch   # here, not at the top: the core loads no job module
     return Batch(**random_token_batch(config, rng, B, T, first_row_full=full))
 
 

@@ -1,11 +1,13 @@
-"""The CPU fast paths (minibert/fast_cpu.py) against the reference formulas of minibert/nn/.
+"""The CPU fast paths (minibert/fast_cpu.py) against the formulas of minibert/nn/ and AdamW.
 
 Each fast path gives the same bits as its formula, whatever the shape, dtype and thread
 count, except float32 GELU, whose rational normal CDF (|error| <= 2.5e-7) puts it within a
 stated bound of the formula. Also here: the thread-pool and memory helpers the fast paths
-run on, and that the nn/ functions pick their fast path on NumPy arrays, and only there.
+run on, and that the formulas hand over to their fast path only when the fast paths are
+switched on (minibert.backend.set_fast_paths), and only on NumPy arrays.
 """
 import contextlib
+import math
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from scipy.special import ndtr
 from minibert import backend, fast_cpu, nn
 from minibert.fast_cpu import normal_cdf
 from minibert.nn.activations import gelu_backward, gelu_forward
+from minibert.optim import AdamW, adamw_update
 from minibert.testing import seeds
 
 from helpers import cpu_blocking
@@ -36,9 +39,9 @@ def both(name, *args, **kwargs):
     """(fast path's result, reference formula's result) of the nn/ function ``name``; each
     call gets its own copies of the array arguments (some work in place, or in ``out``)."""
     fn = getattr(nn, name) if hasattr(nn, name) else getattr(nn.activations, name)
-    fast = fn(*_copies(args), **_copies(kwargs))
-    with backend.reference_formulas():
-        reference = fn(*_copies(args), **_copies(kwargs))
+    with backend.fast_paths():
+        fast = fn(*_copies(args), **_copies(kwargs))
+    reference = fn(*_copies(args), **_copies(kwargs))
     return fast, reference
 
 
@@ -107,9 +110,9 @@ def test_cross_entropy_fast_paths_give_the_formulas_bits(n_rows, k, smoothing, d
                                                     smoothing)
         assert_same_bits((loss, cache), (loss_ref, cache_ref))
         # the backward overwrites the cache's softmax: each run gets its own
-        fast = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
-        with backend.reference_formulas():
-            reference = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
+        with backend.fast_paths():
+            fast = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
+        reference = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
         assert_same_bits(fast, reference)
 
 
@@ -138,9 +141,9 @@ def test_float32_gelu_fast_path_is_within_its_bound_of_the_formula(shape, seed, 
     x, g = draw(seed, shape, np.float32), draw(seed + 1, shape, np.float32, 1.0)
     with cpu_blocking(block, n):
         (out, (_, cdf)), (out_ref, (_, cdf_ref)) = both("gelu_forward", x)
-        dx = gelu_backward(g, (x, cdf))
-        with backend.reference_formulas():
-            dx_ref = gelu_backward(g, (x, cdf_ref))
+        with backend.fast_paths():
+            dx = gelu_backward(g, (x, cdf))
+        dx_ref = gelu_backward(g, (x, cdf_ref))
     assert out.dtype == out_ref.dtype == dx.dtype == dx_ref.dtype == np.float32
     assert np.all(np.abs(cdf - cdf_ref) <= 4e-7)
     assert np.all(np.abs(out - out_ref) <= 6e-7 * np.abs(x))
@@ -160,9 +163,11 @@ def test_float32_normal_cdf_is_within_its_bound_everywhere():
     assert np.isnan(normal_cdf(np.float32([np.nan]), np.empty(1, np.float32))).all()
 
 
-def test_the_nn_functions_run_their_fast_path_on_numpy_only(monkeypatch):
-    """Every FAST_PATHS entry is named after an nn/ function, which calls it on NumPy
-    arrays, never inside reference_formulas, and never on (stand-in) CuPy arrays."""
+def test_the_formulas_run_unless_the_fast_paths_are_switched_on(monkeypatch):
+    """Every FAST_PATHS entry is named after a formula (an nn/ function or AdamW's update),
+    which runs it on NumPy arrays only while the fast paths are switched on: never by
+    default, never after switching them off, and never on (stand-in) CuPy arrays, whose
+    only fused kernel is AdamW's."""
     calls = []
     for name, fn in list(fast_cpu.FAST_PATHS.items()):
         monkeypatch.setitem(fast_cpu.FAST_PATHS, name,
@@ -180,28 +185,70 @@ def test_the_nn_functions_run_their_fast_path_on_numpy_only(monkeypatch):
         nn.layernorm_backward(a, c)
         _, c = nn.cross_entropy_forward(a, xp.asarray(labels))
         nn.cross_entropy_backward(1.0, c)
+        w = nn.Parameter(xp.asarray(x))
+        w.grad[...] = a
+        AdamW([("w", w)], lr=1e-3).step()
 
+    assert not backend.fast_paths_enabled()
     run_all(np)
+    assert calls == []
+    with backend.fast_paths():
+        assert backend.fast_paths_enabled()
+        run_all(np)
     assert sorted(calls) == sorted(fast_cpu.FAST_PATHS)
     calls.clear()
-    with backend.reference_formulas():
-        run_all(np)
+    assert backend.set_fast_paths(True) is False
+    assert backend.set_fast_paths(False) is True
+    run_all(np)
     assert calls == []
     import fakecupy
-    with fakecupy.installed():
+    with fakecupy.installed(), backend.fast_paths():
         import cupy
         run_all(cupy)
     assert calls == []
-    with pytest.raises(KeyError):
+    with backend.fast_paths(), pytest.raises(KeyError):
         backend.fast_path("no_such_function", x)
 
 
-def test_reference_formulas_restores_the_setting_after_an_error():
+def test_fast_paths_restores_the_setting_after_an_error():
     x = np.zeros((2, 3))
-    with contextlib.suppress(RuntimeError), backend.reference_formulas():
-        assert backend.fast_path("softmax_forward", x) is None
+    with contextlib.suppress(RuntimeError), backend.fast_paths():
+        assert backend.fast_path("softmax_forward", x) is fast_cpu.softmax_forward
         raise RuntimeError
-    assert backend.fast_path("softmax_forward", x) is fast_cpu.softmax_forward
+    assert backend.fast_path("softmax_forward", x) is None
+    assert not backend.fast_paths_enabled()
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 3000), n_decay=st.integers(0, 3000), seed=seeds, threads_=threads,
+       correct_bias=st.booleans(), weight_decay=st.sampled_from([0.0, 0.01, 0.3]),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_adamw_fast_path_gives_the_formulas_bits(n, n_decay, seed, threads_, correct_bias,
+                                                 weight_decay, dtype):
+    """fast_cpu.adamw_update, in any blocking, gives the bits of optim.adamw_update over a
+    few steps (moments and parameters), with and without bias correction and decay."""
+    rng = np.random.default_rng(seed)
+    n_decay = min(n_decay, n)
+    start = [rng.standard_normal(n).astype(dtype) for _ in range(2)]
+    runs = []
+    for fast in (True, False):
+        p, m = start[0].copy(), np.zeros(n, dtype)
+        v = np.zeros(n, dtype)
+        for t in range(1, 4):
+            g = (start[1] * t).astype(dtype)
+            step_size, v_scale = 1e-2, 1.0
+            if correct_bias:
+                # Python floats, as AdamW.step passes them
+                step_size, v_scale = 1e-2 / (1 - 0.9 ** t), 1 / math.sqrt(1 - 0.999 ** t)
+            args = (p, g, m, v, n_decay, dtype(1e-2), step_size, v_scale, 0.9, 0.999, 1e-6,
+                    weight_decay)
+            if fast:
+                with cpu_blocking(7, threads_):
+                    fast_cpu.adamw_update(*args)
+            else:
+                adamw_update(*args)
+        runs.append((p, m, v))
+    assert_same_bits(runs[0], runs[1])
 
 
 def test_row_parallel_passes_give_the_same_bits_as_one_thread(monkeypatch):
@@ -264,7 +311,7 @@ def test_parallel_blocks_visit_every_element_once(monkeypatch, threads, block, n
 
 
 def test_freed_memory_is_kept_for_the_next_allocation():
-    """After keep_freed_memory (which set_device("cpu") calls), a 64 MiB array allocated
+    """After keep_freed_memory (which set_fast_paths(True) calls), a 64 MiB array allocated
     again after a free reuses pages: almost no new page faults (glibc by default would
     mmap and unmap it every time: about 1,600 faults for the three here with transparent
     huge pages, 49,152 without)."""

@@ -28,15 +28,15 @@ from minibert.testing import (assert_gradients_match, attention_inputs, float_ar
 from helpers import cpu_blocking
 
 SETTINGS = settings(max_examples=25, deadline=None)
-# the layers with a CPU fast path are checked both ways: the fast path (what NumPy arrays
-# run) and the reference formula (what the GPU runs)
+# the layers with a CPU fast path are checked both ways: the reference formula (what runs
+# unless a job switches the fast paths on) and the fast path (what the jobs run)
 FORMULAS = pytest.mark.parametrize("formulas", ["fast", "reference"])
 dims = st.integers(1, 5)
 
 
 def formulas_of(name):
     """The context in which the nn/ functions run the named formulas."""
-    return backend.reference_formulas() if name == "reference" else contextlib.nullcontext()
+    return backend.fast_paths(name == "fast")
 
 
 def rand(rng, *shape):

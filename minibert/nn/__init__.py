@@ -1,8 +1,10 @@
 """Parameters, modules and layers, each forward next to its hand-written backward.
 
-Each layer function is written as its formula. On NumPy arrays, GELU, softmax, LayerNorm and
-the cross-entropy hand over to the faster form of the same formula in
-:mod:`minibert.fast_cpu` (see :func:`minibert.backend.fast_path`); the GPU runs the formulas.
+Each layer function is written as its formula, and the formula is what runs. The jobs
+switch on faster forms of the same formulas for GELU, softmax, LayerNorm and the
+cross-entropy (:mod:`minibert.fast_cpu`) with :func:`minibert.backend.set_fast_paths`, and
+say so in their log; a plain import, the examples and ``python -m minibert.gradcheck``
+leave them off.
 """
 from .activations import ACTIVATIONS, Activation, softmax_backward, softmax_forward
 from .attention import (AttentionCache, attention_backward, attention_forward,

@@ -26,8 +26,9 @@ def gelu_forward(x):
     """Exact GELU: x Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2))). x: any shape -> same shape;
     the cache is (x, Phi(x)).
 
-    On NumPy arrays this runs :func:`minibert.fast_cpu.gelu_forward` (blocks over threads;
-    in float32 a rational Phi within 2.5e-7 of the exact value).
+    With the fast paths on (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+    :func:`minibert.fast_cpu.gelu_forward` instead (blocks over threads; in float32 a
+    rational Phi within 2.5e-7 of the exact value).
     """
     fast = fast_path("gelu_forward", x)
     if fast is not None:
@@ -38,7 +39,8 @@ def gelu_forward(x):
 
 def gelu_backward(dout, cache):
     """d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density. dout: shape of
-    x -> dx, same shape."""
+    x -> dx, same shape. With the fast paths on, NumPy arrays run
+    :func:`minibert.fast_cpu.gelu_backward` instead."""
     fast = fast_path("gelu_backward", dout)
     if fast is not None:
         return fast(dout, cache)
@@ -133,8 +135,10 @@ def softmax_forward(x, axis: int = -1, out=None):
             else reads).
     Returns:
         probs (same shape as x, each slice along ``axis`` sums to 1) and a cache
-        ``(probs, axis)`` for :func:`softmax_backward`. On NumPy arrays this runs
-        :func:`minibert.fast_cpu.softmax_forward` (in place, row blocks over threads).
+        ``(probs, axis)`` for :func:`softmax_backward`. With the fast paths on
+        (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+        :func:`minibert.fast_cpu.softmax_forward` instead (in place, row blocks over
+        threads).
     """
     fast = fast_path("softmax_forward", x)
     if fast is not None:
@@ -162,8 +166,8 @@ def softmax_backward(dprobs, cache, out=None):
         cache: from :func:`softmax_forward`.
         out: optional array for the result; ``out=dprobs`` works in place.
     Returns:
-        dx, the shape of x. On NumPy arrays this runs
-        :func:`minibert.fast_cpu.softmax_backward` (row blocks over threads).
+        dx, the shape of x. With the fast paths on, NumPy arrays run
+        :func:`minibert.fast_cpu.softmax_backward` instead (row blocks over threads).
     """
     fast = fast_path("softmax_backward", dprobs)
     if fast is not None:

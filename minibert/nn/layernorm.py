@@ -17,8 +17,9 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
         x: (..., C) float; w, b: (C,). Float16 input is normalised in float32 (see
             :func:`minibert.backend.compute_dtype`) and returned as float16.
     Returns:
-        out (..., C) and a cache (xhat (..., C), rstd (..., 1), w). On NumPy arrays this
-        runs :func:`minibert.fast_cpu.layernorm_forward` (row blocks over threads).
+        out (..., C) and a cache (xhat (..., C), rstd (..., 1), w). With the fast paths
+        on (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+        :func:`minibert.fast_cpu.layernorm_forward` instead (row blocks over threads).
     """
     fast = fast_path("layernorm_forward", x)
     if fast is not None:
@@ -38,8 +39,8 @@ def layernorm_backward(dout, cache):
 
     With g = dout * w, the input gradient is
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), means over the last axis
-    (docs/backprop.md section 3). Returns dx (..., C), dw (C,), db (C,). On NumPy arrays
-    this runs :func:`minibert.fast_cpu.layernorm_backward` (row blocks over threads).
+    (docs/backprop.md section 3). Returns dx (..., C), dw (C,), db (C,). With the fast paths
+    on, NumPy arrays run :func:`minibert.fast_cpu.layernorm_backward` instead.
     """
     fast = fast_path("layernorm_backward", dout)
     if fast is not None:

@@ -21,9 +21,10 @@ def softmax_nll(logits, labels, label_smoothing: float = 0.0):
         logits: (N, K) float. labels: (N,) int in [0, K) (an ignored row's label replaced
             by any valid one). label_smoothing: eps in [0, 1).
     Returns:
-        probs (N, K), the softmax of each row, and nll (N,), in the logits' dtype. On
-        NumPy arrays this runs :func:`minibert.fast_cpu.softmax_nll` (row blocks over
-        threads, the softmax in place).
+        probs (N, K), the softmax of each row, and nll (N,), in the logits' dtype. With
+        the fast paths on (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+        :func:`minibert.fast_cpu.softmax_nll` instead (row blocks over threads, the
+        softmax in place).
     """
     fast = fast_path("softmax_nll", logits)
     if fast is not None:
@@ -76,8 +77,8 @@ def cross_entropy_backward(dloss, cache):
     (a float or 0-d array), in the dtype of the forward's logits.
 
     target = (1 - eps) * one_hot(label) + eps / K. Returns dlogits (N, K). The softmax in
-    the cache is overwritten (a forward's cache serves one backward). On NumPy arrays this
-    runs :func:`minibert.fast_cpu.cross_entropy_backward` (row blocks over threads).
+    the cache is overwritten (a forward's cache serves one backward). With the fast paths
+    on, NumPy arrays run :func:`minibert.fast_cpu.cross_entropy_backward` instead.
     """
     fast = fast_path("cross_entropy_backward", cache[0])
     if fast is not None:
