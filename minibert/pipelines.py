@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .backend import get_array_module, to_numpy
+from .backend import get_array_module, set_fast_paths, to_numpy
 from .finetuning.classifier import predict_split
 from .finetuning.data import EncodedSplit, Example, encode_split, length_batches
 from .finetuning.qa import QAExample, postprocess_qa_predictions
@@ -524,7 +524,8 @@ def load_model(task: str, path, option: str = "model"):
 
 
 def pipeline(task: str, model, tokenizer=None, *, batch_size: int = 32,
-             max_length: int | None = None, device: str | None = None, **options) -> Pipeline:
+             max_length: int | None = None, device: str | None = None, fast_cpu: bool = True,
+             **options) -> Pipeline:
     """A pipeline for ``task`` (a key of :data:`PIPELINES`), as transformers'
     ``pipeline(task, model)``.
 
@@ -538,6 +539,9 @@ def pipeline(task: str, model, tokenizer=None, *, batch_size: int = 32,
         batch_size, max_length: see :class:`Pipeline`.
         device: ``"cpu"`` or ``"cuda"`` to move the model there; None keeps it where it
             is (a loaded model goes to the current device, :func:`minibert.backend.get_device`).
+        fast_cpu: switch the fast paths on (True) or off, for the whole process
+            (:func:`minibert.backend.set_fast_paths`; off, the formulas of
+            :mod:`minibert.nn` run, as on a plain import).
         **options: the task's call options as defaults, and for a model object of a
             fine-tuned task ``labels=`` (the class names).
     Returns:
@@ -548,6 +552,7 @@ def pipeline(task: str, model, tokenizer=None, *, batch_size: int = 32,
     """
     if task not in PIPELINES:
         raise PipelineError(f"unknown task {task!r}; one of {', '.join(PIPELINES)}")
+    set_fast_paths(fast_cpu)
     if isinstance(model, (str, Path, os.PathLike)):
         model, tokenizer, extra = load_model(task, model)
         options = {**extra, **options}

@@ -106,3 +106,13 @@ def tiny_finetuned(tiny_pretrained, classify_task, tmp_path_factory):
                           "--output-dir", str(out), "--max-seq-length", "16",
                           "--batch-size", "8", "--max-steps", "2", "--no-progress"]) == 0
     return out
+
+
+@pytest.fixture(autouse=True)
+def fast_paths_restored():
+    """Every test starts with the fast paths as a plain import has them (off), whatever an
+    earlier test switched on (a job or a pipeline run in-process switches them on)."""
+    from minibert import backend
+    backend.set_fast_paths(False)
+    yield
+    backend.set_fast_paths(False)
