@@ -59,6 +59,8 @@ def worker(preset: str, steps: int, batch_size: int, seq_len: int, vocab: int) -
     from minibert.pretraining.batches import Batch
     from minibert.training import TrainingConfig, train_step
 
+    from minibert.backend import set_fast_paths
+    set_fast_paths(True)  # what the jobs run
     comm = TimedComm(distributed.init_distributed("auto"))
     config = BertConfig.from_preset(preset, vocab_size=vocab)
     _, b = make_batch(np.random.default_rng(0), batch_size, seq_len, vocab)

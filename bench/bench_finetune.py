@@ -144,7 +144,9 @@ class MinibertSystem:
         from minibert.finetuning.job import make_optimizer
         from minibert.finetuning.tasks import FinetuneTask
         from minibert.backend import DropoutRNG
+        from minibert.backend import set_fast_paths
         from minibert.training import TrainingConfig, train_step
+        set_fast_paths(True)  # what the jobs run
         self.data, self._evaluate, self._train_step = data, evaluate, train_step
         self.model, _ = build_model(data.pre, labels=data.labels, seed=args.seed)
         ft_args = SimpleNamespace(lr=args.lr, adam_eps=args.adam_eps, correct_bias=True,

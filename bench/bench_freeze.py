@@ -44,6 +44,8 @@ def parse_setting(text: str) -> tuple[bool, int]:
 
 
 def main(argv=None) -> int:
+    from minibert.backend import set_fast_paths
+    set_fast_paths(True)  # what the jobs run
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--init", required=True)
     p.add_argument("--data", default=str(ROOT / "data" / TASKS["sequence-classification"].data_subdir))

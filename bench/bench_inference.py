@@ -73,6 +73,8 @@ class Subject:
 
 
 def main(argv=None) -> int:
+    from minibert.backend import set_fast_paths
+    set_fast_paths(True)  # what the jobs run
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("models", nargs="+", metavar="MODEL")
     p.add_argument("--data", default=str(ROOT / "data/classify/en/movie_reviews/test.tsv"))
