@@ -54,13 +54,13 @@ class Shapes:
 
     def check_fits(self) -> None:
         """Refuse sizes whose float64 arrays (:meth:`float64_terms`) cannot fit in the
-        memory available (:func:`minibert.validation.available_memory`), before any is
+        memory available (:func:`minibert.untrusted.available_memory`), before any is
         allocated.
 
         Raises:
             ValueError: naming the options of the largest term and the bytes.
         """
-        from ..validation import available_memory
+        from ..untrusted import available_memory
         terms = self.float64_terms()
         need, avail = 8 * sum(terms.values()), available_memory()
         if need > avail:

@@ -71,6 +71,7 @@ from typing import Iterable, Sequence
 
 from tqdm.auto import tqdm
 
+from ..textfiles import decode_utf8
 from .basic import BasicTokenizer
 from .vocab import SPECIAL_TOKENS, check_writable, write_vocab
 
@@ -182,16 +183,14 @@ def _count_words(files, lines, basic: BasicTokenizer, show_progress: bool) -> Co
         with tqdm(total=total, unit="B", unit_scale=True, desc="counting words", disable=not show_progress) as bar:
             for p in files:
                 with open(p, "rb") as f:
+                    first_line = 1
                     while True:
                         block = f.readlines(_CHUNK_BYTES)
                         if not block:
                             break
                         data = b"".join(block)
-                        try:
-                            text = data.decode("utf-8")
-                        except UnicodeDecodeError as e:
-                            raise ValueError(f"training file {str(p)!r} is not valid UTF-8: {e}") from None
-                        raw.update(basic.pre_split(text))
+                        raw.update(basic.pre_split(decode_utf8(data, p, first_line=first_line)))
+                        first_line += len(block)
                         bar.update(len(data))
     else:
         buf: list[str] = []
@@ -331,8 +330,9 @@ def train_wordpiece(
 
     Raises:
         FileNotFoundError: a training file does not exist.
-        ValueError: empty corpus, unknown algorithm, bad ``special_tokens``, or a
-            ``vocab_size`` smaller than special tokens + alphabet.
+        ValueError: empty corpus, unknown algorithm, bad ``special_tokens``, a
+            ``vocab_size`` smaller than special tokens + alphabet, or a training file that
+            is not UTF-8 (``path:line: not valid UTF-8 ...``).
         TypeError: an iterator yields something that is not a ``str``.
         OSError: ``output`` cannot be written (checked before training, see
             :func:`~minibert.tokenization.vocab.check_writable`).
