@@ -4,7 +4,7 @@ Each layer function is written as its formula. On NumPy arrays, GELU, softmax, L
 the cross-entropy hand over to the faster form of the same formula in
 :mod:`minibert.fast_cpu` (see :func:`minibert.backend.fast_path`); the GPU runs the formulas.
 """
-from .activations import ACTIVATIONS, Activation, softmax_backward, softmax_forward
+from .activations import ACTIVATIONS, Activation, log_softmax, softmax_backward, softmax_forward
 from .attention import (AttentionCache, attention_backward, attention_forward,
                         extended_attention_mask)
 from .dropout import Dropout
@@ -23,6 +23,6 @@ __all__ = [
     "LayerNorm", "Linear", "Module", "ModuleList", "Parameter", "attention_backward",
     "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
     "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",
-    "linear_forward", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows",
+    "linear_forward", "log_softmax", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows",
     "softmax_backward", "softmax_forward", "softmax_nll",
 ]
