@@ -115,9 +115,7 @@ class Activation(Module):
         return out
 
     def backward(self, dout):
-        dx = self._bwd(dout, self._cache)
-        self._cache = None
-        return dx
+        return self._bwd(dout, self.take_cache())
 
 
 def softmax_forward(x, axis: int = -1, out=None):
