@@ -106,3 +106,26 @@ def tiny_finetuned(tiny_pretrained, classify_task, tmp_path_factory):
                           "--output-dir", str(out), "--max-seq-length", "16",
                           "--batch-size", "8", "--max-steps", "2", "--no-progress"]) == 0
     return out
+
+
+# ------------------------------------------------------- toy fine-tuning data and start
+@pytest.fixture
+def dataset(tmp_path):
+    """A toy sentiment task directory (train/dev/test.tsv of 48/16/16 rows,
+    tests/helpers.py make_rows)."""
+    import numpy as np
+    from helpers import make_rows, write
+    rng = np.random.default_rng(0)
+    d = tmp_path / "data"
+    d.mkdir()
+    for split, n in (("train", 48), ("dev", 16), ("test", 16)):
+        write(d / f"{split}.tsv", "label\tsentence\n" + "\n".join(make_rows(n, rng)) + "\n")
+    return d
+
+
+@pytest.fixture
+def pretrained_run(tmp_path):
+    """A directory as train_mlm.py writes it: checkpoint.npz + vocab.txt
+    (tests/helpers.py toy_pretrained_run)."""
+    from helpers import toy_pretrained_run
+    return toy_pretrained_run(tmp_path / "pretrain")
