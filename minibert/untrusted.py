@@ -91,24 +91,27 @@ def available_memory() -> int:
     (``/proc/meminfo``; the physical memory where that file is missing) and, under an
     address-space limit (``ulimit -v``, ``RLIMIT_AS``), that limit less the process's
     current virtual size."""
-    avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    avail = _proc_kb("/proc/meminfo", "MemAvailable:")
+    if avail is None:
+        avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
-        used = 0
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmSize:"):
-                    used = int(line.split()[1]) * 1024
-        except OSError:
-            pass
+        used = _proc_kb("/proc/self/status", "VmSize:") or 0
         avail = min(avail, max(0, soft - used))
     return avail
+
+
+def _proc_kb(path: str, key: str) -> int | None:
+    """The bytes of the last ``key N kB`` line of a /proc file, or None when the file
+    cannot be read or has no such line."""
+    found = None
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                found = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return found
 
 
 def _gb(n: int) -> str:
