@@ -20,8 +20,8 @@ from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .modeling import BertConfig, BertForPreTraining, BertModel, ModelConfig
 
-__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "bert_role", "config_class",
-           "config_from_dict", "model_class"]
+__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "MLM_HEAD_PREFIXES", "bert_role",
+           "config_class", "config_from_dict", "has_mlm_head", "model_class"]
 
 # model_type -> config class
 CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig}
@@ -73,6 +73,21 @@ def model_class(config: ModelConfig, bert_class: type) -> type:
     if bert_class not in ALBERT_CLASSES:
         raise ValueError(f"{bert_class.__name__} has no ALBERT variant")
     return ALBERT_CLASSES[bert_class]
+
+
+# where each family keeps its masked-LM head in a state dict: BERT's cls.predictions.*,
+# ALBERT's predictions.* (transformers' names; the decoder weight may be absent, tied)
+MLM_HEAD_PREFIXES: dict[type[ModelConfig], str] = {BertConfig: "cls.predictions.",
+                                                   AlbertConfig: "predictions."}
+
+
+def has_mlm_head(state) -> bool:
+    """Whether the weights ``state`` ({name: array}, minibert / Hugging Face names, BERT
+    or ALBERT) hold a masked-LM head: any tensor under a :data:`MLM_HEAD_PREFIXES` prefix.
+    A head that is there only in part counts, so that loading it into a model with the head
+    reports the tensors missing rather than dropping the head unseen."""
+    prefixes = tuple(MLM_HEAD_PREFIXES.values())
+    return any(name.startswith(prefixes) for name in state)
 
 
 def bert_role(architecture: str | None) -> str | None:

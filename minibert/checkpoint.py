@@ -25,7 +25,7 @@ import numpy as np
 from .atomic import atomic_write
 from .auto import config_from_dict
 from .modeling import ModelConfig
-from .validation import (UntrustedFileError, check_config_fields, check_finite,
+from .untrusted import (UntrustedFileError, check_config_fields, check_finite,
                          check_model_fits, check_npz_members, check_state_matches_config,
                          check_weight_bytes)
 
@@ -61,12 +61,12 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
 def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`, checking it before its arrays
     are read: every member's size against its header and the memory available
-    (:func:`minibert.validation.check_npz_members`), the config's fields and size
-    (:func:`~minibert.validation.check_config_fields`,
-    :func:`~minibert.validation.check_model_fits`), the members' bytes against what the
-    config implies (:func:`~minibert.validation.check_weight_bytes`); then that the
+    (:func:`minibert.untrusted.check_npz_members`), the config's fields and size
+    (:func:`~minibert.untrusted.check_config_fields`,
+    :func:`~minibert.untrusted.check_model_fits`), the members' bytes against what the
+    config implies (:func:`~minibert.untrusted.check_weight_bytes`); then that the
     model's weights have the config's shapes and are
-    finite (:func:`~minibert.validation.check_finite`).
+    finite (:func:`~minibert.untrusted.check_finite`).
 
     Args:
         arrays: also read the model and optimizer arrays; False reads only the small

@@ -48,7 +48,7 @@ def _take_cache(model, dloss, upstream: dict, targets: str) -> tuple:
     """
     if model._cache is None:
         raise RuntimeError("backward() needs a preceding forward")
-    shape, dtype, loss_cache, extra = model._cache
+    shape, _, loss_cache, _ = model._cache       # checked before the cache is taken
     if loss_cache is None and all(d is None for d in upstream.values()):
         raise RuntimeError(f"backward() without d_logits needs a forward with {targets}")
     if getattr(dloss, "ndim", 0) != 0:
@@ -57,8 +57,7 @@ def _take_cache(model, dloss, upstream: dict, targets: str) -> tuple:
     for name, d in upstream.items():
         if d is not None and tuple(d.shape) != tuple(shape):
             raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(d.shape)}")
-    model._cache = None
-    return shape, dtype, loss_cache, extra
+    return model.take_cache()
 
 
 def _add(a, b):

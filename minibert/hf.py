@@ -36,10 +36,9 @@ from .albert import AlbertConfig
 from .auto import CONFIG_CLASSES, config_class
 from .modeling import BertConfig
 from .torchbin import TorchBinError, declared_storage_bytes, load_torch_state_dict
-from .validation import (UntrustedFileError, check_config_fields, check_finite,
-                         check_model_fits, check_state_matches_config, check_vocab_fits,
-                         check_weight_bytes,
-                         read_json_object, safetensors_bytes, safetensors_header)
+from .untrusted import (UntrustedFileError, check_config_fields, check_finite, check_model_fits,
+                        check_state_matches_config, check_weight_bytes, read_json_object,
+                        safetensors_bytes, safetensors_header)
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -218,9 +217,9 @@ def normalize_state_dict(raw: dict[str, np.ndarray],
 def read_hf_weights(directory: str | os.PathLike, config: BertConfig) -> dict[str, np.ndarray]:
     """The raw tensors of ``directory/model.safetensors``, else of
     ``directory/pytorch_model.bin``, as NumPy arrays (HF key names), each file's header
-    checked first (:func:`minibert.validation.safetensors_header`; the zip directory of a
+    checked first (:func:`minibert.untrusted.safetensors_header`; the zip directory of a
     ``.bin``) and its declared bytes against what ``config`` implies
-    (:func:`~minibert.validation.check_weight_bytes`), before any tensor is read.
+    (:func:`~minibert.untrusted.check_weight_bytes`), before any tensor is read.
 
     Raises:
         HFFormatError: neither file, a sharded checkpoint, or a file that cannot be read.
@@ -274,7 +273,7 @@ def read_tokenizer_options(directory: Path) -> dict[str, Any]:
 
 def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     """Read a Hugging Face BERT directory (see the module docstring), checking each file
-    before memory is spent on it (:mod:`minibert.validation`): config.json's fields and
+    before memory is spent on it (:mod:`minibert.untrusted`): config.json's fields and
     the size of the model they imply, vocab.txt's length against ``vocab_size``,
     tokenizer_config.json's options, the weights file's header and declared bytes; then
     that the weights have the config's shapes and are finite.
@@ -299,6 +298,7 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     vocab = directory / VOCAB_NAME
     if not vocab.is_file():
         raise HFFormatError(f"{directory}: no {VOCAB_NAME} (a WordPiece vocabulary is needed)")
+    from .tokenization.vocab import check_vocab_fits   # the tokenizer package, when it is needed
     check_vocab_fits(vocab, config.vocab_size, str(cfg_path))
     tok_opts = read_tokenizer_options(directory)
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d

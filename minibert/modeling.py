@@ -279,8 +279,8 @@ class BertSelfAttention(Module):
     def backward(self, dctx):
         """dctx: (B, T, C) -> dx (B, T, C); adds into query/key/value weight and bias grads
         (and takes a gradient of the probabilities given by :meth:`add_probs_grad`)."""
-        linear_cache, attention_cache = self._cache
-        dprobs, self._cache, self._dprobs = self._dprobs, None, None
+        linear_cache, attention_cache = self.take_cache()
+        dprobs, self._dprobs = self._dprobs, None
         # forward: ctx = attention(qkv, mask_add), probs = attention_cache.probs
         dqkv = attention_backward(dctx, attention_cache, dprobs)         # (B, T, 3C)
         # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
@@ -454,9 +454,7 @@ class BertPooler(Module):
     def backward(self, dout):
         """(B, C) -> d(hidden[:, 0]) (B, C); the caller adds it at position 0."""
         # forward: out = tanh(dense(hidden[:, 0]))
-        d = self.dense.backward(tanh_backward(dout, self._cache))        # (B, C)
-        self._cache = None
-        return d
+        return self.dense.backward(tanh_backward(dout, self.take_cache()))  # (B, C)
 
 
 # ---------------------------------------------------------------------------------------
@@ -943,14 +941,14 @@ class BertForPreTraining(BertPreTrainedModel):
                                    and not extra):
             raise RuntimeError("backward() needs a preceding forward with masked_lm_ids "
                                "and/or a sentence label, or an upstream gradient")
-        (B, T, C), dtype, flat, mlm_cache, seq_cache = self._cache
+        (B, T, C), _, flat, _, _ = self._cache            # checked before the cache is taken
         N = flat.shape[0]                                                # B * P
         for name, d, shape in (("d_prediction_logits", d_prediction_logits,
                                 (B, N // max(B, 1), self.config.vocab_size)),
                                ("d_hidden_states", d_hidden_states, (B, T, C))):
             if d is not None and tuple(d.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(d.shape)}")
-        self._cache = None
+        _, dtype, flat, mlm_cache, seq_cache = self.take_cache()
         xp = get_array_module(flat)
         dh = xp.zeros((B * T, C), dtype=dtype)                           # (B*T, C)
         dlogits = None

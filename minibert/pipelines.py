@@ -484,7 +484,7 @@ def load_model(task: str, path, option: str = "model"):
         RunError: nothing loadable at ``path``. PipelineError: a start without the head
             the task needs, or fine-tuned on another task.
     """
-    from .auto import model_class
+    from .auto import MLM_HEAD_PREFIXES, has_mlm_head, model_class
     from .backend import get_device
     from .runs import Pretrained, RunError, load_start
     from .tokenization import BertTokenizer
@@ -496,10 +496,8 @@ def load_model(task: str, path, option: str = "model"):
     if task == "fill-mask":
         model = model_class(pre.config, BertForPreTraining)(pre.config,
                                                             seq_relationship_head=False)
-        core = model.base_model_prefix + "."
-        head = [n for n, _ in model.named_parameters() if not n.startswith(core)]
-        if not any(k in pre.state for k in head):
-            head = os.path.commonprefix(head)          # cls.predictions. (ALBERT: predictions.)
+        if not has_mlm_head(pre.state):
+            head = MLM_HEAD_PREFIXES[type(pre.config)]    # cls.predictions. (ALBERT: predictions.)
             raise PipelineError(f"{option} {path}: no masked-LM head ({head}*) in "
                                 f"{pre.source}; fill-mask needs a pretrained masked LM")
     elif task == "feature-extraction":

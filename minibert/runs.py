@@ -490,7 +490,7 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
     The tokenizer's lower-casing comes from the checkpoint's ``tokenizer`` record or the
     run's ``lowercase`` argument, default lower-case.
 
-    Every file is checked before its arrays are read (:mod:`minibert.validation`), and
+    Every file is checked before its arrays are read (:mod:`minibert.untrusted`), and
     the vocabulary may not be longer than the model's ``vocab_size``.
 
     Raises:
@@ -499,8 +499,8 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
             names the file).
     """
     from .hf import HFFormatError, is_hf_directory, load_hf_directory
-    from .tokenization.vocab import VocabError
-    from .validation import UntrustedFileError, check_vocab_fits
+    from .tokenization.vocab import VocabError, check_vocab_fits
+    from .untrusted import UntrustedFileError
 
     path = Path(path)
     if path.is_dir() and is_hf_directory(path) and not (path / CHECKPOINT).is_file():

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .validation import available_memory
+from .untrusted import available_memory
 
 # what a damaged archive or pickle raises on the way (a bad CRC or header, a compression
 # method zipfile lacks, an opcode out of place or a truncated stream)

@@ -108,6 +108,29 @@ def tiny_finetuned(tiny_pretrained, classify_task, tmp_path_factory):
     return out
 
 
+# ------------------------------------------------------- toy fine-tuning data and start
+@pytest.fixture
+def dataset(tmp_path):
+    """A toy sentiment task directory (train/dev/test.tsv of 48/16/16 rows,
+    tests/helpers.py make_rows)."""
+    import numpy as np
+    from helpers import make_rows, write
+    rng = np.random.default_rng(0)
+    d = tmp_path / "data"
+    d.mkdir()
+    for split, n in (("train", 48), ("dev", 16), ("test", 16)):
+        write(d / f"{split}.tsv", "label\tsentence\n" + "\n".join(make_rows(n, rng)) + "\n")
+    return d
+
+
+@pytest.fixture
+def pretrained_run(tmp_path):
+    """A directory as train_mlm.py writes it: checkpoint.npz + vocab.txt
+    (tests/helpers.py toy_pretrained_run)."""
+    from helpers import toy_pretrained_run
+    return toy_pretrained_run(tmp_path / "pretrain")
+
+
 @pytest.fixture(autouse=True)
 def fast_paths_restored():
     """Every test starts with the fast paths as a plain import has them (off), whatever an

@@ -22,11 +22,11 @@ from minibert.optim import AdamW
 from minibert.training import TrainingConfig, TrainState, train
 
 sys.path.insert(0, str(Path(sys.argv[0]).resolve().parent))   # tests/, also when exec'd
-from test_training import Rows, ToyTask  # noqa: E402
+from helpers import Rows, ToyTask  # noqa: E402
 
 
 class RowsTask(ToyTask):
-    """test_training's ToyTask over 22 rows with padding at the end of some, ``size`` per
+    """helpers.ToyTask over 22 rows with padding at the end of some, ``size`` per
     (global) batch, the last batch of an epoch smaller; optionally rank 1 fails on purpose."""
 
     def __init__(self, size: int, rows: int = 22, fail_on_call: int = 0, fail_how: str = ""):

@@ -30,7 +30,7 @@ import finetune  # noqa: E402
 import train_mlm  # noqa: E402
 from minibert.pretraining import batches as batches_module  # noqa: E402
 from helpers import records  # noqa: E402
-from test_distillation import assert_student_gradients  # noqa: E402
+from helpers import assert_student_gradients  # noqa: E402
 
 
 def args_for(corpus, out, *extra):

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from helpers import load_bench as load
-from test_finetune import dataset, pretrained_run  # noqa: F401
 
 
-def test_bench_inference_compares_models(pretrained_run, dataset, capsys):  # noqa: F811
+def test_bench_inference_compares_models(pretrained_run, dataset, capsys):
     bench = load("bench_inference")
     assert bench.main([str(pretrained_run), str(pretrained_run), "--data",
                        str(dataset / "test.tsv"), "--repeats", "2", "--batch-size", "4"]) == 0

@@ -31,7 +31,7 @@ from minibert.gradcheck import check_tensor
 from minibert.nn import attention_backward, attention_forward, softmax_forward
 from minibert.testing import (assert_parameter_gradients, attention_inputs, bert_configs,
                               float_arrays, padding_masks, seeds, token_batches)
-from helpers import records
+from helpers import assert_student_gradients, records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -247,27 +247,6 @@ def test_student_gradients_of_the_total_loss(data, dropout, hs, layers, head, ns
     kw = {k: v for k, v in batch.model_inputs().items()
           if nsp or k != "next_sentence_label"}
     assert_student_gradients(model, kw, tmodel, rng, seed, "distillation")
-
-
-def assert_student_gradients(model, kw: dict, teacher, rng, seed: int, name: str) -> None:
-    """A distillation student's backward of ``dloss`` x its total loss on the inputs
-    ``kw`` against central differences of every parameter (W_h in full), with the same
-    dropout masks at every evaluation; the frozen ``teacher`` model learned nothing and
-    stays in inference mode."""
-    dloss = float(rng.uniform(0.5, 2.0))
-
-    def loss():
-        model.set_dropout_rng(np.random.default_rng(seed))
-        return dloss * float(model(**kw).loss)
-
-    loss()
-    model.zero_grad()
-    model.backward(dloss=dloss)
-    assert_parameter_gradients(model, loss, rng, name,
-                               full=lambda n: n.startswith("hidden_projection"))
-    # the teacher learned nothing and kept no activations
-    assert not any(p.grad.any() for p in teacher.parameters())
-    assert teacher.training is False
 
 
 @settings(max_examples=1, deadline=None)

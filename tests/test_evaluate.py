@@ -205,7 +205,7 @@ def write_conll(path: Path, sentences) -> None:
 
 
 def test_most_frequent_tag_floor_by_hand(tmp_path):
-    from minibert.evaluation.downstream import Tagging, load_task
+    from minibert.evaluation.downstream import TaggingData, load_task
     d = tmp_path / "pos"
     d.mkdir()
     write_conll(d / "train.tsv", [[("the", "DET"), ("run", "VERB"), ("run", "VERB")],
@@ -217,7 +217,7 @@ def test_most_frequent_tag_floor_by_hand(tmp_path):
     write_conll(d / "test.tsv", [[("the", "DET"), ("run", "NOUN"), ("cat", "NOUN"),
                                   ("fast", "ADV")]])
     task = load_task(d)
-    assert isinstance(task, Tagging) and task.metric == "accuracy"
+    assert isinstance(task, TaggingData) and task.metric == "accuracy"
     assert task.tags == ["ADV", "DET", "NOUN", "VERB"]
     # all train: the -> DET, run -> VERB (3 of 4), unseen cat, fast -> NOUN (5 of 12)
     assert task.floor_scores(np.arange(4)) == {"accuracy": pytest.approx(2 / 4)}
@@ -242,7 +242,7 @@ def test_most_frequent_tag_floor_by_hand(tmp_path):
 
 def test_first_sentence_floor_and_held_out_dev_articles(tmp_path):
     import json as _json
-    from minibert.evaluation.downstream import QuestionAnswering, first_sentence, load_task
+    from minibert.evaluation.downstream import QuestionAnsweringData, first_sentence, load_task
     assert first_sentence("Ann wrote it in 1990. Bob read it. Then?") == "Ann wrote it in 1990."
     assert first_sentence("e.g. no capital after it") == "e.g. no capital after it"
     d = tmp_path / "qa"
@@ -259,7 +259,7 @@ def test_first_sentence_floor_and_held_out_dev_articles(tmp_path):
                                             q("d2", "X", ctx, "Bob read it"),
                                             q("d3", "X", ctx, "the book")]) + "\n")
     task = load_task(d)
-    assert isinstance(task, QuestionAnswering) and task.metric == "f1"
+    assert isinstance(task, QuestionAnsweringData) and task.metric == "f1"
     # no test.jsonl: dev.jsonl is the test split, the last of 5 train articles the dev split
     assert [e.id for e in task.splits["test"]] == ["d1", "d2", "d3"]
     assert [e.id for e in task.splits["dev"]] == ["t4"] and len(task.train) == 4

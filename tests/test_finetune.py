@@ -11,8 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibert import BertConfig, BertForPreTraining
-from minibert.checkpoint import save_checkpoint
 from minibert.finetuning import (DatasetError, EncodedSplit, choose_labels,
                                  classification_metrics, encode_split, iterate_batches,
                                  label_ids, label_list, label_occurrences, read_label_file,
@@ -23,53 +21,8 @@ from minibert.tokenization import BertTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import finetune  # noqa: E402
-from helpers import hf_copy, load_bench  # noqa: E402
-
-WORDS = ["good", "great", "fine", "bad", "awful", "dull", "film", "movie", "plot", "the",
-         "a", "was", "is", "very", "not", "acting", "story", ",", "."]
-POS, NEG = ["good", "great", "fine"], ["bad", "awful", "dull"]
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def make_rows(n, rng, pair=False, names=("neg", "pos")):
-    rows = []
-    for _ in range(n):
-        y = int(rng.integers(0, 2))
-        words = list(rng.choice(WORDS[6:], size=int(rng.integers(2, 6))))
-        words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(POS if y else NEG)))
-        row = [names[y], " ".join(words)]
-        if pair:
-            row.append(" ".join(rng.choice(WORDS[6:], size=2)))
-        rows.append("\t".join(row))
-    return rows
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    rng = np.random.default_rng(0)
-    d = tmp_path / "data"
-    d.mkdir()
-    for split, n in (("train", 48), ("dev", 16), ("test", 16)):
-        write(d / f"{split}.tsv", "label\tsentence\n" + "\n".join(make_rows(n, rng)) + "\n")
-    return d
-
-
-@pytest.fixture
-def pretrained_run(tmp_path):
-    """A directory as train_mlm.py writes it: checkpoint.npz + vocab.txt."""
-    run = tmp_path / "pretrain"
-    run.mkdir()
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-    write(run / "vocab.txt", "\n".join(vocab) + "\n")
-    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)
-    save_checkpoint(run / "checkpoint.npz", BertForPreTraining(config, seed=1),
-                    trainer_state={"args": {"lowercase": True}, "step": 0})
-    return run
+from helpers import (NEG, POS, ROOT, WORDS, hf_copy, kill_when_checkpointed,  # noqa: E402
+                     load_bench, make_rows, run_ft, train_losses, write)
 
 
 # ------------------------------------------------------------------ TSV errors
@@ -367,9 +320,6 @@ def test_end_to_end_pairs_from_hf_directory_with_random_init(tmp_path, pretraine
 
 
 # ------------------------------------------------------------------ run directory, resume
-def run_ft(*argv):
-    return finetune.main([*map(str, argv), "--no-progress"])
-
 
 def test_finetune_never_writes_over_a_pretraining_run(dataset, pretrained_run, tmp_path,
                                                       capsys):
@@ -581,7 +531,6 @@ def test_damaged_inputs_get_error_lines(dataset, pretrained_run, tmp_path, capsy
 def test_finetune_killed_and_resumed_reproduces_the_loss_curve(pretrained_run, tmp_path,
                                                                extra):
     import subprocess
-    from test_training import ROOT, kill_when_checkpointed, train_losses
     rng = np.random.default_rng(0)
     data = tmp_path / "data"   # more rows than the dataset fixture: time to kill the run
     data.mkdir()

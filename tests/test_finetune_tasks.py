@@ -19,13 +19,11 @@ from minibert.runs import load_start
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import finetune  # noqa: E402
-from helpers import records  # noqa: E402
+from helpers import (BROWN, SQUAD, cut_tagging, kill_when_checkpointed, records,  # noqa: E402
+                     run_ft, train_losses)
 
 VOCABS = ROOT / "tests" / "data" / "tokenization"
-BROWN = ROOT / "data" / "tag" / "en" / "brown_pos"
 NER = ROOT / "data" / "tag" / "zh" / "peoples_daily_ner"
-SQUAD = ROOT / "data" / "qa" / "en" / "squad_v1"
 
 
 def tiny_run(path: Path, vocab: Path, layers=2) -> Path:
@@ -52,24 +50,6 @@ def zh_run(tmp_path_factory):
                     VOCABS / "bert-base-chinese-vocab.txt", layers=1)
 
 
-def conll(sentences) -> str:
-    return "".join("".join(f"{w}\t{t}\n" for w, t in zip(s.words, s.tags)) + "\n"
-                   for s in sentences)
-
-
-def cut_tagging(src: Path, dst: Path, n_train: int, n_eval: int) -> Path:
-    """The first sentences of each split; dev / test keep only sentences whose tags the
-    cut train split has."""
-    dst.mkdir()
-    train = read_conll(src / "train.tsv")[:n_train]
-    tags = {t for s in train for t in s.tags}
-    (dst / "train.tsv").write_text(conll(train), encoding="utf-8")
-    for split in ("dev", "test"):
-        keep = [s for s in read_conll(src / f"{split}.tsv") if set(s.tags) <= tags][:n_eval]
-        (dst / f"{split}.tsv").write_text(conll(keep), encoding="utf-8")
-    return dst
-
-
 @pytest.fixture
 def pos_data(tmp_path):
     return cut_tagging(BROWN, tmp_path / "pos", 24, 6)
@@ -83,10 +63,6 @@ def qa_data(tmp_path):
         lines = (SQUAD / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
         (d / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return d
-
-
-def run_ft(*argv):
-    return finetune.main([*map(str, argv), "--no-progress"])
 
 
 def fails(capsys, *argv) -> str:
@@ -204,7 +180,6 @@ def test_question_answering_end_to_end_and_model_predict(en_run, qa_data, tmp_pa
 
 # ------------------------------------------------------------------ resume
 def test_tagging_killed_and_resumed_reproduces_the_loss_curve(en_run, tmp_path):
-    from test_training import kill_when_checkpointed, train_losses
     data = cut_tagging(BROWN, tmp_path / "pos", 48, 4)
     base = [sys.executable, str(ROOT / "finetune.py"), "--task", "token-classification",
             "--init", str(en_run), "--data", str(data), "--max-seq-length", "48",

@@ -277,3 +277,20 @@ def test_mean_pooling_gradient_and_mask(data, B, T, C, seed):
                                atol=1e-12)
     with pytest.raises(ValueError, match=r"attention_mask must be"):
         mean_pooling_forward(h, np.ones((B, T + 1)))
+
+
+@SETTINGS
+@given(rows=st.integers(1, 6), k=st.integers(1, 9), axis=st.sampled_from([0, -1]),
+       scale=st.sampled_from([1.0, 1e3]), seed=st.integers(0, 2**16))
+def test_log_softmax_is_the_log_of_a_distribution_and_scipys(rows, k, axis, scale, seed):
+    """log_softmax (nn.activations) along either axis: exp sums to 1, equals SciPy's
+    log_softmax, and large logits (scale 1e3) neither overflow nor give -inf."""
+    from scipy.special import log_softmax as scipy_log_softmax
+    from minibert.nn import log_softmax
+    x = np.random.default_rng(seed).normal(size=(rows, k)) * scale
+    logp = log_softmax(x, axis=axis)
+    assert logp.shape == x.shape and logp.dtype == x.dtype and np.isfinite(logp).all()
+    np.testing.assert_allclose(np.exp(logp).sum(axis=axis), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(logp, scipy_log_softmax(x, axis=axis), rtol=1e-12, atol=1e-9)
+    half = log_softmax(x.astype(np.float16), axis=axis)                 # reduced in float32
+    assert half.dtype == np.float16

@@ -15,7 +15,7 @@ from minibert.evaluation.ngram import KneserNeyTrigram
 from minibert.evaluation.pair_templates import PARADIGMS, Lexicon, corpus_counts, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pipelines import tiny_mlm_run  # noqa: E402
+from helpers import tiny_mlm_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "data" / "minimal_pairs" / "en" / "pairs.jsonl"

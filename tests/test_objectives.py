@@ -147,7 +147,9 @@ def test_full_sentences_examples():
 @given(seed=st.integers(0, 2**32 - 1), T=st.integers(5, 40), short=st.sampled_from([0.0, 0.1, 1.0]))
 def test_sop_pairs_are_consecutive_segments(seed, T, short):
     store = random_store(np.random.default_rng(seed), n_docs=8)
+    produced = 0
     for seg in segments("mlm+sop", store, T, short=short, seed=seed):
+        produced += 1
         ids = seg.input_ids
         assert len(ids) <= T and seg.label in (0, 1)
         a, b = split_pair(ids)
@@ -161,6 +163,7 @@ def test_sop_pairs_are_consecutive_segments(seed, T, short):
             assert a[-1] < b[0]
         else:
             assert b[-1] < a[0]
+    assert produced > 0, "segments() gave no pair: the checks above ran on nothing"
 
 
 def test_sop_swapped_pairs_are_the_document_in_order():

@@ -8,18 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minibert import BertConfig, BertForPreTraining, pipeline
+from minibert import pipeline
 from minibert.__main__ import main as minibert_main
-from minibert.checkpoint import save_checkpoint
 from minibert.finetuning import read_conll
 from minibert.hf import save_hf_directory
 from minibert.pipelines import PipelineError, cosine_similarity, load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_finetune_tasks import BROWN, SQUAD, cut_tagging, run_ft  # noqa: E402
+from helpers import BROWN, SQUAD, UNCASED_VOCAB, cut_tagging, run_ft, tiny_mlm_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB = ROOT / "tests" / "data" / "tokenization" / "bert-base-uncased-vocab.txt"
+VOCAB = UNCASED_VOCAB
 
 TEXTS = ["the man went to the [MASK] .",
          "[MASK] is the capital of france , and [MASK] is its river .",
@@ -27,20 +26,6 @@ TEXTS = ["the man went to the [MASK] .",
          "she said that it's the best [MASK] she had ever read , didn't she ?"]
 SENTENCES = ["a cat sat on the mat .", "the dog slept on the rug .", "stocks fell sharply today",
              "markets dropped on monday", "a kitten rested on a carpet"]
-
-
-def tiny_mlm_run(path: Path, seed: int = 1) -> Path:
-    """A pretraining run directory: a tiny BERT on the bert-base-uncased vocabulary whose
-    MLM bias is spread out, so that its top-k tokens are well separated."""
-    path.mkdir(parents=True)
-    (path / "vocab.txt").write_bytes(VOCAB.read_bytes())
-    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=64)
-    model = BertForPreTraining(config, seed=seed)
-    model.cls.predictions.bias.data[:] = np.random.default_rng(seed).normal(0, 3, 30522)
-    save_checkpoint(path / "checkpoint.npz", model,
-                    trainer_state={"args": {"lowercase": True}, "step": 0})
-    return path
 
 
 @pytest.fixture(scope="module")

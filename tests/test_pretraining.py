@@ -427,8 +427,10 @@ def test_truncate_seq_pair(la, lb, m, seed):
 def test_instances_structure_and_nsp_provenance(seed, max_seq_length, short):
     rng = np.random.default_rng(seed)
     store = random_position_store(rng, n_docs=8)
+    produced = 0
     for d in range(store.num_documents):
         for ids, types, label in create_instances_from_document(store, d, max_seq_length, short, rng, CLS, SEP):
+            produced += 1
             L = len(ids)
             assert L <= max_seq_length
             seps = np.flatnonzero(ids == SEP)
@@ -445,6 +447,7 @@ def test_instances_structure_and_nsp_provenance(seed, max_seq_length, short):
                 assert db == {d} and b[0] > a[-1]
             else:
                 assert db != {d}
+    assert produced > 0, "no instance from any document: the checks above ran on nothing"
 
 
 def test_nsp_is_about_half_random():

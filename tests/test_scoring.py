@@ -10,7 +10,7 @@ from minibert.pipelines import load_model
 from minibert.scoring import ScoringError, masked_copies, score_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pipelines import tiny_mlm_run  # noqa: E402
+from helpers import tiny_mlm_run  # noqa: E402
 
 TEXTS = ["the dogs near the house bark .", "the dogs near the house barks .",
          "unsurveyed hinterlands stretched northward", "a cat", "she slept ."]
@@ -110,7 +110,7 @@ def test_albert_pll_equals_transformers_masked_lm(tmp_path):
     transformers = pytest.importorskip("transformers")
     from minibert.albert import AlbertConfig, AlbertForPreTraining
     from minibert.hf import save_hf_directory
-    from test_pipelines import VOCAB
+    from helpers import UNCASED_VOCAB as VOCAB
     config = AlbertConfig(vocab_size=30522, embedding_size=8, hidden_size=16,
                           num_hidden_layers=2, num_hidden_groups=2, num_attention_heads=2,
                           intermediate_size=32, max_position_embeddings=64)

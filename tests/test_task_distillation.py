@@ -13,7 +13,7 @@ from minibert.finetuning import DatasetError
 from minibert.gradcheck import rel_error
 from minibert.testing import seeds
 
-from test_finetune import dataset, make_rows, pretrained_run, run_ft, write  # noqa: F401
+from helpers import make_rows, run_ft, write  # noqa: E402
 
 
 def draw_case(data, seed):
@@ -105,7 +105,7 @@ def flipped_teacher(tmp_path, pretrained_run):
     return out
 
 
-def test_the_student_follows_the_teachers_soft_labels(dataset, pretrained_run,  # noqa: F811
+def test_the_student_follows_the_teachers_soft_labels(dataset, pretrained_run,
                                                       flipped_teacher, tmp_path, capsys):
     accuracy = {}
     for alpha in ("0", "1"):
@@ -122,7 +122,7 @@ def test_the_student_follows_the_teachers_soft_labels(dataset, pretrained_run,  
     assert accuracy["0"] >= 0.75 and accuracy["1"] <= 0.25, accuracy
 
 
-def test_transfer_rows_are_labelled_by_the_teacher_only(dataset, pretrained_run,  # noqa: F811
+def test_transfer_rows_are_labelled_by_the_teacher_only(dataset, pretrained_run,
                                                         flipped_teacher, tmp_path, capsys):
     rng = np.random.default_rng(9)
     transfer = write(tmp_path / "transfer.txt",
@@ -137,7 +137,7 @@ def test_transfer_rows_are_labelled_by_the_teacher_only(dataset, pretrained_run,
     assert last_dev_accuracy(out) <= 0.25
 
 
-def test_distillation_options_are_checked(dataset, pretrained_run, tmp_path,  # noqa: F811
+def test_distillation_options_are_checked(dataset, pretrained_run, tmp_path,
                                           capsys):
     cases = [(["--distill-alpha", "0.5"], "--distill-alpha goes with --teacher"),
              (["--transfer-data", "x.txt"], "--transfer-data goes with --teacher"),
@@ -173,7 +173,7 @@ def test_distillation_options_are_checked(dataset, pretrained_run, tmp_path,  # 
     assert "error:" in capsys.readouterr().err
 
 
-def test_mean_pooling_end_to_end(dataset, pretrained_run, tmp_path, capsys):  # noqa: F811
+def test_mean_pooling_end_to_end(dataset, pretrained_run, tmp_path, capsys):
     out = tmp_path / "mean"
     assert run_ft("--init", pretrained_run, *train_args(dataset, out), "--pooling", "mean",
                   "--predict", "very good film") == 0

@@ -291,7 +291,7 @@ def test_empty_vocab_file(tmp_path, content):
 def test_non_utf8_vocab_names_file_and_line(tmp_path, content, line):
     p = tmp_path / "vocab.txt"
     p.write_bytes(content)
-    with pytest.raises(VocabError, match=rf"vocab\.txt'? is not UTF-8: line {line} "):
+    with pytest.raises(VocabError, match=rf"vocab\.txt:{line}: not valid UTF-8 "):
         load_vocab(p)
 
 

@@ -403,7 +403,7 @@ def test_files_honour_the_umask(corpus, tmp_path):
 
 
 def test_killed_and_resumed_reproduces_the_loss_curve(corpus, tmp_path):
-    from test_training import kill_when_checkpointed, train_losses
+    from helpers import kill_when_checkpointed, train_losses
     import subprocess
     base = [sys.executable, str(ROOT / "train_mlm.py"), *args_for(corpus, "X", "--max-steps",
                                                                   "24", "--save-every", "3")]

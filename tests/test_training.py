@@ -1,13 +1,6 @@
 """minibert.training: the one loop. Gradient accumulation is the larger batch, a step reads
 no device value on the host, non-finite steps are skipped and stop the run, and a run
 killed at any moment resumes onto the uninterrupted loss curve (both jobs)."""
-import os
-import signal
-import subprocess
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,41 +15,7 @@ from minibert.training import (LogWindow, NonfiniteGuard, TrainingConfig, Traini
                                train_record)
 from minibert.distributed import Communicator
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class Rows:
-    input_ids: np.ndarray
-    attention_mask: np.ndarray
-    labels: np.ndarray
-
-
-class ToyTask:
-    """Fixed rows in a fixed order, ``size`` per micro-batch (epoch = all rows)."""
-
-    evaluate = None
-
-    def __init__(self, data: Rows, size: int, nan_steps=()):
-        self.data, self.size, self.nan_steps, self.calls = data, size, set(nan_steps), 0
-
-    def batches(self, epoch, start_batch):
-        n = len(self.data.labels)
-        for s in range(start_batch * self.size, n, self.size):
-            yield Rows(*(a[s:s + self.size] for a in
-                         (self.data.input_ids, self.data.attention_mask, self.data.labels)))
-
-    def forward(self, model, batch):
-        out = model(batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels)
-        self.calls += 1
-        loss = out.loss * np.nan if self.calls in self.nan_steps else out.loss
-        return loss, {"correct": (out.logits.argmax(-1) == batch.labels).sum()}
-
-    def summarize(self, totals):
-        return {"correct": totals.get("correct", 0.0)}
-
-    def trainer_record(self):
-        return {"job": "toy"}
+from helpers import Rows, ToyTask
 
 
 def toy(seed=0, rows=16, dtype=np.float64):
@@ -296,26 +255,7 @@ def test_the_log_window_and_the_train_record():
     assert (skipped["loss"], skipped["grad_norm"], skipped["loss_scale"]) == (None, None, 1024.0)
 
 
-# ---------------------------------------------------------------------- kill -9, resume
-def kill_when_checkpointed(cmd, ckpt: Path, timeout=120):
-    """Start ``cmd``, SIGKILL it as soon as a checkpoint exists; True if it was killed."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    t0 = time.time()
-    while proc.poll() is None and time.time() - t0 < timeout:
-        if ckpt.exists():
-            time.sleep(0.05)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return True
-        time.sleep(0.01)
-    proc.wait()
-    return False
-
-
-def train_losses(path: Path):
-    return [(r["step"], r["loss"]) for r in MetricsLog.read(path) if r["kind"] == "train"]
-
-
+# ---------------------------------------------------------------- steps, epochs, skipped steps
 def test_accumulated_steps_end_with_their_epoch(tmp_path):
     """5 micro-batches an epoch, 2 per step: steps of 2, 2, 1 micro-batches, so an epoch is
     3 whole steps and no step mixes two epochs."""

@@ -1,4 +1,4 @@
-"""Untrusted model files are checked before memory is spent (minibert.validation): a fuzz
+"""Untrusted model files are checked before memory is spent (minibert.untrusted): a fuzz
 test over every file of every format, the memory bombs under a 3 GB address-space limit,
 and the issue's examples (a config.json list, a vocab longer than vocab_size, NaN weights)."""
 import io
@@ -26,7 +26,7 @@ from minibert.checkpoint import save_checkpoint
 from minibert.hf import load_pretrained_weights, save_hf_directory
 from minibert.runs import RunError, load_start
 from minibert.tokenization import BertTokenizer
-from minibert.validation import (UntrustedFileError, check_npz_members, parameter_count,
+from minibert.untrusted import (UntrustedFileError, check_npz_members, parameter_count,
                                  safetensors_header)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -473,7 +473,7 @@ def test_albert_weights_are_checked_against_embedding_size():
     """An ALBERT state (``albert.*``) is checked at its factorised width E: a word table of
     hidden_size columns contradicts embedding_size; the right shapes pass."""
     from minibert import AlbertConfig, AlbertForPreTraining
-    from minibert.validation import check_state_matches_config
+    from minibert.untrusted import check_state_matches_config
     config = AlbertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2,
                           num_attention_heads=2, intermediate_size=24, embedding_size=8,
                           max_position_embeddings=20)

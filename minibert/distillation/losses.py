@@ -37,6 +37,7 @@ import numpy as np
 
 from ..backend import compute_dtype, get_array_module
 from ..nn import mean_pooling_backward, mean_pooling_forward
+from ..nn.activations import log_softmax
 from ..nn.losses import cross_entropy_backward, cross_entropy_forward
 
 __all__ = ["COSINE_EPS", "attention_kl_backward", "attention_kl_forward",
@@ -45,13 +46,6 @@ __all__ = ["COSINE_EPS", "attention_kl_backward", "attention_kl_forward",
            "soft_target_kl_backward", "soft_target_kl_forward"]
 
 COSINE_EPS = 1e-12   # added to each squared norm, as torch's cosine_embedding_loss
-
-
-def _log_softmax(x):
-    """Row-wise log-softmax over the last axis, shifted by the row max (stable)."""
-    xp = get_array_module(x)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------------------
@@ -93,8 +87,8 @@ def soft_target_kl_forward(student_logits, teacher_logits, weights, temperature:
     out_dtype = student_logits.dtype
     dtype = compute_dtype(out_dtype)
     T = float(temperature)
-    log_ps = _log_softmax(student_logits.astype(dtype) / T)          # (N, V)
-    log_pt = _log_softmax(teacher_logits.astype(dtype) / T)          # (N, V)
+    log_ps = log_softmax(student_logits.astype(dtype) / T)          # (N, V)
+    log_pt = log_softmax(teacher_logits.astype(dtype) / T)          # (N, V)
     pt = xp.exp(log_pt)                                              # (N, V)
     kl = (pt * (log_pt - log_ps)).sum(axis=-1)                       # (N,)
     w = (weights > 0).astype(dtype)                                  # (N,)

@@ -18,20 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ..auto import has_mlm_head
 from ..hf import HFFormatError, load_pretrained_weights
 from ..modeling import BertConfig, BertForPreTraining, BertModel
 
 __all__ = ["Teacher", "TeacherOutput", "has_mlm_head", "load_teacher"]
-
-_MLM_HEAD_KEYS = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
-                  "cls.predictions.transform.dense.bias",
-                  "cls.predictions.transform.LayerNorm.weight",
-                  "cls.predictions.transform.LayerNorm.bias")
-
-
-def has_mlm_head(state: dict) -> bool:
-    """Whether the weights ``state`` (minibert / HF names) hold BERT's MLM head."""
-    return all(k in state for k in _MLM_HEAD_KEYS)
 
 
 @dataclass

@@ -1,14 +1,16 @@
 """The downstream tasks of the evaluation harness (:mod:`.harness`), one class per kind of
 ``finetune.py --task``: how a task directory is read, how the train rows of one run are
 drawn and written for ``finetune.py``, which metric the run reports, and the task's floor.
+Each is the data side of a task (``...Data``); the model side, what ``finetune.py`` trains,
+is :mod:`minibert.finetuning.tasks`.
 
-* :class:`Classification` (``train.tsv`` with a ``label`` header): accuracy; floor: the
+* :class:`ClassificationData` (``train.tsv`` with a ``label`` header): accuracy; floor: the
   bag of words (fitted by the harness with the probes, :func:`.harness.probe_records`).
-* :class:`Tagging` (``train.tsv`` of ``word<TAB>tag`` lines): token accuracy, or entity F1
+* :class:`TaggingData` (``train.tsv`` of ``word<TAB>tag`` lines): token accuracy, or entity F1
   when the tags are entity tags (O, B-X, I-X ...); budgets count sentences; floor: each
   word's most frequent train tag, the overall most frequent tag for an unseen word
   (:class:`~minibert.finetuning.MostFrequentTagBaseline`).
-* :class:`QuestionAnswering` (``train.jsonl``): SQuAD F1 (exact match beside it);
+* :class:`QuestionAnsweringData` (``train.jsonl``): SQuAD F1 (exact match beside it);
   budgets count questions; floor: the context's first sentence as the answer. Without a
   ``test.jsonl`` the task's ``dev.jsonl`` is the test split and the last fifth of the
   train articles (whole articles, at least one) is the dev split that picks the epoch and
@@ -53,7 +55,7 @@ def draw(n_rows: int, size: int | None, seed: int, labels: list[str] | None = No
     raise ValueError(f"cannot draw {size} train rows holding two classes")
 
 
-class Classification:
+class ClassificationData:
     """Sentence (pair) classification: ``label<TAB>sentence[<TAB>sentence_b]`` TSV files.
 
     Attributes: ``name`` (finetune.py's --task), ``metric``, ``unit`` (what a budget
@@ -112,7 +114,7 @@ class Classification:
         return {self.metric: float(summary[split][self.metric])}
 
 
-class Tagging(Classification):
+class TaggingData(ClassificationData):
     """Token classification: ``word<TAB>tag`` files, a blank line between sentences.
     Every run gets the tag set of all three splits (``--labels``, written once by
     :meth:`write_labels`), so class ids are the same at every budget and seed."""
@@ -156,7 +158,7 @@ def first_sentence(context: str) -> str:
     return _SENTENCE_END.split(context.strip(), maxsplit=1)[0]
 
 
-class QuestionAnswering(Classification):
+class QuestionAnsweringData(ClassificationData):
     """Extractive QA, SQuAD v1.1 JSON lines (see the module docstring for the splits)."""
 
     name, metric, unit, floor = "question-answering", "f1", "questions", "first sentence"
@@ -212,7 +214,7 @@ class QuestionAnswering(Classification):
         return {k: m[k] / 100 for k in TASKS[self.name].metrics}
 
 
-def load_task(d: Path) -> Classification:
+def load_task(d: Path) -> ClassificationData:
     """The task in directory ``d``, its kind told by its files: ``train.jsonl``: question
     answering; ``train.tsv`` whose first line is a classification header
     (:func:`~minibert.finetuning.data.tsv_header`, as :func:`read_tsv` reads it):
@@ -224,12 +226,12 @@ def load_task(d: Path) -> Classification:
     """
     d = Path(d)
     if (d / "train.jsonl").is_file():
-        return QuestionAnswering(d)
+        return QuestionAnsweringData(d)
     if not (d / "train.tsv").is_file():
-        return Classification(d)          # read_tsv names the missing file
+        return ClassificationData(d)      # read_tsv names the missing file
     first = next(text_lines(d / "train.tsv"), (1, ""))[1]
-    return Classification(d) if tsv_header(first) else Tagging(d)
+    return ClassificationData(d) if tsv_header(first) else TaggingData(d)
 
 
-__all__ = ["draw", "Classification", "Tagging", "QuestionAnswering", "first_sentence",
-           "load_task"]
+__all__ = ["draw", "ClassificationData", "TaggingData", "QuestionAnsweringData",
+           "first_sentence", "load_task"]

@@ -1,6 +1,10 @@
-"""The evaluation harness (``evaluate.py``): what a starting point is worth downstream,
-measured as ``../shared/DESIGN.md`` section 8 asks, on every kind of task ``finetune.py``
-has (:mod:`.downstream`: sentence classification, tagging, question answering).
+"""The evaluation harness (``evaluate.py``): what a starting point is worth downstream, on
+every kind of task ``finetune.py`` has (:mod:`.downstream`: sentence classification,
+tagging, question answering). The comparison is only fair when every start has the same
+architecture and vocabulary, its own learning rate chosen on dev, several seeds, label
+budgets from few to all, and floors beside it; the harness holds each start to that
+(``docs/payoff.md`` has the results). It reads the task directories and starts it is
+given; ``evaluate.py`` names the defaults, the tasks the repository ships under ``data/``.
 
 For every (task, label budget, seed) the harness draws the train rows (sentences,
 questions; ``Task.draw``), fine-tunes every start at every learning rate

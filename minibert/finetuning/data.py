@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..textfiles import utf8_lines
 from ..tokenization import BertTokenizer
 SINGLE_COLUMNS = ("label", "sentence")
 PAIR_COLUMNS = ("label", "sentence_a", "sentence_b")
@@ -50,14 +51,7 @@ def text_lines(path: Path):
     """
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: not valid UTF-8 ({e})") from e
-            text = text.rstrip("\r\n")
-            yield lineno, (text.lstrip("\ufeff") if lineno == 1 else text)
+    yield from utf8_lines(path, error=DatasetError)
 
 
 def tsv_header(text: str) -> tuple[str, ...] | None:

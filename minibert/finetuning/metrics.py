@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..nn.activations import log_softmax
+
 def confusion_matrix(gold: np.ndarray, pred: np.ndarray, num_labels: int) -> np.ndarray:
     """(K, K) int64 counts, rows = gold class, columns = predicted class."""
     m = np.zeros((num_labels, num_labels), dtype=np.int64)
@@ -49,11 +51,9 @@ def classification_metrics(gold, pred, num_labels: int) -> dict[str, float]:
 
 
 def log_softmax_np(logits: np.ndarray) -> np.ndarray:
-    """Log-softmax over the last axis of host logits (..., K), max-subtracted (stable);
-    returns float64 of the same shape."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    """Log-softmax over the last axis of host logits (..., K) in float64
+    (:func:`minibert.nn.activations.log_softmax`); returns float64 of the same shape."""
+    return log_softmax(np.asarray(logits, dtype=np.float64), axis=-1)
 
 
 def softmax_np(logits: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..textfiles import decode_utf8
 from ..tokenization import BertTokenizer
 from .data import DatasetError, EncodedSplit
 
@@ -188,14 +189,7 @@ def read_squad(path: str | os.PathLike, require_answers: bool = True) -> list[QA
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise DatasetError(f"{path}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})"
-                           ) from e
-    text = text.lstrip("\ufeff")
+    text = decode_utf8(path.read_bytes(), path, error=DatasetError).lstrip("\ufeff")
     if not text.strip():
         raise DatasetError(f"{path}:1: no question (the file is empty)")
     examples: list[QAExample] = []

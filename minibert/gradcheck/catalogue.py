@@ -54,13 +54,13 @@ class Shapes:
 
     def check_fits(self) -> None:
         """Refuse sizes whose float64 arrays (:meth:`float64_terms`) cannot fit in the
-        memory available (:func:`minibert.validation.available_memory`), before any is
+        memory available (:func:`minibert.untrusted.available_memory`), before any is
         allocated.
 
         Raises:
             ValueError: naming the options of the largest term and the bytes.
         """
-        from ..validation import available_memory
+        from ..untrusted import available_memory
         terms = self.float64_terms()
         need, avail = 8 * sum(terms.values()), available_memory()
         if need > avail:
@@ -337,20 +337,25 @@ def _distillation(d: _Draws):
         "att.", ["scores"], _scaled(1.3))
 
 
+def _pretraining_case(d: _Draws, model_class, config, title: str, prefix: str) -> _Case:
+    """A whole pretraining model of ``config`` in float64 on a random padded batch, its
+    loss the model's own (MLM + the sentence-level objective), the same dropout masks at
+    every evaluation."""
+    net = model_class(config, seed=d.seed, dtype=np.float64, label_smoothing=d.s.label_smoothing)
+    batch = random_token_batch(config, d.rng(10), d.B, d.T, first_row_full=True)
+    batch[net.sentence_label] = batch.pop("next_sentence_label")
+    return _Case(net, list(batch.values()), title, prefix, loss=lambda out: (out.loss, None),
+                 before_forward=lambda: net.set_dropout_rng(np.random.default_rng(d.seed)))
+
+
 def _model(d: _Draws):
     s = d.s
     for norm in ("post", "pre"):
-        config = _config(s, norm, s.dropout)
-        net = M.BertForPreTraining(config, seed=d.seed, dtype=np.float64,
-                                   label_smoothing=s.label_smoothing)
-        batch = random_token_batch(config, d.rng(10), d.B, d.T, first_row_full=True)
-        yield _Case(net, list(batch.values()),
-                    f"BertForPreTraining {norm}-LN, L={s.layers} {d.dims} NH={d.NH} I={d.I} "
-                    f"V={d.V}: MLM + NSP loss, padding, dropout {s.dropout} (fixed masks), "
-                    f"label smoothing {s.label_smoothing}", f"{norm}:",
-                    loss=lambda out: (out.loss, None),
-                    before_forward=lambda net=net: net.set_dropout_rng(
-                        np.random.default_rng(d.seed)))
+        yield _pretraining_case(
+            d, M.BertForPreTraining, _config(s, norm, s.dropout),
+            f"BertForPreTraining {norm}-LN, L={s.layers} {d.dims} NH={d.NH} I={d.I} "
+            f"V={d.V}: MLM + NSP loss, padding, dropout {s.dropout} (fixed masks), "
+            f"label smoothing {s.label_smoothing}", f"{norm}:")
 
 
 def _albert(d: _Draws):
@@ -366,17 +371,11 @@ def _albert(d: _Draws):
             hidden_dropout_prob=s.dropout, attention_probs_dropout_prob=s.dropout,
             classifier_dropout_prob=s.dropout, max_position_embeddings=s.seq_len,
             initializer_range=0.5)
-        net = AlbertForPreTraining(config, seed=d.seed, dtype=np.float64,
-                                   label_smoothing=s.label_smoothing)
-        batch = random_token_batch(config, d.rng(10), d.B, d.T, first_row_full=True)
-        batch["sentence_order_label"] = batch.pop("next_sentence_label")
-        yield _Case(net, list(batch.values()),
-                    f"AlbertForPreTraining, {groups} group(s) of {inner} layer(s) over "
-                    f"L={s.layers} depths, E={E} {d.dims} NH={d.NH} I={d.I} V={d.V}: MLM + "
-                    f"SOP loss, padding, dropout {s.dropout} (fixed masks)", f"G={groups}:",
-                    loss=lambda out: (out.loss, None),
-                    before_forward=lambda net=net: net.set_dropout_rng(
-                        np.random.default_rng(d.seed)))
+        yield _pretraining_case(
+            d, AlbertForPreTraining, config,
+            f"AlbertForPreTraining, {groups} group(s) of {inner} layer(s) over "
+            f"L={s.layers} depths, E={E} {d.dims} NH={d.NH} I={d.I} V={d.V}: MLM + "
+            f"SOP loss, padding, dropout {s.dropout} (fixed masks)", f"G={groups}:")
 
 
 # the catalogue: name -> entry, in the order of --layer all

@@ -6,7 +6,7 @@ cross-entropy (:mod:`minibert.fast_cpu`) with :func:`minibert.backend.set_fast_p
 say so in their log; a plain import, the examples and ``python -m minibert.gradcheck``
 leave them off.
 """
-from .activations import ACTIVATIONS, Activation, softmax_backward, softmax_forward
+from .activations import ACTIVATIONS, Activation, log_softmax, softmax_backward, softmax_forward
 from .attention import (AttentionCache, attention_backward, attention_forward,
                         extended_attention_mask)
 from .dropout import Dropout
@@ -25,6 +25,6 @@ __all__ = [
     "LayerNorm", "Linear", "Module", "ModuleList", "Parameter", "attention_backward",
     "attention_forward", "cross_entropy_backward", "cross_entropy_forward",
     "extended_attention_mask", "layernorm_backward", "layernorm_forward", "linear_backward",
-    "linear_forward", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows",
+    "linear_forward", "log_softmax", "mean_pooling_backward", "mean_pooling_forward", "scatter_add_rows",
     "softmax_backward", "softmax_forward", "softmax_nll",
 ]

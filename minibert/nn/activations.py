@@ -117,9 +117,7 @@ class Activation(Module):
         return out
 
     def backward(self, dout):
-        dx = self._bwd(dout, self._cache)
-        self._cache = None
-        return dx
+        return self._bwd(dout, self.take_cache())
 
 
 def softmax_forward(x, axis: int = -1, out=None):
@@ -154,6 +152,32 @@ def softmax_forward(x, axis: int = -1, out=None):
     probs = xp.divide(e, e.sum(axis=axis, keepdims=True), out=e)
     probs = probs.astype(dtype, copy=False)
     return probs, (probs, axis)
+
+
+def log_softmax(x, axis: int = -1):
+    """Numerically stable log-softmax along ``axis``: log p = (x - max) - log sum exp(x - max),
+    so no exp overflows and no probability underflows to log(0). Distillation's soft
+    targets and the fine-tuning scores take their log-probabilities from here; the
+    cross-entropy (:func:`minibert.nn.losses.softmax_nll`) runs the same formula fused with
+    the softmax its backward keeps.
+
+    Its gradient is ``dx = dlogp - softmax(x) * sum(dlogp)`` along ``axis``; each loss folds
+    that into its own backward (e.g. ``softmax - target`` for cross-entropy), so there is
+    no separate ``log_softmax_backward``.
+
+    Args:
+        x: any shape, float. Float16 is reduced in float32 (see
+            :func:`minibert.backend.compute_dtype`) and returned as float16.
+        axis: the axis normalised over.
+    Returns:
+        log p, the shape and dtype of x; ``exp`` of each slice along ``axis`` sums to 1.
+    """
+    xp = get_array_module(x)
+    dtype = x.dtype
+    x = x.astype(compute_dtype(dtype), copy=False)
+    shifted = x - x.max(axis=axis, keepdims=True)                      # shape of x, largest 0
+    logp = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+    return logp.astype(dtype, copy=False)
 
 
 def softmax_backward(dprobs, cache, out=None):

@@ -76,8 +76,7 @@ class LayerNorm(Module):
 
     def backward(self, dout):
         """dout: (..., C) -> dx (..., C); accumulates weight/bias grads."""
-        dx, dw, db = layernorm_backward(dout, self._cache)
+        dx, dw, db = layernorm_backward(dout, self.take_cache())
         self.weight.add_grad(dw)
         self.bias.add_grad(db)
-        self._cache = None
         return dx

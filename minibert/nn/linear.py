@@ -74,9 +74,8 @@ class Linear(Module):
 
     def backward(self, dout):
         """dout: (..., out_features) -> dx (..., in_features); accumulates weight/bias grads."""
-        dx, dw, db = linear_backward(dout, self._cache)
+        dx, dw, db = linear_backward(dout, self.take_cache())
         self.weight.add_grad(dw)
         if db is not None:
             self.bias.add_grad(db)
-        self._cache = None
         return dx

@@ -30,7 +30,8 @@ def softmax_nll(logits, labels, label_smoothing: float = 0.0):
     if fast is not None:
         return fast(logits, labels, label_smoothing)
     xp = get_array_module(logits)
-    # log p = shifted - log(sum exp(shifted)), shifted = logits - max: no overflow
+    # log p = shifted - lse, shifted = logits - max: nn.activations.log_softmax's formula,
+    # fused here so that one exp serves both the loss and the softmax the backward needs
     shifted = logits - logits.max(axis=-1, keepdims=True)       # (N, K)
     e = xp.exp(shifted)                                         # (N, K)
     sumexp = e.sum(axis=-1)                                     # (N,)

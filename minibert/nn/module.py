@@ -6,8 +6,12 @@
   modules: both uses add into the same ``grad``.
 * A :class:`Module` caches in ``forward`` what its ``backward(dout)`` needs; ``backward``
   returns the gradient for the input(s) and adds into its parameters' ``grad``. Each
-  module names the attributes that hold such a cache in ``cache_attributes``, so
-  :meth:`Module.release_caches` can drop them all after an inference-only forward.
+  module names the attributes that hold such a cache in ``cache_attributes``. A cache
+  leaves a module one way for each reason: a ``backward`` takes it
+  (:meth:`Module.take_cache`, once per forward), an inference-only caller drops them all
+  (:meth:`Module.release_caches`), and a module applied several times in one forward
+  (ALBERT's shared layers) moves them aside and back (:meth:`Module.stash_caches`,
+  :meth:`Module.restore_caches`).
 
 Parameter names follow the attribute path, as in PyTorch (``encoder.layer.0.attention.
 self.query.weight``), so state dicts line up with Hugging Face checkpoints key for key.
@@ -133,7 +137,8 @@ class Module:
         """Drop what this module and every sub-module keep from their last forward (each
         one's ``cache_attributes`` that it has, set to None), so a model used for
         inference only holds no activations between batches. A ``backward`` after this
-        raises (RuntimeError or TypeError, by layer), as one without a forward does.
+        raises RuntimeError (its :meth:`take_cache` finds nothing), as one without a forward
+        does.
         Returns self."""
         for m in self.modules():
             for name in m.cache_attributes:

@@ -25,23 +25,19 @@ import warnings
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..atomic import atomic_write
 from ..nn.losses import IGNORE_INDEX
-
-if TYPE_CHECKING:
-    from .exclusion import DocumentExclusion
+from ..textfiles import utf8_lines
+from .errors import CorpusError
+from .exclusion import DocumentExclusion
 
 _TAG_SPLIT = 404  # first word of the SeedSequence entropy of the held-out split
 _STORE_FORMAT = 1
-
-
-class CorpusError(ValueError):
-    """The pretraining corpus (or a saved token store) cannot be used; the message says why and where."""
 
 
 def check_seed(**values: int) -> None:
@@ -110,33 +106,20 @@ def iter_documents(files: Sequence[str | os.PathLike], progress: tqdm | None = N
     """
     for path in files:
         path = Path(path)
-        try:
-            fh = open(path, "rb")
-        except FileNotFoundError:
-            raise CorpusError(f"corpus file not found: {path}") from None
-        with fh:
-            doc: list[str] = []
-            for lineno, raw in enumerate(fh, start=1):
-                if progress is not None:
-                    progress.update(len(raw))
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise CorpusError(
-                        f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
-                        f"column {e.start + 1}: {e.reason}); re-encode the file as UTF-8"
-                    ) from None
-                if lineno == 1 and line.startswith("\ufeff"):
-                    line = line[1:]
-                line = line.strip()
-                if line:
-                    doc.append(line)
-                elif doc:
-                    if exclude is None or exclude.keep(doc):
-                        yield doc
-                    doc = []
-            if doc and (exclude is None or exclude.keep(doc)):
-                yield doc
+        if not path.is_file():
+            raise CorpusError(f"corpus file not found: {path}")
+        doc: list[str] = []
+        for _, line in utf8_lines(path, error=CorpusError,
+                                  on_bytes=None if progress is None else progress.update):
+            line = line.strip()
+            if line:
+                doc.append(line)
+            elif doc:
+                if exclude is None or exclude.keep(doc):
+                    yield doc
+                doc = []
+        if doc and (exclude is None or exclude.keep(doc)):
+            yield doc
 
 
 # ----------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .corpus import CorpusError
+from ..textfiles import utf8_lines
+from .errors import CorpusError
 
 NONE = "none"   # --exclude-documents none: leave nothing out
 SHOWN = 40      # the log line names at most this many of the documents left out
@@ -47,11 +48,8 @@ def read_document_list(path: str | os.PathLike) -> dict[str, str]:
     if not path.is_file():
         raise CorpusError(f"--exclude-documents {path}: no such file")
     out: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        try:
-            text = raw.decode("utf-8").strip().lstrip("\ufeff")
-        except UnicodeDecodeError as e:
-            raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({e})") from None
+    for lineno, text in utf8_lines(path, error=CorpusError):
+        text = text.strip().lstrip("\ufeff")
         if not text or text.startswith("#"):
             continue
         digest, _, name = text.partition("\t")

@@ -51,16 +51,14 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import AbstractSet, Mapping, NamedTuple, Protocol, Sequence
 
 import regex
 
-from .basic import _CJK_RANGES, _is_punct, is_control, is_whitespace
+from .basic import _CJK_RANGES, BasicTokenizer, _is_punct, is_control, is_whitespace
+from .wordpiece import WordpieceTokenizer
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .bert import BertTokenizer
-
-__all__ = ["AlignedIds", "Aligner"]
+__all__ = ["AlignedIds", "Aligner", "TokenizerParts"]
 
 Span = tuple[int, int]
 
@@ -125,6 +123,23 @@ class _WordAlignment(NamedTuple):
     n_words: int
 
 
+class TokenizerParts(Protocol):
+    """What an :class:`Aligner` reads from its tokenizer, which
+    :class:`~minibert.tokenization.bert.BertTokenizer` provides: named here so that this
+    module does not import the tokenizer that imports it."""
+
+    vocab: Mapping[str, int]                   # token -> id
+    unk_token_id: int
+    do_basic_tokenize: bool
+    wordpiece_tokenizer: WordpieceTokenizer
+    _basic: BasicTokenizer                     # its cleaning, case and accent settings
+    _special_re: "regex.Pattern"               # matches the special tokens kept whole
+    _user_never_split: AbstractSet[str]        # basic tokens WordPiece leaves whole
+
+    def _word_ids(self, word: str) -> Sequence[int]:
+        """The ids of one whitespace-free word (its basic tokens, then WordPiece)."""
+
+
 class Aligner:
     """Ids, character spans and word indices for one :class:`BertTokenizer`.
 
@@ -135,7 +150,7 @@ class Aligner:
 
     max_cache_size = 1_000_000
 
-    def __init__(self, tokenizer: "BertTokenizer"):
+    def __init__(self, tokenizer: TokenizerParts):
         self.tok = tokenizer
         basic = tokenizer._basic
         self._lower = basic.do_lower_case

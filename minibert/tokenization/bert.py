@@ -107,6 +107,13 @@ def _as_arrays(out: dict[str, list]) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _id_of(token_attribute: str) -> property:
+    """A read-only property: the vocabulary id of the token the tokenizer holds under
+    ``token_attribute`` (e.g. ``"unk_token"``)."""
+    return property(lambda self: self.vocab[getattr(self, token_attribute)],
+                    doc=f"The id of ``{token_attribute}`` in the vocabulary (int).")
+
+
 class BertTokenizer:
     """BERT WordPiece tokenizer reading a standard ``vocab.txt``.
 
@@ -202,25 +209,12 @@ class BertTokenizer:
         """Ids of :attr:`all_special_tokens`, in the same order."""
         return [self.vocab[t] for t in self.all_special_tokens]
 
-    @property
-    def unk_token_id(self) -> int:
-        return self.vocab[self.unk_token]
-
-    @property
-    def sep_token_id(self) -> int:
-        return self.vocab[self.sep_token]
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.vocab[self.pad_token]
-
-    @property
-    def cls_token_id(self) -> int:
-        return self.vocab[self.cls_token]
-
-    @property
-    def mask_token_id(self) -> int:
-        return self.vocab[self.mask_token]
+    # the id of each special token: unk_token_id, sep_token_id ... (transformers' names)
+    unk_token_id = _id_of("unk_token")
+    sep_token_id = _id_of("sep_token")
+    pad_token_id = _id_of("pad_token")
+    cls_token_id = _id_of("cls_token")
+    mask_token_id = _id_of("mask_token")
 
     @property
     def vocab_size(self) -> int:
@@ -604,11 +598,8 @@ class BertTokenizer:
         Source of the semantics: transformers ``PreTrainedTokenizerFast.__call__`` and
         ``tokenizers``' ``truncate_encodings`` / ``Encoding.truncate`` (windows).
         """
-        trunc, pad = self._check_options(truncation, padding, max_length)
-        if return_tensors not in (None, "np"):
-            raise ValueError(f"return_tensors must be None or 'np', got {return_tensors!r}")
-        if not isinstance(stride, (int, np.integer)) or stride < 0:
-            raise ValueError(f"stride must be an int >= 0, got {stride!r}")
+        trunc, pad = self._check_call_options(truncation, padding, max_length, return_tensors,
+                                              stride)
         batched, examples = self._examples(text, text_pair, is_split_into_words)
         rows, sample_of_row = self._encode_rows(
             examples, is_split_into_words, return_offsets_mapping, add_special_tokens, trunc,
@@ -618,8 +609,29 @@ class BertTokenizer:
                                    ("special_tokens_mask", return_special_tokens_mask),
                                    ("offset_mapping", return_offsets_mapping)) if on]
         target = _padded_length(pad, rows, max_length, pad_to_multiple_of)
+        return self._batch_encoding(rows, target, columns, batched,
+                                    sample_of_row if return_overflowing_tokens else None,
+                                    return_length, return_tensors)
+
+    def _check_call_options(self, truncation, padding, max_length, return_tensors, stride):
+        """:meth:`_check_options` (the truncation and padding modes), then
+        ``return_tensors`` and ``stride``. Raises ValueError naming the bad option."""
+        trunc, pad = self._check_options(truncation, padding, max_length)
+        if return_tensors not in (None, "np"):
+            raise ValueError(f"return_tensors must be None or 'np', got {return_tensors!r}")
+        if not isinstance(stride, (int, np.integer)) or stride < 0:
+            raise ValueError(f"stride must be an int >= 0, got {stride!r}")
+        return trunc, pad
+
+    def _batch_encoding(self, rows: list[_Row], target, columns: list[str], batched: bool,
+                        sample_of_row: list[int] | None, return_length: bool,
+                        return_tensors: str | None) -> BatchEncoding:
+        """What :meth:`__call__` returns for its unpadded ``rows``: padded to ``target``
+        with the asked ``columns``; with ``sample_of_row`` (overflowing windows) the
+        ``overflow_to_sample_mapping`` column and always a row axis; ``length`` when asked;
+        int64 arrays for ``return_tensors='np'``; one example's row unwrapped."""
         out, word_ids, sequence_ids = self._pad_rows(rows, target, columns)
-        if return_overflowing_tokens:
+        if sample_of_row is not None:
             out["overflow_to_sample_mapping"], batched = sample_of_row, True
         if return_length:
             out["length"] = [len(r.ids) for r in rows]

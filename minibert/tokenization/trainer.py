@@ -71,6 +71,7 @@ from typing import Iterable, Sequence
 
 from tqdm.auto import tqdm
 
+from ..textfiles import decode_utf8
 from .basic import BasicTokenizer
 from .vocab import SPECIAL_TOKENS, check_writable, write_vocab
 
@@ -182,16 +183,14 @@ def _count_words(files, lines, basic: BasicTokenizer, show_progress: bool) -> Co
         with tqdm(total=total, unit="B", unit_scale=True, desc="counting words", disable=not show_progress) as bar:
             for p in files:
                 with open(p, "rb") as f:
+                    first_line = 1
                     while True:
                         block = f.readlines(_CHUNK_BYTES)
                         if not block:
                             break
                         data = b"".join(block)
-                        try:
-                            text = data.decode("utf-8")
-                        except UnicodeDecodeError as e:
-                            raise ValueError(f"training file {str(p)!r} is not valid UTF-8: {e}") from None
-                        raw.update(basic.pre_split(text))
+                        raw.update(basic.pre_split(decode_utf8(data, p, first_line=first_line)))
+                        first_line += len(block)
                         bar.update(len(data))
     else:
         buf: list[str] = []
@@ -331,8 +330,9 @@ def train_wordpiece(
 
     Raises:
         FileNotFoundError: a training file does not exist.
-        ValueError: empty corpus, unknown algorithm, bad ``special_tokens``, or a
-            ``vocab_size`` smaller than special tokens + alphabet.
+        ValueError: empty corpus, unknown algorithm, bad ``special_tokens``, a
+            ``vocab_size`` smaller than special tokens + alphabet, or a training file that
+            is not UTF-8 (``path:line: not valid UTF-8 ...``).
         TypeError: an iterator yields something that is not a ``str``.
         OSError: ``output`` cannot be written (checked before training, see
             :func:`~minibert.tokenization.vocab.check_writable`).
@@ -342,19 +342,42 @@ def train_wordpiece(
     _check_settings(algorithm, vocab_size, min_frequency, special_tokens)
     if output is not None:
         check_writable(output)  # before the hours of counting and merging, not after
-    files, lines = _resolve_sources(files_or_iterator)
-    sources = [str(p) for p in files] if files is not None else ["<iterator>"]
     basic = BasicTokenizer(
         do_lower_case=lowercase, strip_accents=strip_accents, tokenize_chinese_chars=tokenize_chinese_chars
     )
+    word_counts, report = _count_corpus(files_or_iterator, basic, algorithm, show_progress)
+    tokens = _learn_tokens(word_counts, vocab_size, min_frequency, special_tokens, algorithm,
+                           max_input_chars_per_word, show_progress, report)
+    vocab = _finish(TrainedVocab(tokens), vocab_size, min_frequency, report, t0)
+    if output is not None:
+        write_vocab(vocab, output)
+    return vocab
+
+
+def _count_corpus(files_or_iterator, basic: BasicTokenizer, algorithm: str,
+                  show_progress: bool) -> tuple[Counter, TrainingReport]:
+    """The basic-tokenized word counts of the corpus and a report of its sources and
+    sizes. Raises ValueError for a corpus without words (and as :func:`_resolve_sources`)."""
+    files, lines = _resolve_sources(files_or_iterator)
+    sources = [str(p) for p in files] if files is not None else ["<iterator>"]
     word_counts = _count_words(files, lines, basic, show_progress)
     if not word_counts:
         raise ValueError(f"empty corpus: no words in {', '.join(sources)} (expected non-blank UTF-8 text)")
-
     report = TrainingReport(algorithm=algorithm, sources=sources)
     report.n_words = sum(word_counts.values())
     report.n_distinct_words = len(word_counts)
+    return word_counts, report
 
+
+def _learn_tokens(word_counts: Counter, vocab_size: int, min_frequency: int,
+                  special_tokens: list[str], algorithm: str, max_input_chars_per_word: int,
+                  show_progress: bool, report: TrainingReport) -> list[str]:
+    """The vocabulary in id order: the special tokens, the alphabet, then the merged
+    tokens in merge order, at most ``vocab_size`` in all (``word_counts`` is consumed).
+
+    Raises:
+        ValueError: ``vocab_size`` below the special tokens plus the alphabet.
+    """
     alphabet, dropped = _alphabet(word_counts, min_frequency, max_input_chars_per_word, report)
     taken = set(special_tokens)
     # A character that is also a special token stays a symbol of the words that hold it,
@@ -372,12 +395,17 @@ def train_wordpiece(
     sym_id: dict[str, int] = {s: i for i, s in enumerate(sym_str)}
     words, freqs = _spell_words(word_counts, sym_id, dropped, max_input_chars_per_word,
                                 min_frequency, report)
-    del word_counts
-
+    word_counts.clear()   # the spelled words replace the counts: free them before merging
     merged = _merge_loop(
         words, freqs, sym_str, sym_id, vocab_size - needed, min_frequency, algorithm, taken, show_progress, report
     )
-    vocab = TrainedVocab(special_tokens + new_alphabet + merged)
+    return special_tokens + new_alphabet + merged
+
+
+def _finish(vocab: TrainedVocab, vocab_size: int, min_frequency: int, report: TrainingReport,
+            t0: float) -> TrainedVocab:
+    """``vocab`` with its completed ``report`` (size, early stop, seconds since ``t0``); a
+    warning in the log when the merges ran out before ``vocab_size``."""
     report.vocab_size = len(vocab)
     report.stopped_early = len(vocab) < vocab_size
     report.seconds = time.perf_counter() - t0
@@ -387,8 +415,6 @@ def train_wordpiece(
             "train_wordpiece: stopped at %d tokens (asked %d): no pair occurs >= min_frequency=%d times",
             len(vocab), vocab_size, min_frequency,
         )
-    if output is not None:
-        write_vocab(vocab, output)
     return vocab
 
 

@@ -19,14 +19,21 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..atomic import atomic_write_bytes
+from ..textfiles import decode_utf8
+from ..untrusted import UntrustedFileError
 
-__all__ = ["SPECIAL_TOKENS", "VocabError", "check_writable", "load_vocab", "read_vocab_tokens", "write_vocab"]
+__all__ = ["SPECIAL_TOKENS", "VOCAB_LINE_BYTES", "VocabError", "check_vocab_fits", "check_writable", "load_vocab",
+           "read_vocab_tokens", "write_vocab"]
 
 # The special tokens of a vocabulary we train, in id order (ids 0-4). Google's English and
 # Chinese vocabularies hold the same five at ids 0, 100, 101, 102, 103.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 _SHOWN_DUPLICATES = 5  # duplicated tokens named in one error message
+
+# the longest WordPiece token is 100 characters (BasicTokenizer's max_input_chars_per_word),
+# at most 4 UTF-8 bytes each, with "##" and a line end: a bound on bytes per vocab line
+VOCAB_LINE_BYTES = 406
 
 
 class VocabError(ValueError):
@@ -71,14 +78,10 @@ def read_vocab_tokens(vocab_file: str | os.PathLike) -> list[str]:
         raise IsADirectoryError(f"{where} is a directory; expected a vocab.txt file, one token per line")
     if not path.is_file():
         raise FileNotFoundError(f"{where} not found (expected a vocab.txt, one token per line)")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = _universal_newlines(data[: e.start].decode("utf-8")).count("\n") + 1
-        bad = data[e.start : e.end]
-        raise VocabError(f"{where} is not UTF-8: line {line} holds the bytes {bad!r} ({e.reason})") from None
-    text = _universal_newlines(text)
+    # \r\n and \r end a line as \n does (Python's universal newlines), on the bytes: neither
+    # byte occurs inside a multi-byte UTF-8 character, and a bad byte's line is then counted right
+    data = path.read_bytes().replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    text = decode_utf8(data, path, error=VocabError)
     if text.endswith("\n"):
         text = text[:-1]
     if not text:
@@ -88,9 +91,32 @@ def read_vocab_tokens(vocab_file: str | os.PathLike) -> list[str]:
     return tokens
 
 
-def _universal_newlines(text: str) -> str:
-    """``\\r\\n`` and ``\\r`` -> ``\\n``, as Python's text mode reads them."""
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+def check_vocab_fits(vocab_file: str | os.PathLike, vocab_size: int, source: str) -> list[str]:
+    """The tokens of an untrusted ``vocab_file``, checked to fit a model of ``vocab_size``
+    embedding rows: the file is read only when at most ``vocab_size`` x
+    :data:`VOCAB_LINE_BYTES` bytes, and may not hold more tokens than rows (a token id
+    without a row would index past the embedding).
+
+    Args:
+        vocab_file: the file. vocab_size: the rows of the model's word embedding.
+        source: where vocab_size comes from (the config file), for messages.
+    Returns:
+        the tokens in id order (as :func:`read_vocab_tokens`).
+    Raises:
+        UntrustedFileError: too large, or more tokens than ``vocab_size``
+            (:mod:`minibert.untrusted`).
+        VocabError: not UTF-8, empty, or a token on two lines (:func:`read_vocab_tokens`).
+    """
+    size = Path(vocab_file).stat().st_size
+    if size > vocab_size * VOCAB_LINE_BYTES:
+        raise UntrustedFileError(f"{vocab_file}: {size:,} bytes, more than {vocab_size} tokens "
+                                 f"(vocab_size in {source}) can take")
+    tokens = read_vocab_tokens(vocab_file)
+    if len(tokens) > vocab_size:
+        raise UntrustedFileError(f"{vocab_file}: {len(tokens)} tokens, more than the "
+                                 f"vocab_size {vocab_size} of {source} (the model has no "
+                                 "embedding row for the rest)")
+    return tokens
 
 
 def load_vocab(vocab_file: str | os.PathLike) -> dict[str, int]:

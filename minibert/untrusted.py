@@ -16,9 +16,11 @@ process can still get, from headers alone, before the arrays behind it are read.
   specification asks (github.com/huggingface/safetensors, "Format");
 * :func:`check_npz_members`: every ``.npy`` member of an ``.npz`` has the size its header
   implies;
-* :func:`check_vocab_fits`: ``vocab.txt`` has no more tokens than the embedding has rows;
 * :func:`check_state_matches_config`: the weights' shapes are the config's;
 * :func:`check_finite`: loaded weights hold no NaN or infinity.
+
+The tokenizer's file is checked where it is read:
+:func:`minibert.tokenization.vocab.check_vocab_fits`.
 
 Every error is an :class:`UntrustedFileError` naming the file, the field and what was
 expected; the jobs turn it into one ``error:`` line.
@@ -43,9 +45,6 @@ SAFETENSORS_HEADER_LIMIT = 100_000_000
 SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2,
                         "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8,
                         "U64": 8, "F64": 8}
-# the longest WordPiece token is 100 characters (BasicTokenizer's max_input_chars_per_word),
-# at most 4 UTF-8 bytes each, with "##" and a line end: a bound on bytes per vocab line
-VOCAB_LINE_BYTES = 406
 
 # integer config fields: (smallest value, largest value or None); sizes are bounded
 # together by check_model_fits, the rest here
@@ -92,24 +91,27 @@ def available_memory() -> int:
     (``/proc/meminfo``; the physical memory where that file is missing) and, under an
     address-space limit (``ulimit -v``, ``RLIMIT_AS``), that limit less the process's
     current virtual size."""
-    avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    avail = _proc_kb("/proc/meminfo", "MemAvailable:")
+    if avail is None:
+        avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
-        used = 0
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmSize:"):
-                    used = int(line.split()[1]) * 1024
-        except OSError:
-            pass
+        used = _proc_kb("/proc/self/status", "VmSize:") or 0
         avail = min(avail, max(0, soft - used))
     return avail
+
+
+def _proc_kb(path: str, key: str) -> int | None:
+    """The bytes of the last ``key N kB`` line of a /proc file, or None when the file
+    cannot be read or has no such line."""
+    found = None
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                found = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return found
 
 
 def _gb(n: int) -> str:
@@ -399,32 +401,6 @@ def check_npz_members(path: str | os.PathLike) -> int:
                                          f"{info.file_size:,} bytes, its header (shape "
                                          f"{shape}, {dtype}) needs {need:,}")
     return total
-
-
-def check_vocab_fits(vocab_file: str | os.PathLike, vocab_size: int, source: str) -> list[str]:
-    """The tokens of ``vocab_file``, checked to fit a model of ``vocab_size`` embedding
-    rows: the file is read only when at most ``vocab_size`` x :data:`VOCAB_LINE_BYTES`
-    bytes, and may not hold more tokens than rows (a token id without a row would index
-    past the embedding).
-
-    Args:
-        source: where vocab_size comes from (the config file), for messages.
-    Raises:
-        UntrustedFileError: too large, or more tokens than ``vocab_size``.
-        VocabError: not UTF-8, empty, or a token on two lines
-            (:func:`minibert.tokenization.vocab.read_vocab_tokens`).
-    """
-    from .tokenization.vocab import read_vocab_tokens
-    size = Path(vocab_file).stat().st_size
-    if size > vocab_size * VOCAB_LINE_BYTES:
-        raise UntrustedFileError(f"{vocab_file}: {size:,} bytes, more than {vocab_size} tokens "
-                                 f"(vocab_size in {source}) can take")
-    tokens = read_vocab_tokens(vocab_file)
-    if len(tokens) > vocab_size:
-        raise UntrustedFileError(f"{vocab_file}: {len(tokens)} tokens, more than the "
-                                 f"vocab_size {vocab_size} of {source} (the model has no "
-                                 "embedding row for the rest)")
-    return tokens
 
 
 def check_state_matches_config(state: Mapping[str, np.ndarray], config, source: str) -> None:
