@@ -59,7 +59,7 @@ def worker(preset: str, steps: int, batch_size: int, seq_len: int, vocab: int) -
     from minibert.pretraining.batches import Batch
     from minibert.training import TrainingConfig, train_step
 
-    from minibert.backend import set_fast_paths
+    from minibert.fast import set_fast_paths
     set_fast_paths(True)  # what the jobs run
     comm = TimedComm(distributed.init_distributed("auto"))
     config = BertConfig.from_preset(preset, vocab_size=vocab)

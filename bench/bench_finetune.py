@@ -144,7 +144,7 @@ class MinibertSystem:
         from minibert.finetuning.job import make_optimizer
         from minibert.finetuning.tasks import FinetuneTask
         from minibert.backend import DropoutRNG
-        from minibert.backend import set_fast_paths
+        from minibert.fast import set_fast_paths
         from minibert.training import TrainingConfig, train_step
         set_fast_paths(True)  # what the jobs run
         self.data, self._evaluate, self._train_step = data, evaluate, train_step

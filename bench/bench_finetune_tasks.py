@@ -103,7 +103,7 @@ def torch_inputs(torch, batch, task_name: str) -> dict:
 def run(args) -> dict:
     import torch
 
-    from minibert.backend import set_fast_paths
+    from minibert.fast import set_fast_paths
     set_fast_paths(True)  # what the jobs run
     import transformers
     transformers.logging.set_verbosity_error()

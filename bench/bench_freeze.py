@@ -44,7 +44,7 @@ def parse_setting(text: str) -> tuple[bool, int]:
 
 
 def main(argv=None) -> int:
-    from minibert.backend import set_fast_paths
+    from minibert.fast import set_fast_paths
     set_fast_paths(True)  # what the jobs run
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--init", required=True)

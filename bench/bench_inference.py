@@ -73,7 +73,7 @@ class Subject:
 
 
 def main(argv=None) -> int:
-    from minibert.backend import set_fast_paths
+    from minibert.fast import set_fast_paths
     set_fast_paths(True)  # what the jobs run
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("models", nargs="+", metavar="MODEL")

@@ -110,13 +110,13 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
     (float16 compute, float32 master weights in AdamW, dynamic loss scaling). The model is
     the pretraining class of the config's family (an ALBERT config gives
     AlbertForPreTraining, its sentence label under its own keyword); ``step.model`` is it."""
-    from minibert import backend
+    from minibert import backend, fast
     from minibert.auto import model_class
     from minibert.modeling import BertForPreTraining
     from minibert.optim import AdamW
     from minibert.training import TrainingConfig, train_step
     backend.set_device(device)
-    backend.set_fast_paths(True)  # what the jobs run
+    fast.set_fast_paths(True)  # what the jobs run
     if precision == "tf32":
         backend.set_tf32(True)
     xp = backend.xp_for(device)

@@ -36,7 +36,7 @@ from minibert.tokenization import BertTokenizer  # noqa: E402
 
 
 def main(argv=None) -> int:
-    from minibert.backend import set_fast_paths
+    from minibert.fast import set_fast_paths
     set_fast_paths(True)  # what the jobs run
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="train_mlm.py run directories (same corpus and vocab)")

@@ -5,7 +5,7 @@ The package loads lazily (PEP 562): ``import minibert`` loads nothing else, and
 defines the name. The core (``backend``, ``nn``, ``modeling``, ``albert``, ``heads``,
 ``optim``, ``gradcheck``, ``testing``) needs NumPy and SciPy alone (``testing`` also
 Hypothesis) and runs the formulas it shows; the jobs switch on the fast paths
-(:func:`minibert.backend.set_fast_paths`).
+(:func:`minibert.fast.set_fast_paths`).
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 The layer functions of :mod:`minibert.nn` (``layernorm_forward``, ``softmax_forward``,
 ``gelu_forward`` ...) and :func:`minibert.optim.adamw_update` are written as the plain
 formula, and the formula is what runs until a job switches the fast paths on with
-:func:`minibert.backend.set_fast_paths`. Then, on NumPy arrays, each of them asks
-:func:`minibert.backend.fast_path` for its entry in :data:`FAST_PATHS` and runs it instead.
+:func:`minibert.fast.set_fast_paths`. Then, on NumPy arrays, each of them asks
+:func:`minibert.fast.fast_path` for its entry in :data:`FAST_PATHS` and runs it instead.
 What the functions here do that the formulas do not:
 
 - row-parallel passes: a row-wise computation (softmax, LayerNorm, cross-entropy) split into
@@ -133,7 +133,7 @@ def keep_freed_memory() -> bool:
     (docs/performance.md). jemalloc and tcmalloc, the allocators PyTorch's CPU tuning guide
     recommends, keep freed memory by default too. The cost: the process keeps its peak heap
     until it exits.
-    Called by :func:`minibert.backend.set_fast_paths` when it switches them on;
+    Called by :func:`minibert.fast.set_fast_paths` when it switches them on;
     process-wide, once.
 
     Returns:

@@ -3,7 +3,7 @@ element-wise launches. Imported only when arrays live on the GPU (CuPy compiles 
 with NVRTC on its first call and caches it).
 
 Every kernel computes the formula it replaces (named in its docstring) and runs only when a
-job switches the fast paths on (:func:`minibert.backend.set_fast_paths`); tests compare
+job switches the fast paths on (:func:`minibert.fast.set_fast_paths`); tests compare
 the two through the NumPy stand-in of CuPy (tests/fakecupy.py).
 """
 from __future__ import annotations
@@ -54,4 +54,4 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 
 FAST_PATHS = {"adamw_update": adamw_update}
 """The name of a formula -> its fused GPU kernel, where the GPU has one (see
-:func:`minibert.backend.fast_path`); the other formulas run as written on the GPU."""
+:func:`minibert.fast.fast_path`); the other formulas run as written on the GPU."""

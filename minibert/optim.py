@@ -13,7 +13,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .backend import fast_path, get_array_module, to_numpy
+from .backend import get_array_module, to_numpy
+from .fast import fast_path
 from .nn import FlatParameters, Parameter
 
 

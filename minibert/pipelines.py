@@ -37,7 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .backend import get_array_module, set_fast_paths, to_numpy
+from .backend import get_array_module, to_numpy
+from .fast import set_fast_paths
 from .finetuning.classifier import predict_split
 from .finetuning.data import EncodedSplit, Example, encode_split, length_batches
 from .finetuning.qa import QAExample, postprocess_qa_predictions
@@ -538,7 +539,7 @@ def pipeline(task: str, model, tokenizer=None, *, batch_size: int = 32,
         device: ``"cpu"`` or ``"cuda"`` to move the model there; None keeps it where it
             is (a loaded model goes to the current device, :func:`minibert.backend.get_device`).
         fast_cpu: switch the fast paths on (True) or off, for the whole process
-            (:func:`minibert.backend.set_fast_paths`; off, the formulas of
+            (:func:`minibert.fast.set_fast_paths`; off, the formulas of
             :mod:`minibert.nn` run, as on a plain import).
         **options: the task's call options as defaults, and for a model object of a
             fine-tuned task ``labels=`` (the class names).

@@ -135,7 +135,7 @@ def pretrained_run(tmp_path):
 def fast_paths_restored():
     """Every test starts with the fast paths as a plain import has them (off), whatever an
     earlier test switched on (a job or a pipeline run in-process switches them on)."""
-    from minibert import backend
-    backend.set_fast_paths(False)
+    from minibert import fast
+    fast.set_fast_paths(False)
     yield
-    backend.set_fast_paths(False)
+    fast.set_fast_paths(False)

@@ -3,7 +3,7 @@
 The formulas of minibert/nn/ are the code that runs: a formula broken in a copy of the
 package fails ``python -m minibert.gradcheck`` and changes a job run with ``--no-fast-cpu``,
 while the fast paths stay off unless something switches them on. And the core
-(backend, nn, modeling, albert, heads, optim, gradcheck, testing) imports with NumPy and
+(backend, fast, nn, modeling, albert, heads, optim, gradcheck, testing) imports with NumPy and
 SciPy (Hypothesis for testing) and loads no job, pipeline, plotting or file-format module.
 """
 import json
@@ -12,6 +12,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+
+from helpers import records, tiny_pretrain_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 # softmax_backward's last line, and the same line without the row term sum(dp * p)
@@ -24,8 +28,8 @@ def copy_with_broken_softmax(dst: Path, broken: bool) -> Path:
     without the row term when ``broken``; returns the copy's root."""
     shutil.copytree(ROOT / "minibert", dst / "minibert",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for script in ("train_mlm.py",):
-        shutil.copy(ROOT / script, dst / script)
+    shutil.copy(ROOT / "train_mlm.py", dst / "train_mlm.py")
+    (dst / "data").symlink_to(ROOT / "data")           # the job's default files
     if broken:
         path = dst / "minibert" / "nn" / "activations.py"
         text = path.read_text()
@@ -56,16 +60,40 @@ def test_a_broken_softmax_backward_fails_gradcheck(tmp_path):
     assert "attention.v" not in failed
 
 
+def test_a_job_with_the_fast_paths_off_runs_the_broken_formula(tmp_path, moby30, moby_vocab):
+    """train_mlm.py --no-fast-cpu trains through the formulas, so the broken softmax
+    backward changes its losses from the second step on; with the fast paths on (the
+    default) the broken formula never runs and the losses are the intact copy's."""
+    copies = {b: copy_with_broken_softmax(tmp_path / str(b), broken=b) for b in (False, True)}
+
+    def losses(broken: bool, *flags) -> np.ndarray:
+        out = tmp_path / f"run-{broken}-{'-'.join(flags) or 'fast'}"
+        argv = tiny_pretrain_argv(moby30, moby_vocab, out, "--max-steps", 6, "--lr", "1e-2",
+                                  "--warmup-steps", 0, "--seed", 3, *flags)
+        done = run(copies[broken], "train_mlm.py", *argv)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return np.array([r["loss"] for r in records(out)])
+
+    formula, broken = losses(False, "--no-fast-cpu"), losses(True, "--no-fast-cpu")
+    fast, fast_broken = losses(False), losses(True)
+    assert len(formula) == 6
+    np.testing.assert_array_equal(formula[0], broken[0])      # before any update
+    change = np.abs(formula[1:] - broken[1:]).max()
+    assert change > 1e-3, change
+    np.testing.assert_array_equal(fast, fast_broken)          # the formula never ran
+    assert np.abs(fast - formula).max() < change / 100       # the same formula, faster
+
+
 def test_a_plain_import_runs_the_formulas():
-    probe = ("import minibert.modeling, minibert.optim, minibert.backend as b, sys; "
+    probe = ("import minibert.modeling, minibert.optim, minibert.fast as b, sys; "
              "print(b.fast_paths_enabled(), 'minibert.fast_cpu' in sys.modules)")
     out = run(ROOT, "-c", probe)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
 
 
-CORE = ("minibert", "minibert.backend", "minibert.nn", "minibert.modeling", "minibert.albert",
-        "minibert.heads", "minibert.optim", "minibert.gradcheck", "minibert.testing")
+CORE = ("minibert", "minibert.backend", "minibert.fast", "minibert.nn", "minibert.modeling",
+        "minibert.albert", "minibert.heads", "minibert.optim", "minibert.gradcheck", "minibert.testing")
 # third-party modules the core must not load, and minibert's job-side modules
 NOT_CORE_LIBRARIES = ("tqdm", "regex", "safetensors", "matplotlib", "torch", "mpi4py")
 

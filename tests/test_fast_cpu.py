@@ -4,7 +4,7 @@ Each fast path gives the same bits as its formula, whatever the shape, dtype and
 count, except float32 GELU, whose rational normal CDF (|error| <= 2.5e-7) puts it within a
 stated bound of the formula. Also here: the thread-pool and memory helpers the fast paths
 run on, and that the formulas hand over to their fast path only when the fast paths are
-switched on (minibert.backend.set_fast_paths), and only on NumPy arrays.
+switched on (minibert.fast.set_fast_paths), and only on NumPy arrays.
 """
 import contextlib
 import math
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import ndtr
 
-from minibert import backend, fast_cpu, nn
+from minibert import backend, fast, fast_cpu, nn
 from minibert.fast_cpu import normal_cdf
 from minibert.nn.activations import gelu_backward, gelu_forward
 from minibert.optim import AdamW, adamw_update
@@ -39,10 +39,10 @@ def both(name, *args, **kwargs):
     """(fast path's result, reference formula's result) of the nn/ function ``name``; each
     call gets its own copies of the array arguments (some work in place, or in ``out``)."""
     fn = getattr(nn, name) if hasattr(nn, name) else getattr(nn.activations, name)
-    with backend.fast_paths():
-        fast = fn(*_copies(args), **_copies(kwargs))
+    with fast.fast_paths():
+        quick = fn(*_copies(args), **_copies(kwargs))
     reference = fn(*_copies(args), **_copies(kwargs))
-    return fast, reference
+    return quick, reference
 
 
 def _copies(args):
@@ -110,10 +110,10 @@ def test_cross_entropy_fast_paths_give_the_formulas_bits(n_rows, k, smoothing, d
                                                     smoothing)
         assert_same_bits((loss, cache), (loss_ref, cache_ref))
         # the backward overwrites the cache's softmax: each run gets its own
-        with backend.fast_paths():
-            fast = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
+        with fast.fast_paths():
+            quick = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
         reference = nn.cross_entropy_backward(dloss, (cache[0].copy(),) + cache[1:])
-        assert_same_bits(fast, reference)
+        assert_same_bits(quick, reference)
 
 
 @SETTINGS
@@ -141,7 +141,7 @@ def test_float32_gelu_fast_path_is_within_its_bound_of_the_formula(shape, seed, 
     x, g = draw(seed, shape, np.float32), draw(seed + 1, shape, np.float32, 1.0)
     with cpu_blocking(block, n):
         (out, (_, cdf)), (out_ref, (_, cdf_ref)) = both("gelu_forward", x)
-        with backend.fast_paths():
+        with fast.fast_paths():
             dx = gelu_backward(g, (x, cdf))
         dx_ref = gelu_backward(g, (x, cdf_ref))
     assert out.dtype == out_ref.dtype == dx.dtype == dx_ref.dtype == np.float32
@@ -189,34 +189,34 @@ def test_the_formulas_run_unless_the_fast_paths_are_switched_on(monkeypatch):
         w.grad[...] = a
         AdamW([("w", w)], lr=1e-3).step()
 
-    assert not backend.fast_paths_enabled()
+    assert not fast.fast_paths_enabled()
     run_all(np)
     assert calls == []
-    with backend.fast_paths():
-        assert backend.fast_paths_enabled()
+    with fast.fast_paths():
+        assert fast.fast_paths_enabled()
         run_all(np)
     assert sorted(calls) == sorted(fast_cpu.FAST_PATHS)
     calls.clear()
-    assert backend.set_fast_paths(True) is False
-    assert backend.set_fast_paths(False) is True
+    assert fast.set_fast_paths(True) is False
+    assert fast.set_fast_paths(False) is True
     run_all(np)
     assert calls == []
     import fakecupy
-    with fakecupy.installed(), backend.fast_paths():
+    with fakecupy.installed(), fast.fast_paths():
         import cupy
         run_all(cupy)
     assert calls == []
-    with backend.fast_paths(), pytest.raises(KeyError):
-        backend.fast_path("no_such_function", x)
+    with fast.fast_paths(), pytest.raises(KeyError):
+        fast.fast_path("no_such_function", x)
 
 
 def test_fast_paths_restores_the_setting_after_an_error():
     x = np.zeros((2, 3))
-    with contextlib.suppress(RuntimeError), backend.fast_paths():
-        assert backend.fast_path("softmax_forward", x) is fast_cpu.softmax_forward
+    with contextlib.suppress(RuntimeError), fast.fast_paths():
+        assert fast.fast_path("softmax_forward", x) is fast_cpu.softmax_forward
         raise RuntimeError
-    assert backend.fast_path("softmax_forward", x) is None
-    assert not backend.fast_paths_enabled()
+    assert fast.fast_path("softmax_forward", x) is None
+    assert not fast.fast_paths_enabled()
 
 
 @settings(max_examples=20, deadline=None)
@@ -231,7 +231,7 @@ def test_adamw_fast_path_gives_the_formulas_bits(n, n_decay, seed, threads_, cor
     n_decay = min(n_decay, n)
     start = [rng.standard_normal(n).astype(dtype) for _ in range(2)]
     runs = []
-    for fast in (True, False):
+    for blocked in (True, False):
         p, m = start[0].copy(), np.zeros(n, dtype)
         v = np.zeros(n, dtype)
         for t in range(1, 4):
@@ -242,7 +242,7 @@ def test_adamw_fast_path_gives_the_formulas_bits(n, n_decay, seed, threads_, cor
                 step_size, v_scale = 1e-2 / (1 - 0.9 ** t), 1 / math.sqrt(1 - 0.999 ** t)
             args = (p, g, m, v, n_decay, dtype(1e-2), step_size, v_scale, 0.9, 0.999, 1e-6,
                     weight_decay)
-            if fast:
+            if blocked:
                 with cpu_blocking(7, threads_):
                     fast_cpu.adamw_update(*args)
             else:

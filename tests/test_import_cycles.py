@@ -14,9 +14,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# circles being removed elsewhere (issue 40, the fast-path switch); drop an entry when its
-# circle is gone. Nothing may be added here.
-KNOWN = {frozenset({"minibert.backend", "minibert.fast_cpu"})}
 
 
 def module_files(root: Path, package: str) -> dict[str, Path]:
@@ -102,7 +99,7 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_minibert_has_no_import_circle():
     graph = import_graph(ROOT, "minibert")
     assert len(graph) > 50 and "minibert.pretraining.corpus" in graph["minibert.pretraining.job"]
-    new = [sorted(c) for c in cycles(graph) if c not in KNOWN]
+    new = [sorted(c) for c in cycles(graph)]
     assert new == [], f"modules that import each other: {new}"
 
 

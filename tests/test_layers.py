@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import ndtr
 
-from minibert import backend
+from minibert import backend, fast
 from minibert.backend import DropoutRNG
 from minibert.gradcheck import numerical_gradient
 from minibert.nn import (IGNORE_INDEX, Embedding, attention_backward, attention_forward,
@@ -36,7 +36,7 @@ dims = st.integers(1, 5)
 
 def formulas_of(name):
     """The context in which the nn/ functions run the named formulas."""
-    return backend.fast_paths(name == "fast")
+    return fast.fast_paths(name == "fast")
 
 
 def rand(rng, *shape):

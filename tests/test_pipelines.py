@@ -73,14 +73,14 @@ def test_fill_mask_equals_transformers_pipeline(run, hf_dir):
 def test_a_pipeline_switches_the_fast_paths_on_unless_told_not_to(run):
     """pipeline() runs the jobs' fast paths by default, and the formulas with
     fast_cpu=False; both give the same fills (fill-mask's top tokens and scores)."""
-    from minibert import backend
-    assert not backend.fast_paths_enabled()
+    from minibert import fast
+    assert not fast.fast_paths_enabled()
     slow = pipeline("fill-mask", run, fast_cpu=False)
-    assert not backend.fast_paths_enabled()
+    assert not fast.fast_paths_enabled()
     formula_fills = slow(TEXTS[0], top_k=3)
-    fast = pipeline("fill-mask", run)
-    assert backend.fast_paths_enabled()
-    assert_same_fills(fast(TEXTS[0], top_k=3), formula_fills)
+    quick = pipeline("fill-mask", run)
+    assert fast.fast_paths_enabled()
+    assert_same_fills(quick(TEXTS[0], top_k=3), formula_fills)
 
 
 def test_feature_extraction_equals_transformers_with_mean_pooling(run, hf_dir):

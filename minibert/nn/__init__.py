@@ -2,7 +2,7 @@
 
 Each layer function is written as its formula, and the formula is what runs. The jobs
 switch on faster forms of the same formulas for GELU, softmax, LayerNorm and the
-cross-entropy (:mod:`minibert.fast_cpu`) with :func:`minibert.backend.set_fast_paths`, and
+cross-entropy (:mod:`minibert.fast_cpu`) with :func:`minibert.fast.set_fast_paths`, and
 say so in their log; a plain import, the examples and ``python -m minibert.gradcheck``
 leave them off.
 """

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 
-from ..backend import compute_dtype, erf, fast_path, get_array_module
+from ..backend import compute_dtype, erf, get_array_module
+from ..fast import fast_path
 from .module import Module
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
@@ -26,7 +27,7 @@ def gelu_forward(x):
     """Exact GELU: x Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2))). x: any shape -> same shape;
     the cache is (x, Phi(x)).
 
-    With the fast paths on (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+    With the fast paths on (:func:`minibert.fast.set_fast_paths`), NumPy arrays run
     :func:`minibert.fast_cpu.gelu_forward` instead (blocks over threads; in float32 a
     rational Phi within 2.5e-7 of the exact value).
     """
@@ -134,7 +135,7 @@ def softmax_forward(x, axis: int = -1, out=None):
     Returns:
         probs (same shape as x, each slice along ``axis`` sums to 1) and a cache
         ``(probs, axis)`` for :func:`softmax_backward`. With the fast paths on
-        (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+        (:func:`minibert.fast.set_fast_paths`), NumPy arrays run
         :func:`minibert.fast_cpu.softmax_forward` instead (in place, row blocks over
         threads).
     """

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import compute_dtype, fast_path
+from ..backend import compute_dtype
+from ..fast import fast_path
 from .module import Module, Parameter
 
 
@@ -18,7 +19,7 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
             :func:`minibert.backend.compute_dtype`) and returned as float16.
     Returns:
         out (..., C) and a cache (xhat (..., C), rstd (..., 1), w). With the fast paths
-        on (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+        on (:func:`minibert.fast.set_fast_paths`), NumPy arrays run
         :func:`minibert.fast_cpu.layernorm_forward` instead (row blocks over threads).
     """
     fast = fast_path("layernorm_forward", x)

@@ -8,7 +8,8 @@ Shape legend: N = rows (e.g. masked positions), K = classes.
 """
 from __future__ import annotations
 
-from ..backend import compute_dtype, fast_path, get_array_module
+from ..backend import compute_dtype, get_array_module
+from ..fast import fast_path
 
 IGNORE_INDEX = -100
 
@@ -22,7 +23,7 @@ def softmax_nll(logits, labels, label_smoothing: float = 0.0):
             by any valid one). label_smoothing: eps in [0, 1).
     Returns:
         probs (N, K), the softmax of each row, and nll (N,), in the logits' dtype. With
-        the fast paths on (:func:`minibert.backend.set_fast_paths`), NumPy arrays run
+        the fast paths on (:func:`minibert.fast.set_fast_paths`), NumPy arrays run
         :func:`minibert.fast_cpu.softmax_nll` instead (row blocks over threads, the
         softmax in place).
     """

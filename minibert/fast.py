@@ -1,0 +1,85 @@
+"""The one switch of the fast paths: off on import, on in the jobs.
+
+The formulas of :mod:`minibert.nn` and :func:`minibert.optim.adamw_update` are what runs
+on a plain import: each of them asks :func:`fast_path` for a faster form of itself, and
+gets None. A job (``train_mlm.py``, ``finetune.py``, ``evaluate.py``, ``python -m
+minibert``, :func:`minibert.pipeline`) calls :func:`set_fast_paths` ``(True)`` at its start
+and names the setting in its first log lines (``--no-fast-cpu`` keeps it off); from then
+on the formulas hand NumPy arrays to :mod:`minibert.fast_cpu` and AdamW's CuPy buffers to
+the fused kernel of :mod:`minibert.gpu_kernels`. This module sits between the two: it
+imports those modules only when the fast paths are switched on, and they do not import it.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .backend import get_array_module
+
+_fast_paths = False
+
+
+def set_fast_paths(enabled: bool) -> bool:
+    """Switch the fast implementations of the formulas on or off, for the whole process.
+
+    Off (the default on import): every function of :mod:`minibert.nn` and AdamW's update
+    run the formula written in their own body, on either device; this is what
+    ``python -m minibert.gradcheck``, the examples and a plain ``import minibert`` run.
+    On (what ``train_mlm.py``, ``finetune.py``, ``evaluate.py``, ``python -m minibert``
+    and the pipelines switch on, and name in their first log lines; ``--no-fast-cpu``
+    keeps it off):
+
+    - on NumPy arrays, GELU, softmax, LayerNorm, the cross-entropy and AdamW run their
+      entry of :data:`minibert.fast_cpu.FAST_PATHS` (the same formula in row blocks over
+      the CPU's threads, in place, in cache-sized blocks; equal to the formula bit for bit
+      except float32 GELU, within 2.5e-7: tests/test_fast_cpu.py), and glibc keeps freed
+      memory for the next step (:func:`minibert.fast_cpu.keep_freed_memory`);
+    - on CuPy arrays, AdamW runs the fused kernel of :mod:`minibert.gpu_kernels`.
+
+    Returns:
+        The setting before this call (so a caller can restore it).
+    """
+    global _fast_paths
+    previous, _fast_paths = _fast_paths, bool(enabled)
+    if _fast_paths:
+        from .fast_cpu import keep_freed_memory
+        keep_freed_memory()
+    return previous
+
+
+def fast_paths_enabled() -> bool:
+    """Whether :func:`set_fast_paths` has switched the fast implementations on."""
+    return _fast_paths
+
+
+@contextlib.contextmanager
+def fast_paths(enabled: bool = True):
+    """Within the block, the fast implementations are on (or off, with ``enabled=False``);
+    the previous setting is restored on exit, also after an error. See
+    :func:`set_fast_paths`."""
+    previous = set_fast_paths(enabled)
+    try:
+        yield
+    finally:
+        set_fast_paths(previous)
+
+
+def fast_path(name: str, x):
+    """The fast implementation of the formula ``name`` for the device of ``x``, or None.
+
+    None while the fast paths are off (:func:`set_fast_paths`): the caller then runs its
+    formula. When on: for a NumPy array ``minibert.fast_cpu.FAST_PATHS[name]``; for a CuPy
+    array ``minibert.gpu_kernels.FAST_PATHS.get(name)`` (None where the GPU has no fused
+    kernel for it and runs the formula).
+
+    Raises:
+        KeyError: ``name`` has no CPU fast path (on NumPy arrays, with the fast paths on).
+    """
+    if not _fast_paths:
+        return None
+    if get_array_module(x) is np:
+        from .fast_cpu import FAST_PATHS
+        return FAST_PATHS[name]
+    from .gpu_kernels import FAST_PATHS as GPU_FAST_PATHS
+    return GPU_FAST_PATHS.get(name)
