@@ -106,7 +106,7 @@ def run(args) -> dict:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    task = make_task(args.task, args)
+    task = make_task(args.task, vars(args))
     if args.data is None:
         args.data = str(ROOT / "data" / task.data_subdir)
     if args.max_seq_length is None:

@@ -69,7 +69,7 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
 
 
 def eval_batches(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np):
-    """(host :class:`~minibert.finetuning.data.Batch`, model output) over every row of
+    """(host :class:`~minibert.finetuning.data.FinetuningBatch`, model output) over every row of
     ``split`` in eval mode (no dropout), in batches of rows sorted by length (little
     padding; a row's outputs do not depend on its batch, and ``batch.index`` says which
     rows a batch holds). The model's train/eval mode is restored afterwards."""
