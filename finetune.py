@@ -93,6 +93,27 @@ def add_model_arguments(p) -> None:
                         "with --freeze-embeddings too, no backward runs below layer N")
 
 
+def add_output_arguments(p) -> None:
+    """Where the run goes, and what is done with the model afterwards."""
+    g = p.add_argument_group("output")
+    add_options(g, output_dir="runs/finetune", resume=None, log_every=10, progress=True,
+                overwrite=dict(default=False, help="replace the run in --output-dir and what "
+                               "--export-hf DIR holds (default: refuse to write over them)"))
+    g.add_argument("--predict", nargs="+", metavar="TEXT",
+                   help="sequence-classification: print each label's probability for TEXT "
+                        "(or a pair TEXT_A TEXT_B); token-classification: print word/TAG "
+                        "for each word of TEXT (each character for a character-level "
+                        "tagger such as Chinese NER); question-answering: QUESTION CONTEXT, "
+                        "print the answer span and its score")
+    g.add_argument("--plot-attention", nargs="+", metavar="TEXT",
+                   help="write OUTPUT_DIR/attention.png (layers x heads maps for TEXT "
+                        "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
+                        "attends to, averaged over heads)")
+    g.add_argument("--export-hf", metavar="DIR",
+                   help="also write the best model as a Hugging Face directory: a new or "
+                        "empty one, or an earlier export of the same model (else --overwrite)")
+
+
 def parse_args(argv=None) -> tuple[FinetuningConfig, set[str]]:
     """The options as a :class:`~minibert.finetuning.FinetuningConfig`, and the names of
     those given on the command line; options that do not go together end in argparse's
@@ -132,23 +153,7 @@ def parse_args(argv=None) -> tuple[FinetuningConfig, set[str]]:
                         "macro_f1, mcc (sequence-classification); f1, precision, recall "
                         "(token-classification); exact_match (question-answering)")
     distributed.add_arguments(g)
-    g = p.add_argument_group("output")
-    add_options(g, output_dir="runs/finetune", resume=None, log_every=10, progress=True,
-                overwrite=dict(default=False, help="replace the run in --output-dir and what "
-                               "--export-hf DIR holds (default: refuse to write over them)"))
-    g.add_argument("--predict", nargs="+", metavar="TEXT",
-                   help="sequence-classification: print each label's probability for TEXT "
-                        "(or a pair TEXT_A TEXT_B); token-classification: print word/TAG "
-                        "for each word of TEXT (each character for a character-level "
-                        "tagger such as Chinese NER); question-answering: QUESTION CONTEXT, "
-                        "print the answer span and its score")
-    g.add_argument("--plot-attention", nargs="+", metavar="TEXT",
-                   help="write OUTPUT_DIR/attention.png (layers x heads maps for TEXT "
-                        "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
-                        "attends to, averaged over heads)")
-    g.add_argument("--export-hf", metavar="DIR",
-                   help="also write the best model as a Hugging Face directory: a new or "
-                        "empty one, or an earlier export of the same model (else --overwrite)")
+    add_output_arguments(p)
     cfg = FinetuningConfig(**vars(p.parse_args(argv))).with_defaults()
     given = explicit_options(p, argv)
     try:

@@ -245,6 +245,28 @@ class JobOptions:
                     raise ValueError(f"{flag(name)}: {e}") from None
 
 
+    def check_combinations(self, given: set[str]) -> None:
+        """Options that only mean something together (raises ValueError); none here."""
+
+    def with_defaults(self):
+        """Fill derived defaults in place and return self; none here."""
+        return self
+
+    def prepare(self, given: set[str] | None, prog: str) -> set[str]:
+        """The start of a job's ``run_*`` function: :meth:`check`,
+        :meth:`check_combinations`, :meth:`with_defaults`; a ValueError ends the job with
+        ``PROG: error: MESSAGE`` (:func:`fail`). Returns ``given``, the options chosen
+        explicitly, by default :meth:`changed`."""
+        given = self.changed() if given is None else set(given)
+        try:
+            self.check()
+            self.check_combinations(given)
+        except ValueError as e:
+            fail(prog, str(e))
+        self.with_defaults()
+        return given
+
+
 def fast_paths_line(enabled: bool) -> str:
     """The log line that names the CPU fast-path setting (``--fast-cpu``)."""
     return f"fast CPU paths: {'on' if enabled else 'off'}"

@@ -345,14 +345,15 @@ def test_bad_options_get_an_error_line_naming_the_option(corpus, tmp_path, capsy
 
 def test_the_batch_ramp_reaches_the_loop_and_needs_accumulation(corpus, tmp_path, capsys,
                                                                 monkeypatch):
+    from minibert.pretraining import job as pretraining_job
     seen = []
-    real = train_mlm.train
+    real = pretraining_job.train
 
     def spy(model, optimizer, task, cfg, state, **kw):
         seen.append(cfg)
         return real(model, optimizer, task, cfg, state, **kw)
 
-    monkeypatch.setattr(train_mlm, "train", spy)
+    monkeypatch.setattr(pretraining_job, "train", spy)
     assert train_mlm.main(args_for(corpus, tmp_path / "r", "--max-steps", "4",
                                    "--gradient-accumulation-steps", "3",
                                    "--batch-size-ramp", "0.5")) == 0

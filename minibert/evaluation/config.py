@@ -66,6 +66,10 @@ class EvaluationConfig(JobOptions):
         self.lr = list(dict.fromkeys(self.lr))
         return self
 
+    def check_combinations(self, given: set[str]) -> None:
+        """Raises ValueError as :meth:`task_dirs` does."""
+        self.task_dirs()
+
     def task_dirs(self) -> dict[str, Path]:
         """The tasks by name: :data:`TASKS` and the ``task_dir`` ones (which may replace a
         shipped task's directory).

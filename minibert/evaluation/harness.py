@@ -337,11 +337,8 @@ def run_evaluation(cfg: EvaluationConfig, script: Path = FINETUNE_SCRIPT,
             :attr:`EvaluationConfig.CHECKS`, :meth:`EvaluationConfig.task_dirs`, starts and
             task files that cannot be read, a failed fine-tuning run.
     """
-    try:
-        cfg.check()
-        dirs = cfg.with_defaults().task_dirs()
-    except ValueError as e:
-        fail(prog, str(e))
+    cfg.prepare(set(), prog)
+    dirs = cfg.task_dirs()
     note_args(cfg.to_dict())
     print(fast_paths_line(cfg.fast_cpu))
     try:

@@ -358,13 +358,7 @@ def run_finetuning(cfg: FinetuningConfig, given: set[str] | None = None,
             :meth:`FinetuningConfig.check_combinations`, the start and the data; a fault
             (memory, a failed write, Ctrl-C) ends as :func:`minibert.cli.job_main` says.
     """
-    given = cfg.changed() if given is None else set(given)
-    try:
-        cfg.check()
-        cfg.check_combinations(given)
-    except ValueError as e:
-        fail(prog, str(e))
-    cfg.with_defaults()
+    given = cfg.prepare(given, prog)
     if cfg.model:
         _use_saved(cfg, given, prog)
         return None
@@ -397,12 +391,20 @@ def run_finetuning(cfg: FinetuningConfig, given: set[str] | None = None,
         return None
     timing = {"seconds": time.perf_counter() - t0, "steps": state.step - step0,
               "per_epoch": per_epoch}
-    if not run.best_model.exists():  # e.g. --resume of a run whose best was lost
+    return _finish(cfg, job, task, data, workload, state, timing, built, prog)
+
+
+def _finish(cfg: FinetuningConfig, job, task, data, workload, state, timing: dict,
+            built: Built, prog: str) -> dict:
+    """After training (rank 0): the best model on dev and test (:func:`write_results`),
+    then ``--predict`` / ``--plot-attention`` / ``--export-hf`` with it; the summary."""
+    pre, tokenizer = job.checked
+    if not job.run.best_model.exists():  # e.g. --resume of a run whose best was lost
         workload.evaluate(state.step)
-    model, summary = write_results(cfg, run, task, data, pre, workload, state, timing, built,
-                                   job.xp)
+    model, summary = write_results(cfg, job.run, task, data, pre, workload, state, timing,
+                                   built, job.xp)
     try:
-        use_finetuned(cfg, task, model, job.checked[1], data.labels, pre, job.xp, run.path)
+        use_finetuned(cfg, task, model, tokenizer, data.labels, pre, job.xp, job.run.path)
     except ValueError as e:
         fail(prog, str(e))
     return summary

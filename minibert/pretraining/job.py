@@ -581,12 +581,7 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
             the corpus, vocab and starting points; a fault (memory, a failed write, Ctrl-C)
             ends as :func:`minibert.cli.job_main` says.
     """
-    given = cfg.changed() if given is None else set(given)
-    try:
-        cfg.check()
-    except ValueError as e:
-        fail(prog, str(e))
-    cfg.with_defaults()
+    given = cfg.prepare(given, prog)
     job = start_job(cfg, given, prog, "pretrain",
                     resume_fixed=[k for k in cfg.to_dict() if k not in RESUME_FREE],
                     resume_defaults=RESUME_DEFAULTS,
