@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     systems = []
     for text in args.settings.split(","):
         emb, layers = parse_setting(text)
-        model, _ = task.build_model(pre, data.labels, seed=args.seed)
+        model, _ = task.model_from_start(pre, data.labels, seed=args.seed)
         model.freeze(embeddings=emb, layers=layers)
         opt = make_optimizer(model, ft)
         loop = FinetuningWorkload(ft, None, model, data.train, data.dev, data.labels, pre, np,

@@ -427,10 +427,10 @@ def note_args(args: Mapping[str, Any]) -> None:
 
 
 def job_main(prog: str):
-    """Decorator of a script's ``main(argv=None) -> int`` (or a job's ``run_*(config)``):
-    the one place where a job's
-    faults are turned into one line on stderr instead of a traceback, and where the
-    directories it owns are let go (:func:`minibert.runs.release_run_dirs`) when it ends.
+    """Decorator of a job's ``run_*(config)`` (or a script's ``main(argv=None)``): the one
+    place where a job's faults are turned into one line on stderr instead of a traceback,
+    and where the directories it owns are let go (:func:`minibert.runs.release_run_dirs`)
+    when it ends.
 
     * ``KeyboardInterrupt`` (Ctrl-C): ``PROG: interrupted at step N; ...`` naming the last
       checkpoint (which an atomic write never leaves torn) and the ``--resume`` command;

@@ -76,8 +76,8 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
     assert all(0 <= r["pairs_acc"] <= 100 for r in evals)
     assert 0 <= summary["pairs_trigram_acc"] <= 100 and "pairs trigram acc" in printed
     from minibert.evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
-    from minibert.pipelines import load_model
-    model, tok, _ = load_model("fill-mask", out)
+    from minibert.pipelines import load_pipeline_model
+    model, tok, _ = load_pipeline_model("fill-mask", out)
     pairs = first_per_paradigm(read_pairs(ROOT / "data/minimal_pairs/en/pairs.jsonl"), 2)
     assert len(pairs) == 24
     assert summary["eval_pairs_acc"] == pytest.approx(PairsProbe(pairs, tok)(model.eval()),

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..auto import bert_role
 from ..cli import add_options, float_in
-from ..finetuning.classifier import build_model, split_logits
+from ..finetuning.models import model_from_start, split_logits
 from ..finetuning.data import DatasetError, EncodedSplit, Example, encode_split, text_lines
 from ..heads import BertForSequenceClassification
 from ..nn import IGNORE_INDEX
@@ -64,7 +64,7 @@ def teacher_logits(teacher: Pretrained, examples: Sequence[Example], labels: Seq
     if sorted(teacher.labels) != sorted(labels):
         raise ValueError(f"--teacher {teacher.source}: its labels {list(teacher.labels)} "
                          f"differ from the train split's {list(labels)}")
-    model, _ = build_model(teacher, BertForSequenceClassification, teacher.labels)
+    model, _ = model_from_start(teacher, BertForSequenceClassification, teacher.labels)
     model.to("cuda" if xp is not np else "cpu")
     tok = BertTokenizer(teacher.vocab_file, **teacher.tokenizer_options)
     max_len = min(max_seq_length, teacher.config.max_position_embeddings)
@@ -166,7 +166,8 @@ def soft_targets(cfg, tokenizer, train_split, labels, max_len, xp):
     train row once, before training.
 
     Args:
-        cfg: finetune.py's options, a :class:`~minibert.finetuning.FinetuningConfig` (``teacher``, ``transfer_data``, ``distill_alpha``,
+        cfg: finetune.py's options, a :class:`~minibert.finetuning.FinetuningConfig`
+            (``teacher``, ``transfer_data``, ``distill_alpha``,
             ``temperature``, ``eval_batch_size``).
         train_split: the encoded train split; labels: the class names, in the model's
             order; max_len: tokens per row; xp: the array module of the device.

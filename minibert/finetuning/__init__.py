@@ -1,5 +1,5 @@
-"""Fine-tuning: labelled data (:mod:`.data`), metrics (:mod:`.metrics`), the classifier
-and the models of a fine-tuning run (:mod:`.classifier`), token classification
+"""Fine-tuning: labelled data (:mod:`.data`), metrics (:mod:`.metrics`), the models of a
+fine-tuning run built from a start (:mod:`.models`), token classification
 (:mod:`.tagging`), extractive question answering (:mod:`.qa`), and the three tasks of
 ``finetune.py`` behind one interface (:mod:`.tasks`).
 
@@ -9,7 +9,7 @@ options and :func:`run_finetuning` (in :mod:`.job`, imported on first use) runs 
     from minibert.finetuning import FinetuningConfig, run_finetuning
     run_finetuning(FinetuningConfig(init="runs/pretrain", output_dir="runs/ft"))
 """
-from .classifier import build_model, eval_batches, evaluate, predict_split
+from .models import eval_batches, evaluate, model_from_start, predict_split
 from .data import (FinetuningBatch, DatasetError, EncodedSplit, Example, LabelSet, choose_labels,
                    encode_split, iterate_batches, label_ids, label_list, label_occurrences,
                    length_grouped_batches, pad_batch, read_label_file, read_tsv, sort_labels)
@@ -34,7 +34,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FinetuningConfig", "run_finetuning", "FinetuningBatch", "DatasetError", "EncodedSplit", "Example", "build_model", "eval_batches",
+__all__ = ["FinetuningConfig", "run_finetuning", "FinetuningBatch", "DatasetError",
+           "EncodedSplit", "Example", "model_from_start", "eval_batches",
            "classification_metrics", "confusion_matrix", "encode_split", "evaluate",
            "iterate_batches", "label_ids", "label_list", "length_grouped_batches", "pad_batch",
            "predict_split", "LabelSet", "choose_labels", "label_occurrences",

@@ -411,5 +411,6 @@ def iterate_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0, *,
 
 __all__ = ["DatasetError", "Example", "read_tsv", "sort_labels", "label_list",
            "label_occurrences", "read_label_file", "LabelSet", "choose_labels", "label_ids", "EncodedSplit",
-           "encode_split", "FinetuningBatch", "pad_batch", "length_batches", "length_grouped_batches",
+           "encode_split", "FinetuningBatch", "pad_batch", "length_batches",
+           "length_grouped_batches",
            "iterate_batches"]

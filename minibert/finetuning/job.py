@@ -160,7 +160,8 @@ class Built:
     trainable: int
 
 
-def build_finetuning_model(cfg: FinetuningConfig, task, pre, data, resumed: dict | None, checkpoint: str) -> Built:
+def build_finetuning_model(cfg: FinetuningConfig, task, pre, data, resumed: dict | None,
+                           checkpoint: str) -> Built:
     """The task's model from the start (``--random-init``: its architecture only), with the
     resumed run's weights, frozen as asked, on the current device in ``--dtype``.
 
@@ -168,7 +169,7 @@ def build_finetuning_model(cfg: FinetuningConfig, task, pre, data, resumed: dict
         HFFormatError, CheckpointError, KeyError, ValueError: weights or a config that do
             not fit; ``--freeze-layers`` too large.
     """
-    model, report = task.build_model(pre, data.labels, seed=cfg.seed,
+    model, report = task.model_from_start(pre, data.labels, seed=cfg.seed,
                                      random_init=cfg.random_init,
                                      classifier_dropout=cfg.classifier_dropout,
                                      classifier_pooling=cfg.pooling)
@@ -217,14 +218,14 @@ def write_run_files(cfg: FinetuningConfig, run, pre, labels, model) -> None:
     write_args(run, cfg.to_dict())
 
 
-def write_results(cfg: FinetuningConfig, run, task, data, pre, workload, state, timing: dict, built: Built,
-                  xp):
+def write_results(cfg: FinetuningConfig, run, task, data, pre, workload, state, timing: dict,
+                  built: Built, xp):
     """Rebuild the best dev model (``best_model.npz``), evaluate it on dev and test, write
     the predictions, ``training_curves.png`` and ``summary.json``; returns (the model, the
     summary).
 
     ``timing``: ``seconds`` of this run, ``steps`` it made and ``per_epoch`` steps."""
-    model, _ = task.build_model(load_start(run.path), data.labels)
+    model, _ = task.model_from_start(load_start(run.path), data.labels)
     model.to(get_device())
     seconds, train_s = timing["seconds"], timing["seconds"] - workload.eval_seconds
     summary = {"task": task.name, "init": pre.source, "random_init": cfg.random_init,
@@ -283,7 +284,7 @@ def load_finetuned(cfg: FinetuningConfig, given: set[str]):
     if "task" in given and cfg.task != task.name:
         raise RunError(f"--task {cfg.task}: --model {cfg.model} is a {task.name} model")
     try:
-        model, _ = task.build_model(pre, pre.labels)
+        model, _ = task.model_from_start(pre, pre.labels)
         tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     except (HFFormatError, KeyError, ValueError) as e:
         raise RunError(f"--model {cfg.model}: {e}") from None
@@ -291,7 +292,8 @@ def load_finetuned(cfg: FinetuningConfig, given: set[str]):
     return task, model, tokenizer, pre
 
 
-def use_finetuned(cfg: FinetuningConfig, task, model, tokenizer, labels, pre, xp, out: Path) -> None:
+def use_finetuned(cfg: FinetuningConfig, task, model, tokenizer, labels, pre, xp,
+                  out: Path) -> None:
     """``--predict`` (the pipeline's result, one JSON line), ``--plot-attention`` (attention.png
     and attention_cls.png in ``out``) and ``--export-hf`` with a ready model, its
     ``labels`` (None for QA) and the start ``pre`` whose vocab and tokenizer options it uses.

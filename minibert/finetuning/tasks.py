@@ -12,8 +12,8 @@ options (:func:`make_task`) and gives:
   :func:`~minibert.finetuning.data.choose_labels`), notes for the log (long sentences cut
   into windows, labels that only dev / test have, the most-frequent-tag baseline,
   features per question);
-* ``build_model(pre, labels, ...)``: its model class (:data:`~TaskBase.model_class`) from a
-  starting point (:func:`~minibert.finetuning.classifier.build_model`);
+* ``model_from_start(pre, labels, ...)``: its model class (:data:`~TaskBase.model_class`)
+  from a starting point (:func:`~minibert.finetuning.models.model_from_start`);
 * ``forward(model, batch, xp)``: the loss and metric sums of one batch for the loop (device
   arrays and host counts: no device value is read);
 * ``summarize(totals)``: train-record metrics from the summed sums;
@@ -47,7 +47,7 @@ from ..backend import to_numpy
 from ..checkpoint import save_checkpoint
 from ..heads import (BertForQuestionAnswering, BertForSequenceClassification,
                      BertForTokenClassification)
-from .classifier import build_model, eval_batches, evaluate as evaluate_classifier
+from .models import eval_batches, evaluate as evaluate_classifier, model_from_start
 from .metrics import log_softmax_np
 from .data import (DatasetError, EncodedSplit, LabelSet, choose_labels, encode_split,
                    iterate_batches, label_occurrences, read_tsv, sort_labels)
@@ -131,13 +131,14 @@ class TaskBase:
         return self.metrics
 
     # -- model -------------------------------------------------------------------------
-    def build_model(self, pre, labels, seed: int = 0, random_init: bool = False,
-                    classifier_dropout: float | None = None,
-                    classifier_pooling: str | None = None):
+    def model_from_start(self, pre, labels, seed: int = 0, random_init: bool = False,
+                         classifier_dropout: float | None = None,
+                         classifier_pooling: str | None = None):
         """(model, load report) of :attr:`model_class` from the starting point ``pre``."""
-        return build_model(pre, self.model_class, labels, seed=seed, random_init=random_init,
-                           classifier_dropout=classifier_dropout,
-                           classifier_pooling=classifier_pooling)
+        return model_from_start(pre, self.model_class, labels, seed=seed,
+                                random_init=random_init,
+                                classifier_dropout=classifier_dropout,
+                                classifier_pooling=classifier_pooling)
 
     def record(self, labels) -> dict:
         """Fields for a checkpoint's trainer record: the task, the model class, the label

@@ -7,7 +7,8 @@ instances are generated on the fly, epoch by epoch). One idea per module:
 * :mod:`.corpus`: reading text, the :class:`TokenStore`, held-out split, unigram baseline;
 * :mod:`.exclusion`: documents left out of a corpus, named by the digest of their text;
 * :mod:`.masking`: the MLM corruption every objective shares (80/10/10);
-* :mod:`.batches`: epochs of instances, shuffling, resumption, fixed-shape :class:`PretrainingBatch`;
+* :mod:`.batches`: epochs of instances, shuffling, resumption, fixed-shape
+  :class:`PretrainingBatch`;
 * how documents become sequences (BERT pairs, ALBERT segments, RoBERTa full sentences)
   is the objective's business: :mod:`minibert.objectives`.
 
@@ -29,8 +30,8 @@ Typical use of the data pipeline::
 
 from ..nn.losses import IGNORE_INDEX
 from ..objectives import create_instances_from_document, truncate_seq_pair
-from .batches import (PretrainingBatch, Instance, collate, count_instances, iterate_batches, iterate_instances,
-                      make_eval_batches)
+from .batches import (Instance, PretrainingBatch, collate, count_instances, iterate_batches,
+                      iterate_instances, make_eval_batches)
 from .corpus import (CorpusError, TokenStore, build_or_load_store, build_store, iter_documents,
                      load_store, resolve_corpus_files, save_store, split_documents, token_counts,
                      unigram_cross_entropy)

@@ -139,7 +139,8 @@ def collate(instances: Sequence[Instance], max_seq_length: int, max_predictions_
         ids[b, :n] = x.masked_lm_labels
         weights[b, :n] = 1.0
     labels = np.array([x.sentence_label for x in instances], dtype=np.int64) if all(with_label) else None
-    return PretrainingBatch(input_ids, token_type_ids, attention_mask, positions, ids, weights, labels)
+    return PretrainingBatch(input_ids, token_type_ids, attention_mask, positions, ids, weights,
+                            labels)
 
 
 # ----------------------------------------------------------------------------------------
@@ -331,7 +332,7 @@ def iterate_batches(
     """Yield the batches of one epoch, starting at batch ``start_batch``; reproducible and resumable.
 
     The instance stream is ``iterate_instances`` (see there for the objective, static vs
-    dynamic masking, dupe_factor and shuffling). PretrainingBatch ``k`` of epoch ``e`` is the same for
+    dynamic masking, dupe_factor and shuffling). Batch ``k`` of epoch ``e`` is the same for
     the same arguments, so a run resumed at (e, k) with ``start_batch=k`` sees exactly the
     batches an uninterrupted run would have seen from k on. Resuming replays the epoch's
     instance generation up to that point (no collation), which costs about the time of
@@ -400,7 +401,8 @@ def make_eval_batches(
     reuse it: the list is held in memory.
 
     Returns:
-        list of :class:`PretrainingBatch`; empty when the store holds no document (nothing held out).
+        list of :class:`PretrainingBatch`; empty when the store holds no document (nothing
+        held out).
     Raises:
         CorpusError: some documents, but fewer than the objective needs.
         ValueError: bad arguments (see ``iterate_instances``), batch_size < 1.

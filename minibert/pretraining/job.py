@@ -276,7 +276,8 @@ class PretrainData:
     pairs: PairsProbe | None = None
 
 
-def prepare_data(cfg: PretrainingConfig, run, reuse_vocab: bool, resumed: dict | None = None) -> PretrainData:
+def prepare_data(cfg: PretrainingConfig, run, reuse_vocab: bool,
+                 resumed: dict | None = None) -> PretrainData:
     """Corpus files less the documents of ``--exclude-documents``
     (:class:`~.exclusion.DocumentExclusion`), tokenizer (:func:`prepare_tokenizer`), the
     token store cached in ``RUN/cache``, the held-out documents (``--eval-fraction``) and
@@ -321,7 +322,8 @@ def check_corpus_shape(data: PretrainData) -> None:
               file=sys.stderr)
 
 
-def run_config(cfg: PretrainingConfig, start: Start, resumed: dict | None, vocab_size: int) -> ModelConfig:
+def run_config(cfg: PretrainingConfig, start: Start, resumed: dict | None,
+               vocab_size: int) -> ModelConfig:
     """The model's architecture: the student's (distillation), the resumed run's when it
     took one over from ``--init-checkpoint``, the start's, else :func:`model_config`.
 
@@ -346,8 +348,8 @@ def run_config(cfg: PretrainingConfig, start: Start, resumed: dict | None, vocab
     return config
 
 
-def fixed_batches(cfg: PretrainingConfig, store: TokenStore, vocab: VocabInfo, objective, seed: int,
-                  max_instances: int | None):
+def fixed_batches(cfg: PretrainingConfig, store: TokenStore, vocab: VocabInfo, objective,
+                  seed: int, max_instances: int | None):
     """The same batches every time from ``store`` (held-out evaluation, pruning
     calibration): :func:`~.batches.make_eval_batches` with the run's data options.
 
@@ -364,8 +366,9 @@ def fixed_batches(cfg: PretrainingConfig, store: TokenStore, vocab: VocabInfo, o
                              whole_word_mask=cfg.whole_word_mask, max_ngram=cfg.max_ngram)
 
 
-def build_pretraining_model(cfg: PretrainingConfig, config: ModelConfig, data: PretrainData, start: Start,
-                resumed: dict | None, checkpoint: str = "checkpoint"):
+def build_pretraining_model(cfg: PretrainingConfig, config: ModelConfig, data: PretrainData,
+                            start: Start, resumed: dict | None,
+                            checkpoint: str = "checkpoint"):
     """The model the run trains, with its starting weights: a
     :class:`~minibert.distillation.DistillationModel` (with ``--teacher``; a new student
     initialised as ``--student-init`` says) or the objective's model; then
@@ -403,7 +406,8 @@ def build_pretraining_model(cfg: PretrainingConfig, config: ModelConfig, data: P
     return model
 
 
-def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, model, xp) -> dict[str, float]:
+def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, model,
+                     xp) -> dict[str, float]:
     """Baselines printed beside every evaluation (nats per masked token; accuracies):
     the unigram baseline (every masked token predicted from training-token frequencies),
     the majority share of the sentence task's labels, the minimal-pair macro accuracy
@@ -431,7 +435,8 @@ def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, m
     return reference
 
 
-def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches, reference: dict) -> str:
+def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
+             reference: dict) -> str:
     """The log lines that say what is trained on what (model, data, baselines, teacher)."""
     config = model.config
     arch = (f"config of {cfg.init_checkpoint}" if cfg.init_checkpoint
@@ -530,15 +535,15 @@ def pairs_probe(cfg: PretrainingConfig, tokenizer) -> PairsProbe | None:
     return probe if probe.pairs else None
 
 
-def write_summary(cfg: PretrainingConfig, run, task: PretrainingWorkload, state, last_eval: dict | None,
-                  seconds: float) -> dict:
+def write_summary(cfg: PretrainingConfig, run, workload: PretrainingWorkload, state,
+                  last_eval: dict | None, seconds: float) -> dict:
     """Write ``summary.json`` (steps, time, size, baselines and the last evaluation's
     metrics as ``eval_*``), print it and the held-out MLM loss against the unigram
     baseline, and return it. A finished run resumed again is evaluated here once."""
-    if last_eval is None and task.evaluate is not None:
-        last_eval = {"step": state.step, **task.evaluate(state.step)}
-    reference, model = task.reference, task.model
-    summary = {"objective": task.objective.name,
+    if last_eval is None and workload.evaluate is not None:
+        last_eval = {"step": state.step, **workload.evaluate(state.step)}
+    reference, model = workload.reference, workload.model
+    summary = {"objective": workload.objective.name,
                **({"teacher": cfg.teacher} if cfg.teacher else {}), "steps": state.step,
                "epochs_started": state.epoch + 1, "seconds_this_run": round(seconds, 1),
                "seconds_total": round(state.elapsed_s, 1),
@@ -547,8 +552,8 @@ def write_summary(cfg: PretrainingConfig, run, task: PretrainingWorkload, state,
                **{"eval_" + k: v for k, v in (last_eval or {}).items()
                   if k not in ("kind", "step", "elapsed_s") and k not in reference},
                "checkpoint": str(run.checkpoint)}
-    if task.excluded.files:
-        summary["excluded_documents"] = task.excluded.record()
+    if workload.excluded.files:
+        summary["excluded_documents"] = workload.excluded.record()
     atomic_write_json(run.summary, summary)
     print("summary: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                   for k, v in summary.items() if k != "excluded_documents"))
