@@ -365,9 +365,9 @@ INVOCATION_ARGS = ("output_dir", "resume", "overwrite", "progress", "device",
                    "allow_data_change", "fast_cpu")
 
 
-def resume_args(args, saved: Mapping[str, Any], fixed: Sequence[str], given: set[str],
+def resume_args(options, saved: Mapping[str, Any], fixed: Sequence[str], given: set[str],
                 source: str) -> None:
-    """Take into ``args`` (the job's config, :class:`~minibert.cli.JobOptions`, changed in
+    """Take into ``options`` (the job's config, :class:`~minibert.cli.JobOptions`, changed in
     place) the run's own value of every saved argument the command line did not give
     (``given``: the names it did; :data:`INVOCATION_ARGS` excepted), so a bare
     ``--resume DIR`` continues the run as it was started.
@@ -377,18 +377,18 @@ def resume_args(args, saved: Mapping[str, Any], fixed: Sequence[str], given: set
             run's: those decide the data stream, the schedule and the model, so a changed
             value would not continue the same curve.
     """
-    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {getattr(args, k)!r}"
-             for k in fixed if k in saved and k in given and saved[k] != getattr(args, k)]
+    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {getattr(options, k)!r}"
+             for k in fixed if k in saved and k in given and saved[k] != getattr(options, k)]
     if diffs:
         raise RunError(f"cannot resume {source}: the run's settings differ: " + "; ".join(diffs))
     for k, v in saved.items():
-        if k not in given and k not in INVOCATION_ARGS and hasattr(args, k):
-            setattr(args, k, v)
+        if k not in given and k not in INVOCATION_ARGS and hasattr(options, k):
+            setattr(options, k, v)
 
 
-def write_args(run: RunDir, args: Mapping[str, Any]) -> None:
-    """args.json: the job's arguments as given (JSON-able values)."""
-    atomic_write_json(run.args, dict(args))
+def write_args(run: RunDir, values: Mapping[str, Any]) -> None:
+    """args.json: the job's options by name (``config.to_dict()``; JSON-able values)."""
+    atomic_write_json(run.args, dict(values))
 
 
 class MetricsLog:

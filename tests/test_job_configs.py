@@ -25,8 +25,11 @@ TINY = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermed
             eval_fraction=0.1, eval_instances=4, progress=False)
 
 
-def test_a_tiny_pretraining_and_finetuning_run_from_python(moby30, moby_vocab,
-                                                           classify_task, tmp_path):
+def test_a_tiny_pretraining_and_finetuning_run_from_python(moby30, moby_vocab, classify_task,
+                                                           tmp_path, capsys, monkeypatch):
+    from minibert import backend
+    switched = []
+    monkeypatch.setattr(backend, "set_fast_paths", lambda on: switched.append(on) or True)
     pre = tmp_path / "pre"
     summary = run_pretraining(PretrainingConfig(corpus=[str(moby30)], vocab=str(moby_vocab),
                                                 output_dir=str(pre), max_steps=4, **TINY))
@@ -41,11 +44,14 @@ def test_a_tiny_pretraining_and_finetuning_run_from_python(moby30, moby_vocab,
     saved = json.loads((pre / "args.json").read_text())
     assert PretrainingConfig.from_dict(saved).to_dict() == saved
     assert saved["objective"] == "mlm+nsp" and saved["warmup_steps"] == 1
+    assert switched == [True] and "fast CPU paths: on" in capsys.readouterr().out
 
     ft = tmp_path / "ft"
     summary = run_finetuning(FinetuningConfig(init=str(pre), data=str(classify_task),
                                               output_dir=str(ft), max_steps=2, batch_size=8,
-                                              progress=False))
+                                              progress=False, fast_cpu=False))
+    assert switched == [True, False]
+    assert capsys.readouterr().out.splitlines()[0] == "fast CPU paths: off"
     for name in ("best_model.npz", "checkpoint.npz", "labels.json", "summary.json",
                  "predictions_test.tsv"):
         assert (ft / name).is_file(), name
