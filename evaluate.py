@@ -42,41 +42,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import partial
-from pathlib import Path
 
-from minibert import backend
-from minibert.atomic import atomic_write_json
-from minibert.cli import (add_options, fail as _fail, float_in, int_at_least, job_main,
-                          note_args, positive_int)
-from minibert.evaluation import harness
-from minibert.finetuning import DatasetError
-from minibert.runs import load_start
-from minibert.viz import plot_accuracy_vs_labels
-
-ROOT = Path(__file__).resolve().parent
-DATA = ROOT / "data" / "classify"
-TASKS = {"movie_reviews": DATA / "en" / "movie_reviews", "sms_spam": DATA / "en" / "sms_spam",
-         "trec_questions": DATA / "en" / "trec_questions",
-         "product_reviews": DATA / "zh" / "product_reviews",
-         "brown_pos": ROOT / "data" / "tag" / "en" / "brown_pos",
-         "peoples_daily_ner": ROOT / "data" / "tag" / "zh" / "peoples_daily_ner",
-         "squad_v1": ROOT / "data" / "qa" / "en" / "squad_v1"}
-ENGLISH = ("movie_reviews", "sms_spam", "trec_questions", "brown_pos", "squad_v1")
-CHINESE = ("product_reviews", "peoples_daily_ner")
-SETTINGS = ("starts", "tasks", "budgets", "seeds", "epochs", "lr", "batch_size",
-            "max_seq_length", "pooling")
-fail = partial(_fail, "evaluate.py")  # PROG: error: MESSAGE, exit status 2
+from minibert.cli import add_options, float_in, int_at_least, positive_int
+from minibert.evaluation import EvaluationConfig, run_evaluation
+from minibert.evaluation.config import CHINESE, ENGLISH, TASKS, budget
 
 
-def budget(text: str) -> int | None:
-    """argparse type: a label budget, an integer >= 2 or ``all`` (None)."""
-    if text == "all":
-        return None
-    return int_at_least(2)(text)
-
-
-def parse_args(argv=None):
+def parse_args(argv=None) -> EvaluationConfig:
+    """The options as an :class:`~minibert.evaluation.EvaluationConfig`; a bad
+    ``--task-dir`` or ``--tasks`` ends in argparse's error exit."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("starts", nargs="+", metavar="START",
@@ -108,53 +82,19 @@ def parse_args(argv=None):
                    "sentence)")
     p.add_argument("--no-probe", dest="probe", action="store_false",
                    help="no probes on frozen states: fine-tuning and the floors")
-    add_options(p, output_dir="runs/evaluate", device=None, overwrite=dict(
+    add_options(p, output_dir="runs/evaluate", device=None, fast_cpu=True, overwrite=dict(
         default=False, help="start afresh in an OUTPUT_DIR that holds a run with other "
                             "settings"))
-    args = p.parse_args(argv)
-    args.lr = list(dict.fromkeys(args.lr))  # a rate named twice runs once
-    args.task_dirs = dict(TASKS)
-    for item in args.task_dir:
-        name, sep, d = item.partition("=")
-        if not sep or not name or not d:
-            p.error(f"--task-dir: expected NAME=DIR, got {item!r}")
-        args.task_dirs[name] = Path(d)
-    for t in args.tasks or ():
-        if t not in args.task_dirs:
-            p.error(f"--tasks: unknown task {t!r} (expected one of "
-                    f"{', '.join(args.task_dirs)}, or add it with --task-dir {t}=DIR)")
-    return args
-
-
-@job_main("evaluate.py")  # a fault ends in one line; the output directory is let go
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    note_args(vars(args))
+    cfg = EvaluationConfig(**vars(p.parse_args(argv))).with_defaults()
     try:
-        backend.set_device(args.device)
-        starts = {s: load_start(s.removeprefix("random:"), "START")
-                  for s in dict.fromkeys(args.starts)}
-        chinese = {harness.is_chinese_vocab(pre.vocab_file) for pre in starts.values()}
-        if args.tasks is None:
-            if len(chinese) > 1:
-                fail("the starts mix Chinese and English vocabularies; name the --tasks")
-            args.tasks = list(CHINESE if chinese.pop() else ENGLISH)
-        settings = {k: getattr(args, k) for k in SETTINGS}
-        settings["task_dirs"] = {t: str(args.task_dirs[t]) for t in args.tasks}
-        out = harness.open_output(args.output_dir, settings, args.overwrite)
-        records, sizes = [], {}
-        for task in args.tasks:
-            runs, sizes[task] = harness.evaluate_task(args, task, args.task_dirs[task], starts,
-                                                      out, ROOT / "finetune.py")
-            records += runs
-    except (backend.BackendError, DatasetError, ValueError, RuntimeError) as e:
-        fail(str(e))  # an OSError ends in job_main's line
-    rows = harness.summarize(records)
-    harness.print_table(rows)
-    atomic_write_json(out / "results.json", {"settings": settings, "summary": rows,
-                                             "runs": records, "train_rows": sizes})
-    plot_accuracy_vs_labels(rows, sizes, out / "accuracy_vs_labels.png")
-    print(f"wrote {out / 'results.json'} and {out / 'accuracy_vs_labels.png'}")
+        cfg.task_dirs()
+    except ValueError as e:
+        p.error(str(e))
+    return cfg
+
+
+def main(argv=None) -> int:
+    run_evaluation(parse_args(argv))
     return 0
 
 

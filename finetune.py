@@ -23,21 +23,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from functools import partial
-from pathlib import Path
 
 from minibert import distillation, distributed
-from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
-                          flag, float_in, int_at_least, job_main, positive_float, positive_int,
-                          start_job)
-from minibert.finetuning import job as finetuning
-from minibert.finetuning.tasks import TASKS, FinetuneTask
-from minibert.training import TrainingConfig, TrainingError, train
-
-DATA_ROOT = Path(__file__).resolve().parent / "data"
-
-fail = partial(_fail, "finetune.py")  # PROG: error: MESSAGE, exit status 2
+from minibert.cli import (add_options, dropout_probability, explicit_options, float_in,
+                          int_at_least, positive_float, positive_int)
+from minibert.finetuning import FinetuningConfig, run_finetuning
+from minibert.finetuning.config import METRICS
+from minibert.finetuning.tasks import TASKS
 
 
 def add_data_arguments(p) -> None:
@@ -101,8 +93,31 @@ def add_model_arguments(p) -> None:
                         "with --freeze-embeddings too, no backward runs below layer N")
 
 
-def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
-    """The arguments, and the names of those given on the command line."""
+def add_output_arguments(p) -> None:
+    """Where the run goes, and what is done with the model afterwards."""
+    g = p.add_argument_group("output")
+    add_options(g, output_dir="runs/finetune", resume=None, log_every=10, progress=True,
+                overwrite=dict(default=False, help="replace the run in --output-dir and what "
+                               "--export-hf DIR holds (default: refuse to write over them)"))
+    g.add_argument("--predict", nargs="+", metavar="TEXT",
+                   help="sequence-classification: print each label's probability for TEXT "
+                        "(or a pair TEXT_A TEXT_B); token-classification: print word/TAG "
+                        "for each word of TEXT (each character for a character-level "
+                        "tagger such as Chinese NER); question-answering: QUESTION CONTEXT, "
+                        "print the answer span and its score")
+    g.add_argument("--plot-attention", nargs="+", metavar="TEXT",
+                   help="write OUTPUT_DIR/attention.png (layers x heads maps for TEXT "
+                        "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
+                        "attends to, averaged over heads)")
+    g.add_argument("--export-hf", metavar="DIR",
+                   help="also write the best model as a Hugging Face directory: a new or "
+                        "empty one, or an earlier export of the same model (else --overwrite)")
+
+
+def parse_args(argv=None) -> tuple[FinetuningConfig, set[str]]:
+    """The options as a :class:`~minibert.finetuning.FinetuningConfig`, and the names of
+    those given on the command line; options that do not go together end in argparse's
+    error exit."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_data_arguments(p)
@@ -130,128 +145,27 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                 max_nonfinite_steps=5,
                 eval_every=dict(default=None, help="evaluate on dev (and keep the best "
                                 "model) every N steps instead of once per epoch"),
-                seed=0, device=None, tf32=False,
+                seed=0, device=None, tf32=False, fast_cpu=True,
                 dtype=dict(default="float32", choices=["float32", "float16"]))
-    g.add_argument("--metric", choices=finetuning.METRICS, default="auto",
+    g.add_argument("--metric", choices=METRICS, default="auto",
                    help="dev metric that picks the best checkpoint; auto: entity f1 for O / "
                         "B-X / I-X tags, f1 for question-answering, else accuracy. Also "
                         "macro_f1, mcc (sequence-classification); f1, precision, recall "
                         "(token-classification); exact_match (question-answering)")
     distributed.add_arguments(g)
-    g = p.add_argument_group("output")
-    add_options(g, output_dir="runs/finetune", resume=None, log_every=10, progress=True,
-                overwrite=dict(default=False, help="replace the run in --output-dir and what "
-                               "--export-hf DIR holds (default: refuse to write over them)"))
-    g.add_argument("--predict", nargs="+", metavar="TEXT",
-                   help="sequence-classification: print each label's probability for TEXT "
-                        "(or a pair TEXT_A TEXT_B); token-classification: print word/TAG "
-                        "for each word of TEXT (each character for a character-level "
-                        "tagger such as Chinese NER); question-answering: QUESTION CONTEXT, "
-                        "print the answer span and its score")
-    g.add_argument("--plot-attention", nargs="+", metavar="TEXT",
-                   help="write OUTPUT_DIR/attention.png (layers x heads maps for TEXT "
-                        "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
-                        "attends to, averaged over heads)")
-    g.add_argument("--export-hf", metavar="DIR",
-                   help="also write the best model as a Hugging Face directory: a new or "
-                        "empty one, or an earlier export of the same model (else --overwrite)")
-    args = p.parse_args(argv)
+    add_output_arguments(p)
+    cfg = FinetuningConfig(**vars(p.parse_args(argv))).with_defaults()
     given = explicit_options(p, argv)
-    if args.resume:
-        args.output_dir = args.resume
-    check_args(p, args, given)
-    return args, given
-
-
-def check_args(p, args, given: set[str]) -> None:
-    """Options that only mean something together (argparse's error exit otherwise)."""
-    if not args.teacher and (stray := [n for n in distillation.TASK_OPTIONS if n in given]):
-        p.error(f"{flag(stray[0])} goes with --teacher")
-    if args.teacher and args.task != "sequence-classification":
-        p.error(f"--teacher: task distillation is for --task sequence-classification, "
-                f"not {args.task}")
-    if args.labels and args.task == "question-answering":
-        p.error("--labels: question-answering has no label set")
-    if args.pooling and args.task != "sequence-classification":
-        p.error(f"--pooling: for --task sequence-classification, not {args.task}")
-    for name in ("predict", "plot_attention"):
-        if getattr(args, name) and len(getattr(args, name)) > 2:
-            p.error(f"{flag(name)} takes one text or a pair of texts")
-    if args.export_hf and Path(args.export_hf).exists() and not Path(args.export_hf).is_dir():
-        p.error(f"--export-hf {args.export_hf}: is a file, not a directory")
-
-
-def use_model(args, given) -> int:
-    """--model DIR: predict, plot or export with a fine-tuned model, no training."""
-    if (job := start_job(args, given, "finetune.py")).comm.world_size > 1:
-        fail("--model (predict / plot / export) runs in one process; start it without mpirun")
-    out = Path(args.output_dir) if args.output_dir != "runs/finetune" else Path(args.model)
     try:
-        task, model, tokenizer, pre = finetuning.load_model(args, given)
-        finetuning.use_model(args, task, model, tokenizer, pre.labels, pre, job.xp, out)
+        cfg.check_combinations(given)
     except ValueError as e:
-        fail(str(e))
-    return 0
+        p.error(str(e))
+    return cfg, given
 
 
-@job_main("finetune.py")  # a fault ends in one line; the run directory is let go
 def main(argv=None) -> int:
-    args, given = parse_args(argv)
-    if args.model:
-        return use_model(args, given)
-    job = start_job(args, given, "finetune.py", "finetune",
-                    resume_fixed=[k for k in vars(args) if k not in finetuning.RESUME_FREE],
-                    resume_defaults=finetuning.RESUME_DEFAULTS,
-                    check=lambda _: finetuning.load_init(args))
-    comm, run, resumed, (pre, tokenizer) = job.comm, job.run, job.resumed, job.checked
-    try:
-        task, data, max_len = finetuning.read_data(args, pre, tokenizer, DATA_ROOT)
-        train_split, soft = data.train, None
-        if args.teacher:
-            train_split, soft = distillation.soft_targets(args, tokenizer, data.train,
-                                                          data.labels, max_len, job.xp)
-        built = finetuning.build_model(args, task, pre, data, resumed, str(run.checkpoint))
-    except (ValueError, KeyError) as e:
-        fail(str(e))
-    model = built.model
-    print(built.description)
-    if comm.world_size > 1:
-        print(distributed.describe(comm, args.batch_size))
-    if comm.is_leader:
-        finetuning.write_run_files(args, run, pre, data.labels, model)
-    per_epoch, total = finetuning.schedule(args, len(train_split))
-    opt = finetuning.make_optimizer(model, args)
-    best = resumed["trainer"].get("best") if resumed is not None else None
-    state = job.train_state(opt, "finetune.py")
-    resumed = None
-    loop_task = FinetuneTask(args, run, model, train_split, data.dev, data.labels, pre,
-                             job.xp, best, task, soft)
-    cfg = TrainingConfig(max_steps=total, lr=args.lr,
-                         warmup_steps=int(args.warmup_proportion * total),
-                         max_grad_norm=args.max_grad_norm,
-                         gradient_accumulation_steps=args.gradient_accumulation_steps,
-                         seed=args.seed, log_every=args.log_every,
-                         eval_every=args.eval_every or per_epoch, save_every=per_epoch,
-                         max_nonfinite_steps=args.max_nonfinite_steps, progress=args.progress,
-                         desc="fine-tune")
-    t0, step0 = time.perf_counter(), state.step
-    try:
-        state, _ = train(model, opt, loop_task, cfg, state, metrics_path=run.metrics,
-                         checkpoint_path=run.checkpoint, comm=comm, device=job.device)
-    except TrainingError as e:
-        fail(str(e))
-    if not comm.is_leader:
-        return 0
-    timing = {"seconds": time.perf_counter() - t0, "steps": state.step - step0,
-              "per_epoch": per_epoch}
-    if not run.best_model.exists():  # e.g. --resume of a run whose best was lost
-        loop_task.evaluate(state.step)
-    model = finetuning.write_results(args, run, task, data, pre, loop_task, state, timing,
-                                     built, job.xp)
-    try:
-        finetuning.use_model(args, task, model, tokenizer, data.labels, pre, job.xp, run.path)
-    except ValueError as e:
-        fail(str(e))
+    cfg, given = parse_args(argv)
+    run_finetuning(cfg, given)
     return 0
 
 

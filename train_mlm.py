@@ -26,32 +26,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from functools import partial
-from pathlib import Path
 
 from minibert import distillation, distributed
-from minibert.atomic import WriteError, atomic_write_bytes
-from minibert.cli import (add_options, dropout_probability, explicit_options, fail as _fail,
-                          float_in, int_at_least, job_main, leader_first, non_negative_int,
-                          positive_int, probability, start_job)
+from minibert.cli import (add_options, dropout_probability, explicit_options, float_in,
+                          int_at_least, non_negative_int, positive_int, probability)
 from minibert.albert import ALBERT_PRESETS
 from minibert.modeling import PRESETS
 from minibert.objectives import OBJECTIVES
-from minibert.optim import AdamW
-from minibert.pretraining import CorpusError, default_max_predictions
-from minibert.pretraining import job as pretraining
-from minibert.runs import write_args
+from minibert.pretraining import PretrainingConfig, run_pretraining
+from minibert.pretraining.config import DEFAULT_CORPUS, DEFAULT_EXCLUDE, DEFAULT_PAIRS
 from minibert.tokenization.trainer import ALGORITHMS
-from minibert.training import TrainingConfig, TrainingError, train
-
-DEFAULT_CORPUS = Path(__file__).resolve().parent / "data" / "pretrain" / "en"
-DEFAULT_PAIRS = Path(__file__).resolve().parent / "data" / "minimal_pairs" / "en" / "pairs.jsonl"
-# The Brown documents of the POS dev and test splits (data/README.md): not pretrained on.
-DEFAULT_EXCLUDE = (Path(__file__).resolve().parent / "data" / "tag" / "en" / "brown_pos"
-                   / "pretrain_exclude.tsv")
-
-fail = partial(_fail, "train_mlm.py")  # PROG: error: MESSAGE, exit status 2
 
 
 def add_data_arguments(p) -> None:
@@ -111,6 +95,14 @@ def add_data_arguments(p) -> None:
                    help="ALBERT's n-gram masking: mask spans of up to N whole words, a span "
                         "of n words drawn with probability proportional to 1/n (1: off; "
                         "default 3 for --model albert, 1 for bert)")
+    g.add_argument("--allow-data-change", action="store_true",
+                   help="with --resume: continue although the corpus or vocab changed since "
+                        "the checkpoint (refused by default; the change is printed)")
+
+
+def add_eval_arguments(p) -> None:
+    """What is held out and measured at each evaluation."""
+    g = p.add_argument_group("evaluation")
     g.add_argument("--eval-fraction", type=float_in(0.0, 1.0, high_open=True), default=0.02,
                    help="share of documents held out for evaluation")
     g.add_argument("--eval-instances", type=positive_int, default=1024,
@@ -123,10 +115,6 @@ def add_data_arguments(p) -> None:
                         "macro %% over paradigms, beside the word-trigram floor on the corpus)")
     g.add_argument("--eval-pairs-per-paradigm", type=non_negative_int, default=25,
                    help="the first N pairs of each paradigm of --eval-pairs (0: no pairs)")
-    g.add_argument("--allow-data-change", action="store_true",
-                   help="with --resume: continue although the corpus or vocab changed since "
-                        "the checkpoint (refused by default; the change is printed)")
-
 
 
 def add_model_arguments(p) -> None:
@@ -170,12 +158,14 @@ def add_model_arguments(p) -> None:
 
 
 
-def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
-    """The arguments, and the names of those given on the command line."""
+def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
+    """The options as a :class:`~minibert.pretraining.PretrainingConfig` (derived defaults
+    filled in), and the names of those given on the command line."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_data_arguments(p)
+    add_eval_arguments(p)
     add_model_arguments(p)
     distillation.add_arguments(p.add_argument_group("distillation (docs/distillation.md)"))
     g = p.add_argument_group("training")
@@ -194,7 +184,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                    help="linear warmup steps (default: 10%% of --max-steps)")
     g.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.0,
                    help="MLM label smoothing")
-    add_options(g, seed=0, device=None, tf32=False,
+    add_options(g, seed=0, device=None, tf32=False, fast_cpu=True,
                 dtype=dict(default="float32", choices=["float32", "float64", "float16"]))
     distributed.add_arguments(g)
     g = p.add_argument_group("output")
@@ -211,76 +201,13 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "minibert.gradflow); 0 = off")
     g.add_argument("--save-every", type=positive_int, default=250,
                    help="steps between checkpoints")
-    args = p.parse_args(argv)
-    given = explicit_options(p, argv)
-    pretraining.fill_model_defaults(args)
-    if args.warmup_steps is None:
-        args.warmup_steps = max(1, args.max_steps // 10)
-    if args.max_predictions_per_seq is None:
-        args.max_predictions_per_seq = default_max_predictions(args.max_seq_length,
-                                                               args.masked_lm_prob)
-    if args.resume:
-        args.output_dir = args.resume
-    return args, given
+    cfg = PretrainingConfig(**vars(p.parse_args(argv)))
+    return cfg.with_defaults(), explicit_options(p, argv)
 
 
-@job_main("train_mlm.py")  # a fault ends in one line; the run directory is let go
 def main(argv=None) -> int:
-    args, given = parse_args(argv)
-    job = start_job(args, given, "train_mlm.py", "pretrain",
-                    resume_fixed=[k for k in vars(args) if k not in pretraining.RESUME_FREE],
-                    resume_defaults=pretraining.RESUME_DEFAULTS,
-                    check=lambda resumed: pretraining.check_options(args, given, resumed))
-    comm, run, resumed, start = job.comm, job.run, job.resumed, job.checked
-    try:
-        with leader_first(comm):  # rank 0 writes the vocab and the token store first
-            data = pretraining.prepare_data(args, run, reuse_vocab=resumed is not None
-                                            or not comm.is_leader, resumed=resumed)
-        config = pretraining.run_config(args, start, resumed, len(data.tokenizer))
-        if comm.is_leader:
-            pretraining.check_corpus_shape(data)
-        model = pretraining.build_model(args, config, data, start, resumed,
-                                        str(run.checkpoint))
-    except (ValueError, KeyError) as e:
-        fail(str(e))
-    except WriteError:
-        raise                         # a failed write: job_main's line, with the checkpoint
-    except OSError as e:              # an unreadable input
-        fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
-    start = None  # the weights are in the model now
-    model.to(job.device)
-    optimizer = AdamW(model.named_parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                      correct_bias=args.correct_bias)
-    state = job.train_state(optimizer, "train_mlm.py")
-    resumed = None
-    if comm.is_leader:
-        atomic_write_bytes(run.config, config.to_json().encode())
-        write_args(run, vars(args))
-
-    eval_batches = [] if not comm.is_leader else pretraining.fixed_batches(
-        args, data.held_out, data.vocab, data.objective, args.seed + 1, args.eval_instances)
-    reference = pretraining.reference_losses(args, data, eval_batches, model, job.xp)
-    print(pretraining.describe(args, model, data, eval_batches, reference))
-    if comm.world_size > 1:
-        print(distributed.describe(comm, args.batch_size))
-    task = pretraining.PretrainTask(args, data, eval_batches, reference, model, job.xp)
-    cfg = TrainingConfig(max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup_steps,
-                         max_grad_norm=args.max_grad_norm,
-                         gradient_accumulation_steps=args.gradient_accumulation_steps,
-                         batch_size_ramp_steps=round(args.batch_size_ramp * args.max_steps),
-                         seed=args.seed, log_every=args.log_every, eval_every=args.eval_every,
-                         save_every=args.save_every,
-                         max_nonfinite_steps=args.max_nonfinite_steps,
-                         log_grad_norms=args.log_grad_norms, progress=args.progress,
-                         desc="pretrain")
-    t0 = time.perf_counter()
-    try:
-        state, last_eval = train(model, optimizer, task, cfg, state, metrics_path=run.metrics,
-                                 checkpoint_path=run.checkpoint, comm=comm, device=job.device)
-    except (TrainingError, CorpusError) as e:
-        fail(str(e))
-    if comm.is_leader:
-        pretraining.write_summary(args, run, task, state, last_eval, time.perf_counter() - t0)
+    cfg, given = parse_args(argv)
+    run_pretraining(cfg, given)
     return 0
 
 

@@ -56,7 +56,7 @@ def worker(preset: str, steps: int, batch_size: int, seq_len: int, vocab: int) -
     from minibert import BertConfig, distributed
     from minibert.modeling import BertForPreTraining
     from minibert.optim import AdamW
-    from minibert.pretraining.batches import Batch
+    from minibert.pretraining.batches import PretrainingBatch
     from minibert.training import TrainingConfig, train_step
 
     from minibert.fast import set_fast_paths
@@ -64,7 +64,7 @@ def worker(preset: str, steps: int, batch_size: int, seq_len: int, vocab: int) -
     comm = TimedComm(distributed.init_distributed("auto"))
     config = BertConfig.from_preset(preset, vocab_size=vocab)
     _, b = make_batch(np.random.default_rng(0), batch_size, seq_len, vocab)
-    batch = Batch(b["input_ids"], b["token_type_ids"], b["attention_mask"],
+    batch = PretrainingBatch(b["input_ids"], b["token_type_ids"], b["attention_mask"],
                   b["masked_lm_positions"], b["masked_lm_ids"], b["masked_lm_weights"],
                   b["next_sentence_label"])
 

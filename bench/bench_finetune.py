@@ -12,7 +12,8 @@ Usage::
 ``compare``: both models train side by side, one step of each in turn (which one goes
 first alternates), so both see the same machine load. minibert trains as
 ``finetune.py --group-by-length`` (length-bucketed batches: ``iterate_batches(...,
-group_by_length=True)``, ``FinetuneTask``'s forward, ``minibert.finetuning.job.make_optimizer``,
+group_by_length=True)``, ``FinetuningWorkload``'s forward,
+``minibert.finetuning.job.make_optimizer``,
 ``minibert.training.train_step``); transformers trains as its users run it, bucketing off
 (the shuffled, dynamically padded batches of ``finetune.py`` without the flag). Both get
 the same rows each epoch, the same number of steps and the same learning-rate schedule.
@@ -57,8 +58,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minibert.finetuning import (build_model, classification_metrics, encode_split,  # noqa: E402
-                                 iterate_batches, label_list, read_tsv)
+from minibert.finetuning import (classification_metrics, encode_split,  # noqa: E402
+                                 iterate_batches, label_list, model_from_start, read_tsv)
 from minibert.runs import load_start  # noqa: E402
 from minibert.optim import decays, linear_schedule_with_warmup  # noqa: E402
 from minibert.tokenization import BertTokenizer  # noqa: E402
@@ -96,7 +97,7 @@ class TransformersSystem:
         torch.manual_seed(args.seed)
         self.model = transformers.BertForSequenceClassification.from_pretrained(
             args.init, num_labels=len(data.labels), attn_implementation="eager")
-        ours, _ = build_model(data.pre, labels=data.labels, seed=args.seed)  # same new head
+        ours, _ = model_from_start(data.pre, labels=data.labels, seed=args.seed)  # same new head
         with torch.no_grad():
             self.model.classifier.weight.copy_(torch.from_numpy(ours.classifier.weight.data))
             self.model.classifier.bias.copy_(torch.from_numpy(ours.classifier.bias.data))
@@ -142,19 +143,21 @@ class MinibertSystem:
     def __init__(self, args, data):
         from minibert.finetuning import evaluate
         from minibert.finetuning.job import make_optimizer
-        from minibert.finetuning.tasks import FinetuneTask
+        from minibert.finetuning import FinetuningConfig
+        from minibert.finetuning.tasks import FinetuningWorkload
         from minibert.backend import DropoutRNG
         from minibert.fast import set_fast_paths
         from minibert.training import TrainingConfig, train_step
         set_fast_paths(True)  # what the jobs run
         self.data, self._evaluate, self._train_step = data, evaluate, train_step
-        self.model, _ = build_model(data.pre, labels=data.labels, seed=args.seed)
-        ft_args = SimpleNamespace(lr=args.lr, adam_eps=args.adam_eps, correct_bias=True,
-                                  weight_decay=args.weight_decay, batch_size=args.batch_size,
-                                  seed=args.seed, group_by_length=args.minibert_group_by_length)
+        self.model, _ = model_from_start(data.pre, labels=data.labels, seed=args.seed)
+        ft_args = FinetuningConfig(lr=args.lr, adam_eps=args.adam_eps, correct_bias=True,
+                                   weight_decay=args.weight_decay, batch_size=args.batch_size,
+                                   seed=args.seed,
+                                   group_by_length=args.minibert_group_by_length)
         self.opt = make_optimizer(self.model, ft_args)
-        self.task = FinetuneTask(ft_args, None, self.model, data.enc["train"],
-                                          data.enc["dev"], data.labels, data.pre, np)
+        self.task = FinetuningWorkload(ft_args, None, self.model, data.enc["train"],
+                                       data.enc["dev"], data.labels, data.pre, np)
         self.cfg = TrainingConfig(max_steps=1, lr=args.lr, max_grad_norm=args.max_grad_norm,
                                   seed=args.seed)
         self.dropout_rng = DropoutRNG("cpu")      # one per run, as training.train makes

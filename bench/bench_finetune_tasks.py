@@ -18,7 +18,7 @@ task's ``read`` from :mod:`minibert.finetuning.tasks`: our tokenizer, word-piece
 alignment or QA windows, ``--max-train-examples``), the batches (``iterate_batches`` with
 the same seed, epoch permutation and ``--group-by-length`` grouping, dynamic padding), the
 number of steps, warmup + linear decay (``minibert.optim.linear_schedule_with_warmup``),
-the new head's initial weights (copied from minibert's ``build_model`` for that seed),
+the new head's initial weights (copied from minibert's ``model_from_start`` for that seed),
 torch's bias-corrected AdamW with the same lr / eps / weight decay (not on biases and
 LayerNorm), global-norm clipping, HF's losses (which minibert's heads reproduce), dev
 evaluation after every epoch and test evaluation of the best dev epoch's weights, with
@@ -109,7 +109,7 @@ def run(args) -> dict:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    task = make_task(args.task, args)
+    task = make_task(args.task, vars(args))
     if args.data is None:
         args.data = str(ROOT / "data" / task.data_subdir)
     if args.max_seq_length is None:
@@ -123,7 +123,7 @@ def run(args) -> dict:
     kw = {"num_labels": len(data.labels)} if data.labels else {}
     hf = getattr(transformers, arch).from_pretrained(args.init, attn_implementation="eager",
                                                      **kw)
-    ours, _ = task.build_model(pre, data.labels, seed=args.seed)        # the same new head
+    ours, _ = task.model_from_start(pre, data.labels, seed=args.seed)        # the same new head
     with torch.no_grad():
         for name in ("weight", "bias"):
             getattr(getattr(hf, head), name).copy_(

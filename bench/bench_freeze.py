@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 from minibert.backend import DropoutRNG  # noqa: E402
 from minibert.finetuning import iterate_batches  # noqa: E402
 from minibert.finetuning.job import make_optimizer, split_paths  # noqa: E402
-from minibert.finetuning.tasks import TASKS, FinetuneTask, make_task  # noqa: E402
+from minibert.finetuning import FinetuningConfig  # noqa: E402
+from minibert.finetuning.tasks import TASKS, FinetuningWorkload, make_task  # noqa: E402
 from minibert.optim import linear_schedule_with_warmup  # noqa: E402
 from minibert.runs import load_start  # noqa: E402
 from minibert.tokenization import BertTokenizer  # noqa: E402
@@ -58,22 +59,22 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    ft = SimpleNamespace(lr=args.lr, adam_eps=1e-6, correct_bias=True, weight_decay=0.01,
-                         batch_size=args.batch_size, seed=args.seed, group_by_length=True,
-                         metric="auto", max_seq_length=args.max_seq_length)
-    task = make_task("sequence-classification", ft)
+    ft = FinetuningConfig(lr=args.lr, adam_eps=1e-6, correct_bias=True, weight_decay=0.01,
+                          batch_size=args.batch_size, seed=args.seed, group_by_length=True,
+                          metric="auto", max_seq_length=args.max_seq_length,
+                          data=args.data, test="none")
+    task = make_task("sequence-classification", ft.to_dict())
     pre = load_start(args.init)
     tok = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
-    data = task.read(split_paths(SimpleNamespace(data=args.data, train=None,
-                                                          dev=None, test="none"), task),
+    data = task.read(split_paths(ft, task),
                      tok, args.max_seq_length, args.max_train_examples)
     systems = []
     for text in args.settings.split(","):
         emb, layers = parse_setting(text)
-        model, _ = task.build_model(pre, data.labels, seed=args.seed)
+        model, _ = task.model_from_start(pre, data.labels, seed=args.seed)
         model.freeze(embeddings=emb, layers=layers)
         opt = make_optimizer(model, ft)
-        loop = FinetuneTask(ft, None, model, data.train, data.dev, data.labels, pre, np,
+        loop = FinetuningWorkload(ft, None, model, data.train, data.dev, data.labels, pre, np,
                             task=task)
         systems.append(SimpleNamespace(name=text, model=model, opt=opt, loop=loop, secs=0.0,
                                        rng=DropoutRNG("cpu"),

@@ -228,14 +228,14 @@ def score(args) -> None:
     """``score``: the PLL of each sentence (:func:`minibert.scoring.score_texts`), in
     chunks of 256 sentences under a progress bar."""
     from tqdm import tqdm
-    from .pipelines import load_model
+    from .pipelines import load_pipeline_model
     from .scoring import score_texts
 
     texts = _inputs(args)
     if not all(isinstance(t, str) for t in texts):
         raise ValueError("score takes sentences, one per line (not JSON objects)")
     _set_device(args)
-    model, tokenizer, _ = load_model("fill-mask", args.model)
+    model, tokenizer, _ = load_pipeline_model("fill-mask", args.model)
     out = []
     with tqdm(total=len(texts), disable=not (args.progress and args.input), unit="sentence",
               file=sys.stderr) as bar:
@@ -292,7 +292,7 @@ def minimal_pairs(args) -> None:
     write the JSON and the chart when asked."""
     from .atomic import atomic_write_json
     from .evaluation.minimal_pairs import read_pairs, score_pairs_mlm, table
-    from .pipelines import load_model
+    from .pipelines import load_pipeline_model
     from .runs import load_start
 
     pair_files = [p for p in args.paths if p.endswith(".jsonl") and Path(p).is_file()]
@@ -304,7 +304,7 @@ def minimal_pairs(args) -> None:
     results, starts = {}, []
     for m in models:
         starts.append(load_start(m, "model"))
-        model, tok, _ = load_model("fill-mask", starts[-1], "model")
+        model, tok, _ = load_pipeline_model("fill-mask", starts[-1], "model")
         results[m] = score_pairs_mlm(model, tok, pairs, args.method, args.batch_size)
     if args.floors:
         results.update(_floors(args, starts, pairs))

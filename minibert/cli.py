@@ -7,6 +7,7 @@ and the one top-level handler of faults (:func:`job_main`: a failed write, memor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from contextlib import contextmanager
@@ -158,6 +159,11 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                                          help="steps between train records")),
     "progress": (("--no-progress",), dict(dest="progress", action="store_false",
                                           help="no progress bars")),
+    "fast_cpu": (("--fast-cpu",), dict(
+        action=argparse.BooleanOptionalAction,
+        help="on NumPy, run GELU, softmax, LayerNorm and cross-entropy through the CPU fast "
+             "paths (minibert/fast_cpu.py, tested equal to the formulas of minibert/nn/); "
+             "--no-fast-cpu runs the formulas as written")),
 }
 
 
@@ -177,6 +183,93 @@ def add_options(group, **defaults) -> None:
 def flag(dest: str) -> str:
     """The command-line spelling of an option's destination: ``alpha_ce`` -> ``--alpha-ce``."""
     return "--" + dest.replace("_", "-")
+
+
+# ---------------------------------------------------------------------------------------
+# A job's options as a dataclass: each field is an option's argparse destination, with
+# the same default, so the script builds it with ``Config(**vars(parser.parse_args()))``
+# and a Python caller with ``Config(max_steps=100, ...)``.
+# ---------------------------------------------------------------------------------------
+
+class JobOptions:
+    """Base of the job configs (:class:`~minibert.pretraining.PretrainingConfig`,
+    :class:`~minibert.finetuning.FinetuningConfig`,
+    :class:`~minibert.evaluation.EvaluationConfig`): dataclasses whose fields are the
+    script's options under their argparse destinations.
+
+    ``CHECKS`` (a class attribute) maps a field to its range check, the same argparse
+    type the script's option has (a callable taking the text), or to its choices (a
+    tuple); :meth:`check` applies them to a config built in Python, where no parser ran.
+    """
+
+    CHECKS: dict[str, Any] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as ``vars(args)`` had them (``args.json``, a checkpoint's ``args``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        """A config from :meth:`to_dict`'s dict (``args.json``); names that are not fields
+        (options of an older or newer version) are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    def changed(self) -> set[str]:
+        """The fields whose value differs from the default: what a Python caller chose,
+        in the role of the options given on the command line."""
+        fresh = type(self)()
+        return {f.name for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(fresh, f.name)}
+
+    def check(self) -> None:
+        """Apply :attr:`CHECKS` (None values and list items of None pass).
+
+        Raises:
+            ValueError: ``--OPTION: expected ..., got ...`` for the first value out of
+                range or not among the choices.
+        """
+        for name, check in self.CHECKS.items():
+            value = getattr(self, name)
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if v is None:
+                    continue
+                if isinstance(check, tuple):
+                    if v not in check:
+                        raise ValueError(f"{flag(name)}: invalid choice {v!r} (choose from "
+                                         f"{', '.join(map(str, check))})")
+                    continue
+                try:
+                    check(str(v))
+                except argparse.ArgumentTypeError as e:
+                    raise ValueError(f"{flag(name)}: {e}") from None
+
+
+    def check_combinations(self, given: set[str]) -> None:
+        """Options that only mean something together (raises ValueError); none here."""
+
+    def with_defaults(self):
+        """Fill derived defaults in place and return self; none here."""
+        return self
+
+    def prepare(self, given: set[str] | None, prog: str) -> set[str]:
+        """The start of a job's ``run_*`` function: :meth:`check`,
+        :meth:`check_combinations`, :meth:`with_defaults`; a ValueError ends the job with
+        ``PROG: error: MESSAGE`` (:func:`fail`). Returns ``given``, the options chosen
+        explicitly, by default :meth:`changed`."""
+        given = self.changed() if given is None else set(given)
+        try:
+            self.check()
+            self.check_combinations(given)
+        except ValueError as e:
+            fail(prog, str(e))
+        self.with_defaults()
+        return given
+
+
+def fast_paths_line(enabled: bool) -> str:
+    """The log line that names the CPU fast-path setting (``--fast-cpu``)."""
+    return f"fast CPU paths: {'on' if enabled else 'off'}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,17 +325,20 @@ INPUT_OPTIONS = ("corpus", "vocab", "init_checkpoint", "init", "teacher", "model
                  "train", "dev", "test", "labels", "exclude_documents")
 
 
-def input_paths(args) -> dict[str, Any]:
-    """The job's inputs: option spelling -> value(s), of :data:`INPUT_OPTIONS` that ``args``
-    has and sets."""
-    return {flag(d): getattr(args, d) for d in INPUT_OPTIONS if getattr(args, d, None)}
+def input_paths(options: JobOptions) -> dict[str, Any]:
+    """The job's inputs: option spelling -> value(s), of :data:`INPUT_OPTIONS` that the
+    config ``options`` has and sets."""
+    values = options.to_dict()
+    return {flag(d): values[d] for d in INPUT_OPTIONS if values.get(d)}
 
 
-def start_job(args, given: set[str], prog: str, job: str | None = None, *,
+def start_job(args: JobOptions, given: set[str], prog: str, job: str | None = None, *,
               resume_fixed=(), resume_defaults=None,
               check: Callable[[dict | None], Any] = lambda resumed: None) -> Job:
     """The prologue of a job: communicator (``--distributed``), device (``--device``,
-    ``--tf32``) and, for a ``job`` ("pretrain", "finetune"), its run directory, rank 0 first.
+    ``--tf32``), the CPU fast paths (``--fast-cpu``, :func:`minibert.fast.set_fast_paths`)
+    and, for a ``job`` ("pretrain", "finetune"), its run directory, rank 0 first. ``args``:
+    the job's config (:class:`JobOptions`), changed in place as said below.
 
     With ``--resume`` the run directory is taken first (:func:`minibert.runs.prepare_run_dir`
     locks it before reading its checkpoint), the checkpoint is loaded and its arguments are
@@ -259,15 +355,16 @@ def start_job(args, given: set[str], prog: str, job: str | None = None, *,
     Any :class:`ValueError` (RunError, CheckpointError, CorpusError, HFFormatError ...) or
     :class:`OSError` raised on the way ends the job with ``PROG: error: ...``.
     """
-    from . import backend, distributed
+    from . import backend, distributed, fast
 
     stop = partial(fail, prog)
     comm = distributed.start(args, stop)
-    note_args(vars(args))
+    note_args(args.to_dict())
     try:
         device = backend.set_device(args.device)
         if args.tf32:
             backend.set_tf32(True)
+        fast.set_fast_paths(args.fast_cpu)
     except backend.BackendError as e:
         stop(str(e))
     out = Job(comm, device, backend.xp_for(device))
@@ -300,7 +397,7 @@ def _prologue(out: Job, args, given, job, leader, resume_fixed, resume_defaults,
     elif job is not None and leader:
         check_inputs(args.output_dir, input_paths(args))
     out.checked = check(out.resumed) if job is not None else None
-    if leader and getattr(args, "export_hf", None):
+    if leader and args.to_dict().get("export_hf"):
         source = args.model if job is None else args.output_dir
         prepare_export_dir(args.export_hf, source, overwrite=args.overwrite,
                            inputs={**input_paths(args), flag("output_dir"): source}
@@ -330,9 +427,10 @@ def note_args(args: Mapping[str, Any]) -> None:
 
 
 def job_main(prog: str):
-    """Decorator of a script's ``main(argv=None) -> int``: the one place where a job's
-    faults are turned into one line on stderr instead of a traceback, and where the
-    directories it owns are let go (:func:`minibert.runs.release_run_dirs`) when it ends.
+    """Decorator of a job's ``run_*(config)`` (or a script's ``main(argv=None)``): the one
+    place where a job's faults are turned into one line on stderr instead of a traceback,
+    and where the directories it owns are let go (:func:`minibert.runs.release_run_dirs`)
+    when it ends.
 
     * ``KeyboardInterrupt`` (Ctrl-C): ``PROG: interrupted at step N; ...`` naming the last
       checkpoint (which an atomic write never leaves torn) and the ``--resume`` command;
@@ -348,11 +446,11 @@ def job_main(prog: str):
     """
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
         @wraps(main)
-        def run(argv=None) -> int:
+        def run(*args, **kwargs):
             from .runs import release_run_dirs
             _noted.clear()
             try:
-                return main(argv)
+                return main(*args, **kwargs)
             except KeyboardInterrupt as e:
                 _stop(f"{prog}: {_interrupted_message(prog, getattr(e, 'step', None))}", 130)
             except MemoryError as e:

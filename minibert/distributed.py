@@ -333,14 +333,14 @@ def add_arguments(group) -> None:
                             "directly (needs an MPI built with CUDA support)")
 
 
-def start(args, fail) -> Communicator:
-    """A job's start-up: the communicator from ``args`` (``--distributed``, ``--device``,
-    ``--cuda-aware-mpi``); ``fail(message)`` on error. Ranks other than 0 print nothing to
+def start(options, fail) -> Communicator:
+    """A job's start-up: the communicator from the job's config ``options``
+    (``--distributed``, ``--device``, ``--cuda-aware-mpi``); ``fail(message)`` on error. Ranks other than 0 print nothing to
     stdout from here on (warnings and errors still go to stderr)."""
     try:
-        comm = init_distributed(args.distributed, args.device or
+        comm = init_distributed(options.distributed, options.device or
                                 os.environ.get("MINIBERT_DEVICE", "cpu"),
-                                cuda_aware=args.cuda_aware_mpi)
+                                cuda_aware=options.cuda_aware_mpi)
     except DistributedError as e:
         fail(str(e))
     if not comm.is_leader:

@@ -815,7 +815,8 @@ class BertForPreTraining(BertPreTrainedModel):
     Attributes:
         sentence_label: the keyword under which :meth:`forward` takes the sentence label
             (``"next_sentence_label"``; ALBERT's is ``"sentence_order_label"``), for
-            callers that hold it as :meth:`minibert.pretraining.Batch.model_inputs` names it.
+            callers that hold it as
+            :meth:`minibert.pretraining.PretrainingBatch.model_inputs` names it.
     """
 
     sentence_label = "next_sentence_label"

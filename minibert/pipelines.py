@@ -39,7 +39,7 @@ import numpy as np
 
 from .backend import get_array_module, to_numpy
 from .fast import set_fast_paths
-from .finetuning.classifier import predict_split
+from .finetuning.models import predict_split
 from .finetuning.data import EncodedSplit, Example, encode_split, length_batches
 from .finetuning.qa import QAExample, postprocess_qa_predictions
 from .finetuning.tagging import TaggedSentence, encode_tagging, first_pieces
@@ -471,7 +471,7 @@ PIPELINES: dict[str, type[Pipeline]] = {c.task: c for c in (
     TokenClassificationPipeline, QuestionAnsweringPipeline)}
 
 
-def load_model(task: str, path, option: str = "model"):
+def load_pipeline_model(task: str, path, option: str = "model"):
     """(model, tokenizer, extra pipeline arguments) for ``task`` from the start at ``path``
     (see :func:`minibert.runs.load_start`; or an already loaded
     :class:`~minibert.runs.Pretrained`), on the current device.
@@ -510,7 +510,7 @@ def load_model(task: str, path, option: str = "model"):
             what = f"a {ft.name} model" if ft else "not a fine-tuned model"
             raise PipelineError(f"{option} {path}: {what}; {task} needs a model fine-tuned "
                                 f"with finetune.py --task {want}")
-        model, _ = ft.build_model(pre, pre.labels)
+        model, _ = ft.model_from_start(pre, pre.labels)
         extra = {"labels": pre.labels, "task_obj": ft}
     if task in ("fill-mask", "feature-extraction"):
         from .hf import HFFormatError, load_pretrained_weights
@@ -532,7 +532,7 @@ def pipeline(task: str, model, tokenizer=None, *, batch_size: int = 32,
         task: ``"fill-mask"``, ``"feature-extraction"``, ``"text-classification"``,
             ``"token-classification"`` or ``"question-answering"``.
         model: a path (a minibert run directory / checkpoint or a Hugging Face BERT
-            directory: :func:`load_model`), or a model object (``BertForPreTraining``,
+            directory: :func:`load_pipeline_model`), or a model object (``BertForPreTraining``,
             ``BertModel``, or the task's fine-tuning class) given with its ``tokenizer``.
         tokenizer: the model object's tokenizer (from a path: its ``vocab.txt``).
         batch_size, max_length: see :class:`Pipeline`.
@@ -553,7 +553,7 @@ def pipeline(task: str, model, tokenizer=None, *, batch_size: int = 32,
         raise PipelineError(f"unknown task {task!r}; one of {', '.join(PIPELINES)}")
     set_fast_paths(fast_cpu)
     if isinstance(model, (str, Path, os.PathLike)):
-        model, tokenizer, extra = load_model(task, model)
+        model, tokenizer, extra = load_pipeline_model(task, model)
         options = {**extra, **options}
     elif tokenizer is None:
         raise PipelineError("a model object needs its tokenizer (tokenizer=...)")
@@ -573,4 +573,4 @@ def for_finetune_task(task: TaskBase, model, tokenizer, labels, **kwargs) -> Pip
 __all__ = ["PIPELINES", "Pipeline", "PipelineError", "FillMaskPipeline",
            "FeatureExtractionPipeline", "TextClassificationPipeline",
            "TokenClassificationPipeline", "QuestionAnsweringPipeline", "cosine_similarity",
-           "for_finetune_task", "load_model", "pipeline"]
+           "for_finetune_task", "load_pipeline_model", "pipeline"]

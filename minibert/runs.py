@@ -362,33 +362,33 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
 
 # Arguments that belong to an invocation, not to the run: never taken from a checkpoint.
 INVOCATION_ARGS = ("output_dir", "resume", "overwrite", "progress", "device",
-                   "allow_data_change")
+                   "allow_data_change", "fast_cpu")
 
 
-def resume_args(args, saved: Mapping[str, Any], fixed: Sequence[str], given: set[str],
+def resume_args(options, saved: Mapping[str, Any], fixed: Sequence[str], given: set[str],
                 source: str) -> None:
-    """Take into ``args`` (an argparse Namespace, changed in place) the run's own value of
-    every saved argument the command line did not give (``given``: the names it did;
-    :data:`INVOCATION_ARGS` excepted), so a bare ``--resume DIR`` continues the run as it
-    was started.
+    """Take into ``options`` (the job's config, :class:`~minibert.cli.JobOptions`, changed in
+    place) the run's own value of every saved argument the command line did not give
+    (``given``: the names it did; :data:`INVOCATION_ARGS` excepted), so a bare
+    ``--resume DIR`` continues the run as it was started.
 
     Raises:
         RunError: naming every argument in ``fixed`` given with a value other than the
             run's: those decide the data stream, the schedule and the model, so a changed
             value would not continue the same curve.
     """
-    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {getattr(args, k)!r}"
-             for k in fixed if k in saved and k in given and saved[k] != getattr(args, k)]
+    diffs = [f"--{k.replace('_', '-')}: checkpoint {saved[k]!r}, now {getattr(options, k)!r}"
+             for k in fixed if k in saved and k in given and saved[k] != getattr(options, k)]
     if diffs:
         raise RunError(f"cannot resume {source}: the run's settings differ: " + "; ".join(diffs))
     for k, v in saved.items():
-        if k not in given and k not in INVOCATION_ARGS and hasattr(args, k):
-            setattr(args, k, v)
+        if k not in given and k not in INVOCATION_ARGS and hasattr(options, k):
+            setattr(options, k, v)
 
 
-def write_args(run: RunDir, args: Mapping[str, Any]) -> None:
-    """args.json: the job's arguments as given (JSON-able values)."""
-    atomic_write_json(run.args, dict(args))
+def write_args(run: RunDir, values: Mapping[str, Any]) -> None:
+    """args.json: the job's options by name (``config.to_dict()``; JSON-able values)."""
+    atomic_write_json(run.args, dict(values))
 
 
 class MetricsLog:
@@ -478,6 +478,22 @@ class Pretrained:
     architecture: str | None = None
 
 
+def _hf_start(path: Path, option: str) -> Pretrained:
+    """:func:`load_start` of a Hugging Face directory (its labels only with a classifier)."""
+    from .hf import HFFormatError, load_hf_directory
+    from .tokenization.vocab import VocabError
+    from .untrusted import UntrustedFileError
+    try:
+        ck = load_hf_directory(path)
+    except (HFFormatError, UntrustedFileError, VocabError) as e:
+        raise RunError(f"{option} {e}") from None
+    labels = ([ck.id2label[i] for i in range(len(ck.id2label))]
+              if ck.id2label and any(k.startswith("classifier.") for k in ck.state) else None)
+    return Pretrained(ck.config, ck.state, ck.vocab_file, ck.tokenizer_options, labels, {},
+                      f"Hugging Face directory {path}",
+                      ck.architectures[0] if ck.architectures else None)
+
+
 def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
     """Resolve a starting model.
 
@@ -498,22 +514,13 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
             that cannot be read or fails a check (the message starts with ``option`` and
             names the file).
     """
-    from .hf import HFFormatError, is_hf_directory, load_hf_directory
+    from .hf import is_hf_directory
     from .tokenization.vocab import VocabError, check_vocab_fits
     from .untrusted import UntrustedFileError
 
     path = Path(path)
     if path.is_dir() and is_hf_directory(path) and not (path / CHECKPOINT).is_file():
-        try:
-            ck = load_hf_directory(path)
-        except (HFFormatError, UntrustedFileError, VocabError) as e:
-            raise RunError(f"{option} {e}") from None
-        labels = ([ck.id2label[i] for i in range(len(ck.id2label))]
-                  if ck.id2label and any(k.startswith("classifier.") for k in ck.state)
-                  else None)
-        return Pretrained(ck.config, ck.state, ck.vocab_file, ck.tokenizer_options, labels, {},
-                          f"Hugging Face directory {path}",
-                          ck.architectures[0] if ck.architectures else None)
+        return _hf_start(path, option)
     if path.is_dir():
         ckpt = path / BEST_MODEL if (path / BEST_MODEL).is_file() else path / CHECKPOINT
     else:

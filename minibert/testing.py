@@ -129,20 +129,20 @@ def albert_configs(draw, max_hidden: int = 16, max_layers: int = 3, max_groups: 
 
 @st.composite
 def token_batches(draw, config: BertConfig, max_batch: int = 3, max_len: int | None = None,
-                  min_len: int = 1) -> Batch:
+                  min_len: int = 1) -> PretrainingBatch:
     """A batch for ``config``: padding at the end of rows (at least one real token per
     row; id 0, the pad token, only at padded positions), segment ids 0 then 1, at least
     one masked position over the batch, masked positions only at real tokens, NSP
     labels 0/1. B <= max_batch, T <= min(max_len, max_position_embeddings). A
-    :class:`minibert.pretraining.Batch` (masked_lm_weights int64 0/1) built by
+    :class:`minibert.pretraining.PretrainingBatch` (masked_lm_weights int64 0/1) built by
     :func:`minibert.gradcheck.random_token_batch` from drawn (B, T, seed)."""
     max_len = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
     B = draw(st.integers(1, max_batch))
     T = draw(st.integers(max(1, min_len), max(max_len, min_len)))
     rng = np.random.default_rng(draw(seeds))
     full = draw(st.booleans())
-    from .pretraining import Batch   # here, not at the top: the core loads no job module
-    return Batch(**random_token_batch(config, rng, B, T, first_row_full=full))
+    from .pretraining import PretrainingBatch   # here: the core loads no job module
+    return PretrainingBatch(**random_token_batch(config, rng, B, T, first_row_full=full))
 
 
 @st.composite

@@ -17,13 +17,16 @@ the data position (epoch, batch in epoch) is in every checkpoint together with t
 not-yet-logged metric sums, so a run resumed from any checkpoint continues the same loss
 curve as an uninterrupted one.
 
-The loop (:func:`train`) around the steps: :func:`step_batches` groups a task's batches
+The loop (:func:`train`) around the steps: :func:`step_batches` groups a workload's batches
 into steps (the batch-size ramp, steps that end with their epoch); :class:`NonfiniteGuard`
 counts bad steps in a row on the device; :class:`LogWindow` adds up what the next
 :func:`train_record` reports; evaluations and checkpoints come at their cadence.
 
-A job supplies a :class:`Task`: its batches, its forward pass with metric sums, how to
-turn sums into metrics, and optionally an evaluation.
+A job supplies a :class:`Workload`: what the loop trains on and how, i.e. its batches, its
+forward pass with metric sums, how to turn sums into metrics, and optionally an
+evaluation (:class:`~minibert.pretraining.job.PretrainingWorkload`,
+:class:`~minibert.finetuning.tasks.FinetuningWorkload`). The word "task" is kept for the
+fine-tuning and evaluation tasks (sequence classification, tagging, QA).
 
 Data parallelism (:mod:`minibert.distributed`): every rank draws the same global batches
 and trains on its slice of rows (:func:`~minibert.distributed.shard_rows`), its backward
@@ -68,8 +71,8 @@ class Interrupted(KeyboardInterrupt):
 REPLICATED = frozenset({"loss", "grad_norm", "steps", "skipped"})
 
 
-class Task(Protocol):
-    """What a job gives the loop.
+class Workload(Protocol):
+    """What a job gives the loop to train on: its batches, forward pass and metrics.
 
     ``batches(epoch, start_batch)`` yields the host batches of one epoch from batch
     ``start_batch`` on, the same ones for the same arguments; each has a host
@@ -78,11 +81,11 @@ class Task(Protocol):
     0-d device array, sums a dict of 0-d device arrays (e.g. correct predictions) that the
     loop adds up between log steps.
     ``backward(model, dloss)`` (optional) back-propagates the last forward's loss times
-    ``dloss`` when the task computes the loss itself from the model's outputs (e.g. soft
+    ``dloss`` when the workload computes the loss itself from the model's outputs (e.g. soft
     labels); without it the loop calls ``model.backward(dloss=dloss)``.
     ``summarize(totals)`` turns host totals of those sums (and ``steps``) into metrics.
-    ``evaluate(step)`` (may be None) evaluates and returns a record (host floats). A task
-    may also have ``samples`` (None, or a callable returning JSON-able dicts with a
+    ``evaluate(step)`` (may be None) evaluates and returns a record (host floats). A
+    workload may also have ``samples`` (None, or a callable returning JSON-able dicts with a
     ``lines(dicts)`` method), written after each evaluation as a "samples" record.
     ``trainer_record()`` returns job fields for the checkpoint (job name, arguments ...).
     """
@@ -190,7 +193,7 @@ def ramped_accumulation(step: int, k: int, ramp_steps: int) -> int:
     return min(k, math.ceil(k * (step + 1) / ramp_steps))
 
 
-def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int, Any]]:
+def micro_batches(workload: Workload, epoch: int, start: int) -> Iterator[tuple[int, int, Any]]:
     """Endless (epoch, position after this batch, batch) over epochs from (epoch, start).
 
     Raises:
@@ -198,7 +201,7 @@ def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int
     """
     while True:
         n = 0
-        for batch in task.batches(epoch, start):
+        for batch in workload.batches(epoch, start):
             n += 1
             start += 1
             yield epoch, start, batch
@@ -208,7 +211,7 @@ def micro_batches(task: Task, epoch: int, start: int) -> Iterator[tuple[int, int
         epoch, start = epoch + 1, 0
 
 
-def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
+def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr: float,
                cfg: TrainingConfig, *, comm: Communicator | None = None,
                device: str | None = None, dropout_rng: backend.DropoutRNG | None = None):
     """One optimizer step over the micro-batches ``micro`` (k = len(micro)); no host read.
@@ -230,7 +233,7 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
     Returns:
         (loss, grad_norm, finite, sums): 0-d device arrays (mean loss over the micro-
         batches and ranks, gradient norm before clipping, whether the step was applied;
-        the same on every rank) and this rank's sum of the task's per-micro-batch sums.
+        the same on every rank) and this rank's sum of the workload's per-micro-batch sums.
     """
     comm = comm or Communicator()
     world, rank = comm.world_size, comm.rank
@@ -239,14 +242,14 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
     rng = dropout_rng or backend.DropoutRNG(device)
     model.set_dropout_rng(rng)
     k = len(micro)
-    backward = getattr(task, "backward", None)   # a task that computes its own loss
+    backward = getattr(workload, "backward", None)   # a workload that computes its own loss
     optimizer.zero_grad()
     scale = optimizer.loss_scale()          # 1.0, or the dynamic scale of float16 training
     loss_sum, sums = 0.0, {}
     for i, batch in enumerate(micro):
         shard, weight = shard_rows(batch, rank, world)
         rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
-        loss, batch_sums = task.forward(model, shard)
+        loss, batch_sums = workload.forward(model, shard)
         if backward is None:
             model.backward(dloss=scale * weight / k)
         else:
@@ -266,7 +269,7 @@ def train_step(model, optimizer, task: Task, micro: list, step: int, lr: float,
     return loss_sum, grad_norm, finite, sums
 
 
-def step_batches(task: Task, cfg: TrainingConfig, state: TrainState) -> Iterator[list]:
+def step_batches(workload: Workload, cfg: TrainingConfig, state: TrainState) -> Iterator[list]:
     """The global micro-batches of each optimizer step, from step ``state.step`` on.
 
     Step s takes ``ramped_accumulation(s, cfg.gradient_accumulation_steps,
@@ -280,7 +283,7 @@ def step_batches(task: Task, cfg: TrainingConfig, state: TrainState) -> Iterator
     Raises:
         TrainingError: see :func:`micro_batches`.
     """
-    stream = micro_batches(task, state.epoch, state.batch_in_epoch)
+    stream = micro_batches(workload, state.epoch, state.batch_in_epoch)
     pending = None                                 # a batch looked at but not yet trained on
     for step in itertools.count(state.step):
         k = ramped_accumulation(step, cfg.gradient_accumulation_steps, cfg.batch_size_ramp_steps)
@@ -345,7 +348,7 @@ class NonfiniteGuard:
 
 class LogWindow:
     """What the loop adds up between two train records: device sums of the applied steps'
-    loss, gradient norm and task sums, the counts ``steps`` / ``skipped``, and the host
+    loss, gradient norm and workload sums, the counts ``steps`` / ``skipped``, and the host
     count of tokens (attention-mask ones) with the time the window opened (seconds,
     ``time.perf_counter``).
 
@@ -394,7 +397,7 @@ def train_record(state: TrainState, lr: float, totals: dict[str, float],
                  metrics: dict[str, float], elapsed_s: float, tokens_per_s: float,
                  loss_scale: float | None = None) -> dict[str, Any]:
     """The "train" record of metrics.jsonl (host values, in this key order): step, epoch,
-    elapsed_s (seconds), lr, the mean loss over the window's applied steps, the task's
+    elapsed_s (seconds), lr, the mean loss over the window's applied steps, the workload's
     ``metrics``, the mean gradient norm, skipped_steps, loss_scale (float16 runs only) and
     tokens_per_s; loss and grad_norm are None when every step of the window was skipped.
 
@@ -402,7 +405,7 @@ def train_record(state: TrainState, lr: float, totals: dict[str, float],
         state: the run's position after the window's last step.
         totals: :meth:`LogWindow.totals` (sums of ``loss``, ``grad_norm`` over the applied
             steps, counts ``steps`` and ``skipped``).
-        metrics: ``task.summarize(totals)``.
+        metrics: ``workload.summarize(totals)``.
     """
     steps = totals["steps"]                                 # 0 when every step was skipped
     return {"kind": "train", "step": state.step, "epoch": state.epoch, "elapsed_s": elapsed_s,
@@ -446,27 +449,32 @@ class _RunOutputs:
         if self.leader:
             self.metrics.write(record)
 
-    def log_train(self, state: TrainState, lr: float, window: LogWindow, task: Task,
+    def grad_flow(self, step: int, model, optimizer, lr: float, grad_norm) -> None:
+        """Write a "grad_flow" record (:func:`minibert.gradflow.grad_flow_record`)."""
+        from .gradflow import grad_flow_record
+        self.write(grad_flow_record(step, model, optimizer, lr, grad_norm))
+
+    def log_train(self, state: TrainState, lr: float, window: LogWindow, workload: Workload,
                   optimizer) -> None:
         """Close ``window`` into a :func:`train_record` (a collective), write it, show it."""
         now = time.perf_counter()
         totals, tokens_per_s = window.close(now)
         scale = float(optimizer.loss_scale()) if optimizer.scaler is not None else None
-        record = train_record(state, lr, totals, task.summarize(totals),
+        record = train_record(state, lr, totals, workload.summarize(totals),
                               round(now - self.t_start, 3), tokens_per_s, scale)
         self.write(record)
         self.bar.set_postfix(_progress_fields(record))
 
-    def log_eval(self, step: int, task: Task) -> dict[str, Any]:
-        """Run ``task.evaluate(step)`` (leader only), write and print its "eval" record;
-        then, for a task with ``samples``, its "samples" record and lines."""
+    def log_eval(self, step: int, workload: Workload) -> dict[str, Any]:
+        """Run ``workload.evaluate(step)`` (leader only), write and print its "eval" record;
+        then, for a workload with ``samples``, its "samples" record and lines."""
         record = {"kind": "eval", "step": step, "elapsed_s": round(self.elapsed(), 3),
-                  **task.evaluate(step)}
+                  **workload.evaluate(step)}
         self.write(record)
         self.bar.write(f"step {step}: " + ", ".join(
             f"{key} {v:.4g}" for key, v in record.items()
             if isinstance(v, float) and key != "elapsed_s"))
-        samples = getattr(task, "samples", None)
+        samples = getattr(workload, "samples", None)
         if samples is not None:
             filled = samples()
             self.write({"kind": "samples", "step": step, "samples": filled})
@@ -474,9 +482,9 @@ class _RunOutputs:
                 self.bar.write(line)
         return record
 
-    def save(self, model, optimizer, task: Task, state: TrainState, guard: NonfiniteGuard,
-             window: LogWindow) -> None:
-        """Write the resumable state: parameters, optimizer, ``task.trainer_record()`` and
+    def save(self, model, optimizer, workload: Workload, state: TrainState,
+             guard: NonfiniteGuard, window: LogWindow) -> None:
+        """Write the resumable state: parameters, optimizer, ``workload.trainer_record()`` and
         ``state`` with the open window and the guard's counters (a collective: every rank
         calls it at the same step; the leader writes)."""
         state.window = window.totals()
@@ -484,7 +492,7 @@ class _RunOutputs:
         state.elapsed_s = self.elapsed()
         if self.leader:
             save_checkpoint(self.checkpoint_path, model, optimizer,
-                            {**task.trainer_record(), **state.to_dict()})
+                            {**workload.trainer_record(), **state.to_dict()})
 
     def close(self) -> None:
         self.bar.close()
@@ -506,7 +514,21 @@ def _share_parameters(optimizer, comm: Communicator) -> None:
         comm.broadcast_(optimizer.master)
 
 
-def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, *,
+def _start(model, optimizer, cfg: TrainingConfig, state: TrainState, comm: Communicator,
+           checkpoint_path) -> tuple["NonfiniteGuard", "LogWindow"]:
+    """The loop's start: the parameters shared over the ranks (rank 0's broadcast), the
+    world size recorded in ``state``, and the non-finite guard and log window resumed from
+    ``state``."""
+    _share_parameters(optimizer, comm)
+    state.world_size = comm.world_size
+    data = model.parameters()[0].data
+    xp = get_array_module(data)
+    guard = NonfiniteGuard(xp, cfg.max_nonfinite_steps, checkpoint_path, state.nonfinite_run,
+                           state.nonfinite_since)
+    return guard, LogWindow(state.window, comm, xp, data.dtype)
+
+
+def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: TrainState, *,
           metrics_path, checkpoint_path, comm: Communicator | None = None,
           device: str | None = None) -> tuple[TrainState, dict | None]:
     """Train ``model`` from ``state`` to ``cfg.max_steps``; returns the final state and the
@@ -515,10 +537,10 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
     Args:
         model: a BertPreTrainedModel whose ``backward(dloss=...)`` follows a forward.
         optimizer: :class:`minibert.optim.AdamW` over the model's parameters.
-        task: the job's :class:`Task`.
+        workload: the job's :class:`Workload`.
         metrics_path: the run's metrics.jsonl (:class:`minibert.runs.MetricsLog`): records
-            {"kind": "train" | "eval" | "samples" | "grad_flow", "step", "elapsed_s", ...}; the records
-            after ``state.step`` (of an interrupted run) are dropped first.
+            {"kind": "train" | "eval" | "samples" | "grad_flow", "step", "elapsed_s", ...}
+            (an interrupted run's records after ``state.step`` are dropped first).
         checkpoint_path: where the resumable state is saved (atomically).
         comm: the data-parallel :class:`~minibert.distributed.Communicator` (None: one
             process). Rank 0's parameters are broadcast first; only rank 0 writes
@@ -532,44 +554,34 @@ def train(model, optimizer, task: Task, cfg: TrainingConfig, state: TrainState, 
         WriteError: a checkpoint or metrics line could not be written (the last good
             checkpoint is left as it was).
     """
-    from .gradflow import grad_flow_record
-
     comm = comm or Communicator()
-    _share_parameters(optimizer, comm)
-    state.world_size, leader = comm.world_size, comm.is_leader
-    data = model.parameters()[0].data
-    xp = get_array_module(data)
-    guard = NonfiniteGuard(xp, cfg.max_nonfinite_steps, checkpoint_path, state.nonfinite_run,
-                           state.nonfinite_since)
-    window = LogWindow(state.window, comm, xp, data.dtype)
-    groups, dropout_rng = step_batches(task, cfg, state), backend.DropoutRNG(device)
-    out, last_eval = _RunOutputs(metrics_path, checkpoint_path, cfg, state, leader), None
+    guard, window = _start(model, optimizer, cfg, state, comm, checkpoint_path)
+    groups, dropout_rng = step_batches(workload, cfg, state), backend.DropoutRNG(device)
+    out, last_eval = _RunOutputs(metrics_path, checkpoint_path, cfg, state, comm.is_leader), None
     model.train()
     try:
-        while state.step < cfg.max_steps:
-            step = state.step
+        while (step := state.step) < cfg.max_steps:
             lr = linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
-            micro = next(groups)
-            window.count_tokens(micro)
+            window.count_tokens(micro := next(groups))
             loss, grad_norm, finite, step_sums = train_step(
-                model, optimizer, task, micro, step, lr, cfg, comm=comm, device=device,
+                model, optimizer, workload, micro, step, lr, cfg, comm=comm, device=device,
                 dropout_rng=dropout_rng)
             guard.update(step, finite, loss, loss_scaled=optimizer.scaler is not None)
             window.add(loss, grad_norm, finite, step_sums)
             state.step += 1
             out.bar.update(1)
-            if leader and _due(cfg.log_grad_norms, state.step):
-                out.write(grad_flow_record(state.step, model, optimizer, lr, grad_norm))
+            if out.leader and _due(cfg.log_grad_norms, state.step):
+                out.grad_flow(state.step, model, optimizer, lr, grad_norm)
             end = state.step == cfg.max_steps
             if _due(cfg.log_every, state.step, end):
                 guard.check(state.step)
-                out.log_train(state, lr, window, task, optimizer)
-            if leader and task.evaluate is not None and _due(cfg.eval_every, state.step, end):
-                last_eval = out.log_eval(state.step, task)
+                out.log_train(state, lr, window, workload, optimizer)
+            if out.leader and workload.evaluate and _due(cfg.eval_every, state.step, end):
+                last_eval = out.log_eval(state.step, workload)
                 model.train()
             if _due(cfg.save_every, state.step, end):
                 guard.check(state.step)
-                out.save(model, optimizer, task, state, guard, window)
+                out.save(model, optimizer, workload, state, guard, window)
     except KeyboardInterrupt:
         raise Interrupted(state.step) from None
     finally:

@@ -10,11 +10,11 @@ from minibert import (AlbertConfig, AlbertForPreTraining, AlbertForQuestionAnswe
                       AlbertForSequenceClassification, AlbertForTokenClassification,
                       AlbertModel)
 from minibert.gradcheck import random_token_batch, rel_error
-from minibert.pretraining import Batch
+from minibert.pretraining import PretrainingBatch
 from minibert.testing import albert_configs, assert_parameter_gradients, seeds, token_batches
 
 
-def albert_inputs(batch: Batch) -> dict:
+def albert_inputs(batch: PretrainingBatch) -> dict:
     """A batch's model inputs with the sentence label under ALBERT's name."""
     inputs = batch.model_inputs()
     inputs["sentence_order_label"] = inputs.pop("next_sentence_label")
@@ -131,7 +131,7 @@ def test_a_shared_group_gets_the_sum_of_its_depths_gradients(layers, inner, seed
     unshared.load_state_dict({**{k: v for k, v in state.items() if not k.startswith(group)},
                               **{k.replace(".0.", f".{d}.", 1): v for k, v in state.items()
                                  for d in range(layers) if k.startswith(group)}})
-    batch = Batch(**random_token_batch(shared_config, np.random.default_rng(seed), 2, 7))
+    batch = PretrainingBatch(**random_token_batch(shared_config, np.random.default_rng(seed), 2, 7))
     losses = []
     for model in (shared, unshared):
         losses.append(float(model(**albert_inputs(batch)).loss))
@@ -152,7 +152,7 @@ def test_a_shared_group_gets_the_sum_of_its_depths_gradients(layers, inner, seed
 
 def test_caches_per_depth_one_backward_per_forward_and_release():
     model = AlbertForPreTraining(tiny(), dtype=np.float64)
-    batch = Batch(**random_token_batch(model.config, np.random.default_rng(0), 2, 6))
+    batch = PretrainingBatch(**random_token_batch(model.config, np.random.default_rng(0), 2, 6))
     out = model(**albert_inputs(batch), output_attentions=True)
     assert len(model.albert.encoder._applications) == 3      # one stash per depth
     assert len(out.attentions) == 3 and out.attentions[0] is not out.attentions[1]
@@ -194,7 +194,7 @@ def test_freeze_counts_depths_and_keeps_frozen_gradients_zero():
     assert not any(n.startswith(("albert.embeddings.", "albert.encoder.embedding_hidden",
                                  "albert.encoder.albert_layer_groups.0.")) for n in trainable)
     assert any(n.startswith("albert.encoder.albert_layer_groups.1.") for n in trainable)
-    batch = Batch(**random_token_batch(config, np.random.default_rng(0), 2, 6))
+    batch = PretrainingBatch(**random_token_batch(config, np.random.default_rng(0), 2, 6))
     model(batch.input_ids, labels=np.ones_like(batch.input_ids))
     model.zero_grad()
     model.backward()
@@ -286,7 +286,7 @@ def test_float32_matches_transformers_to_round_off(cls, groups):
     config = AlbertConfig(vocab_size=60, embedding_size=16, hidden_size=32, num_hidden_layers=4,
                           num_hidden_groups=groups, num_attention_heads=4,
                           intermediate_size=64, max_position_embeddings=16)
-    batch = Batch(**random_token_batch(config, np.random.default_rng(4), 4, 12))
+    batch = PretrainingBatch(**random_token_batch(config, np.random.default_rng(4), 4, 12))
     loss, grad, name = compare(cls, config, batch, 4, np.float32)
     assert loss < 1e-5
     assert grad <= 1e-5, f"gradient of {name} differs from transformers: {grad:.2e}"
@@ -310,7 +310,7 @@ def test_hf_export_loads_in_transformers_and_back(tmp_path, vocab_file, groups):
     config = tiny(num_hidden_groups=groups, inner_group_num=2, initializer_range=0.3)
     model = AlbertForPreTraining(config, seed=2).eval()
     out_dir = save_hf_directory(model, tmp_path / "hf", vocab_file)
-    batch = Batch(**random_token_batch(config, np.random.default_rng(5), 3, 9))
+    batch = PretrainingBatch(**random_token_batch(config, np.random.default_rng(5), 3, 9))
     ours = float(model(**albert_inputs(batch)).loss)
     ref = transformers.AlbertForPreTraining.from_pretrained(out_dir,
                                                             attn_implementation="eager").eval()

@@ -143,7 +143,7 @@ def test_albert_resume_after_a_crash_continues_the_same_curve(albert_run, moby30
 def test_every_task_builds_its_albert_head_on_the_pretrained_encoder(albert_run, task, cls):
     start = load_start(albert_run)
     labels = None if task == "question-answering" else ["a", "b", "c"]
-    model, report = make_task(task).build_model(start, labels)
+    model, report = make_task(task).model_from_start(start, labels)
     assert type(model) is cls and isinstance(model.config, AlbertConfig)
     assert report["new"] and all(not k.startswith("albert.") or "pooler" in k
                                  for k in report["new"])

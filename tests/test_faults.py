@@ -23,6 +23,9 @@ from helpers import snapshot, tiny_pretrain_argv  # noqa: E402
 from minibert import atomic, training  # noqa: E402
 from minibert.atomic import WriteError  # noqa: E402
 from minibert.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from minibert.evaluation import harness  # noqa: E402
+from minibert.finetuning import job as finetuning_job  # noqa: E402
+from minibert.pretraining import job as pretraining_job  # noqa: E402
 from minibert.modeling import BertConfig, BertForPreTraining  # noqa: E402
 from minibert.optim import AdamW  # noqa: E402
 from minibert.runs import LOCK, MetricsLog, held_runs  # noqa: E402
@@ -293,16 +296,17 @@ def test_a_read_only_output_directory(moby30, moby_vocab, tmp_path, monkeypatch,
 
 # --------------------------------------------------------------- every job, every fault
 def job_argv(job: str, out: Path, moby30, moby_vocab, pretrained, task):
-    """(main, argv, the function it calls that the fault replaces, the memory size named)."""
+    """(the module of the function the job calls that the fault replaces, argv, that
+    function, the memory size named)."""
     if job == "train_mlm.py":
-        return (train_mlm, tiny_pretrain_argv(moby30, moby_vocab, out), "train",
+        return (pretraining_job, tiny_pretrain_argv(moby30, moby_vocab, out), "train",
                 "--batch-size 4")
     if job == "finetune.py":
-        return (finetune, ["--init", pretrained, "--data", task, "--output-dir", out,
+        return (finetuning_job, ["--init", pretrained, "--data", task, "--output-dir", out,
                            "--max-seq-length", 16, "--batch-size", 8, "--no-progress"],
                 "train", "--max-seq-length 16, --batch-size 8")
     if job == "evaluate.py":
-        return (evaluate.harness, [pretrained, "--output-dir", out, "--tasks", "t",
+        return (harness, [pretrained, "--output-dir", out, "--tasks", "t",
                                    "--task-dir", f"t={task}", "--budgets", 8, "--seeds", 1,
                                    "--no-probe"], "evaluate_task", "--batch-size 32")
     return (tokenizer_cli, ["train", "--quiet", "--files", moby30, "--vocab-size", 100,

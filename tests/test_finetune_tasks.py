@@ -299,20 +299,20 @@ def test_a_tag_only_dev_has_is_reported_not_fatal(en_run, pos_data, tmp_path, ca
 
 # ------------------------------------------------------------------ starting points
 def test_task_of_a_saved_model_and_head_reuse(en_run, tmp_path):
-    from minibert.finetuning.classifier import build_model
+    from minibert.finetuning.models import model_from_start
     from minibert.heads import BertForSequenceClassification, BertForTokenClassification
     pre = load_start(en_run)
     assert pre.architecture is None and task_for_model(pre) is None   # a pretraining run
-    clf, _ = build_model(pre, BertForSequenceClassification, ["a", "b"], seed=3)
+    clf, _ = model_from_start(pre, BertForSequenceClassification, ["a", "b"], seed=3)
     save_checkpoint(tmp_path / "old.npz", clf, trainer_state={"labels": ["a", "b"]})
     (tmp_path / "vocab.txt").write_bytes((en_run / "vocab.txt").read_bytes())
     old = load_start(tmp_path / "old.npz")     # written before the task was recorded
     assert old.architecture == "BertForSequenceClassification"
     assert task_for_model(old).name == "sequence-classification"
     # the same labels, another task: the sequence classifier's head is not reused
-    tagger, report = build_model(old, BertForTokenClassification, ["a", "b"])
+    tagger, report = model_from_start(old, BertForTokenClassification, ["a", "b"])
     assert "classifier.weight" in report["new"]
-    again, report = build_model(old, BertForSequenceClassification, ["a", "b"])
+    again, report = model_from_start(old, BertForSequenceClassification, ["a", "b"])
     assert "classifier.weight" in report["loaded"]
 
 

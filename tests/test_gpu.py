@@ -12,7 +12,7 @@ import pytest
 from minibert import AlbertConfig, AlbertForPreTraining, BertConfig, backend
 from minibert.checkpoint import load_checkpoint, save_checkpoint
 from minibert.distributed import Communicator
-from minibert.finetuning.data import Batch as ClassifierBatch
+from minibert.finetuning.data import FinetuningBatch as ClassifierBatch
 from minibert.finetuning.tasks import SequenceClassification
 from minibert.heads import BertForSequenceClassification
 from minibert.modeling import BertForPreTraining, masked_lm_from_labels
@@ -20,7 +20,7 @@ from minibert.nn import scatter_add_rows
 from minibert.objectives import get_objective
 from minibert.optim import AdamW
 from minibert.optim import adamw_update as formula
-from minibert.pretraining import Batch as PretrainingBatch
+from minibert.pretraining import PretrainingBatch
 from minibert.training import TrainingConfig, train_step
 
 

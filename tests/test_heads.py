@@ -430,8 +430,8 @@ def test_float32_matches_transformers_to_round_off(cls):
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                         num_labels=2 if cls is BertForQuestionAnswering else 5)
     from minibert.gradcheck import random_token_batch
-    from minibert.pretraining import Batch
-    batch = Batch(**random_token_batch(config, np.random.default_rng(4), 4, 12))
+    from minibert.pretraining import PretrainingBatch
+    batch = PretrainingBatch(**random_token_batch(config, np.random.default_rng(4), 4, 12))
     loss, logits, (grad, name) = compare_with_transformers(cls, config, batch, 4, np.float32)
     assert loss < 1e-5 and logits < 1e-5
     assert grad <= 1e-5, f"gradient of {name} differs from transformers: {grad:.2e}"

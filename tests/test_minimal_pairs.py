@@ -133,8 +133,8 @@ def test_pairs_probe_drops_what_cannot_be_scored_and_scores_the_rest(tmp_path):
     """A pair with an only-[UNK] sentence or one longer than the positions is dropped and
     counted; the rest score as score_pairs_mlm scores them."""
     from minibert.evaluation.minimal_pairs import PairsProbe, score_pairs_mlm
-    from minibert.pipelines import load_model
-    model, tok, _ = load_model("fill-mask", str(tiny_mlm_run(tmp_path / "run")))
+    from minibert.pipelines import load_pipeline_model
+    model, tok, _ = load_pipeline_model("fill-mask", str(tiny_mlm_run(tmp_path / "run")))
     ok = [MinimalPair("the cat sat .", "the cat sit .", "u1", "f", "t", 1),
           MinimalPair("a dog ran .", "a dog run .", "u2", "f", "t", 2)]
     long = MinimalPair("the cat sat on the mat today .", "the cat sat on the mat now .",

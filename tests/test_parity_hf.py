@@ -80,8 +80,8 @@ def test_bert_base_shaped_layer_with_heavy_padding():
     labels = np.where((rng.random((B, T)) < 0.15) & (mask == 1), ids, -100)
     labels[:, 1] = ids[:, 1]
     from minibert.modeling import masked_lm_from_labels
-    from minibert.pretraining import Batch
-    batch = Batch(ids, ((np.arange(T)[None] >= 3) & (mask == 1)).astype(np.int64), mask,
+    from minibert.pretraining import PretrainingBatch
+    batch = PretrainingBatch(ids, ((np.arange(T)[None] >= 3) & (mask == 1)).astype(np.int64), mask,
                   *masked_lm_from_labels(labels), np.array([0, 1, 1, 0]))
     compare(config, batch, 0)
 

@@ -12,7 +12,7 @@ from minibert import pipeline
 from minibert.__main__ import main as minibert_main
 from minibert.finetuning import read_conll
 from minibert.hf import save_hf_directory
-from minibert.pipelines import PipelineError, cosine_similarity, load_model
+from minibert.pipelines import PipelineError, cosine_similarity, load_pipeline_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import BROWN, SQUAD, UNCASED_VOCAB, cut_tagging, run_ft, tiny_mlm_run  # noqa: E402
@@ -35,7 +35,7 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf_dir(run, tmp_path_factory):
-    model, _, _ = load_model("fill-mask", run)
+    model, _, _ = load_pipeline_model("fill-mask", run)
     return save_hf_directory(model, tmp_path_factory.mktemp("hf") / "hf", run / "vocab.txt")
 
 

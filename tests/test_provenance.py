@@ -7,7 +7,6 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 import train_mlm  # noqa: E402
 from minibert import BertConfig, BertForPreTraining, provenance  # noqa: E402
 from minibert.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from minibert.evaluation import harness  # noqa: E402
+from minibert.evaluation import EvaluationConfig, harness  # noqa: E402
 from minibert.runs import load_start  # noqa: E402
 
 
@@ -233,9 +232,9 @@ def test_evaluate_reuses_runs_by_the_starts_content_not_its_path(tmp_path, monke
     script = tmp_path / "fake_finetune.py"
     script.write_text(FAKE_FINETUNE)
     out = tmp_path / "eval"
-    args = SimpleNamespace(budgets=[None], seeds=1, lr=[1e-3], finetune=True, probe=False,
-                           epochs=1, batch_size=8, max_seq_length=12, pooling="mean",
-                           device=None)
+    args = EvaluationConfig(budgets=[None], seeds=1, lr=[1e-3], finetune=True, probe=False,
+                            epochs=1, batch_size=8, max_seq_length=12, pooling="mean",
+                            device=None)
     start = _start(tmp_path / "start", seed=1)
     log = tmp_path / "calls.log"
     monkeypatch.setenv("CALLS_LOG", str(log))

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minibert.pipelines import load_model
+from minibert.pipelines import load_pipeline_model
 from minibert.scoring import ScoringError, masked_copies, score_texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +47,7 @@ def reference_pll(hf, tok, text: str, word_l2r: bool) -> tuple[float, list[float
 def test_pll_equals_transformers_masked_lm(run, method, tmp_path):
     transformers = pytest.importorskip("transformers")
     from minibert.hf import save_hf_directory
-    model, tok, _ = load_model("fill-mask", run)
+    model, tok, _ = load_pipeline_model("fill-mask", run)
     d = save_hf_directory(model, tmp_path / "hf", run / "vocab.txt")
     hf = transformers.BertForMaskedLM.from_pretrained(str(d)).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(d))
@@ -72,7 +72,7 @@ def test_word_l2r_masks_the_later_pieces_of_the_same_word_only():
 
 
 def test_a_sentence_that_cannot_be_scored_is_an_error(run):
-    model, tok, _ = load_model("fill-mask", run)
+    model, tok, _ = load_pipeline_model("fill-mask", run)
     with pytest.raises(ScoringError, match=r"text 2: .* gives no token"):
         score_texts(model, tok, ["a cat", "   "])
     with pytest.raises(ScoringError, match="only \\[UNK\\]"):
@@ -86,7 +86,7 @@ def test_a_sentence_that_cannot_be_scored_is_an_error(run):
 def test_score_command_writes_json_lines_and_refuses_bad_input(run, tmp_path, capsys):
     import json
     from minibert.__main__ import main
-    model, tok, _ = load_model("fill-mask", run)
+    model, tok, _ = load_pipeline_model("fill-mask", run)
     src = tmp_path / "s.txt"
     src.write_text("\n".join(TEXTS[:3]) + "\n\n")
     out = tmp_path / "scores.jsonl"
@@ -115,7 +115,7 @@ def test_albert_pll_equals_transformers_masked_lm(tmp_path):
                           num_hidden_layers=2, num_hidden_groups=2, num_attention_heads=2,
                           intermediate_size=32, max_position_embeddings=64)
     d = save_hf_directory(AlbertForPreTraining(config, seed=4), tmp_path / "albert", VOCAB)
-    model, tok, _ = load_model("fill-mask", d)
+    model, tok, _ = load_pipeline_model("fill-mask", d)
     hf = transformers.AlbertForMaskedLM.from_pretrained(str(d)).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(d))
     for g, text in zip(score_texts(model, tok, TEXTS[:3], batch_size=5), TEXTS[:3]):

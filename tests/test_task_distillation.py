@@ -192,7 +192,7 @@ def test_mean_pooling_end_to_end(dataset, pretrained_run, tmp_path, capsys):
 def test_split_logits_in_length_sorted_batches_equal_one_row_at_a_time():
     from minibert import BertConfig, BertForSequenceClassification
     from minibert.finetuning import EncodedSplit
-    from minibert.finetuning.classifier import split_logits
+    from minibert.finetuning.models import split_logits
     rng = np.random.default_rng(3)
     config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=16, num_labels=3)

@@ -76,8 +76,8 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
     assert all(0 <= r["pairs_acc"] <= 100 for r in evals)
     assert 0 <= summary["pairs_trigram_acc"] <= 100 and "pairs trigram acc" in printed
     from minibert.evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
-    from minibert.pipelines import load_model
-    model, tok, _ = load_model("fill-mask", out)
+    from minibert.pipelines import load_pipeline_model
+    model, tok, _ = load_pipeline_model("fill-mask", out)
     pairs = first_per_paradigm(read_pairs(ROOT / "data/minimal_pairs/en/pairs.jsonl"), 2)
     assert len(pairs) == 24
     assert summary["eval_pairs_acc"] == pytest.approx(PairsProbe(pairs, tok)(model.eval()),
@@ -345,14 +345,15 @@ def test_bad_options_get_an_error_line_naming_the_option(corpus, tmp_path, capsy
 
 def test_the_batch_ramp_reaches_the_loop_and_needs_accumulation(corpus, tmp_path, capsys,
                                                                 monkeypatch):
+    from minibert.pretraining import job as pretraining_job
     seen = []
-    real = train_mlm.train
+    real = pretraining_job.train
 
     def spy(model, optimizer, task, cfg, state, **kw):
         seen.append(cfg)
         return real(model, optimizer, task, cfg, state, **kw)
 
-    monkeypatch.setattr(train_mlm, "train", spy)
+    monkeypatch.setattr(pretraining_job, "train", spy)
     assert train_mlm.main(args_for(corpus, tmp_path / "r", "--max-steps", "4",
                                    "--gradient-accumulation-steps", "3",
                                    "--batch-size-ramp", "0.5")) == 0

@@ -129,8 +129,8 @@ class DistillationOptions:
 
     @classmethod
     def of(cls, values, given: Collection[str] = ()) -> "DistillationOptions":
-        """The options read from the attributes of the same names of ``values`` (e.g. the
-        ``argparse.Namespace`` of train_mlm.py), with ``given`` the explicit ones."""
+        """The options read from the attributes of the same names of ``values`` (e.g. a
+        :class:`~minibert.pretraining.PretrainingConfig`), with ``given`` the explicit ones."""
         names = [f.name for f in dataclasses.fields(cls) if f.name != "given"]
         return cls(**{n: getattr(values, n) for n in names}, given=frozenset(given))
 

@@ -75,7 +75,7 @@ def activation_importance(bert: BertModel, batches) -> ActivationImportance:
             inference mode (no dropout) and keeps its previous train/eval mode afterwards.
         batches: an iterable of objects with ``input_ids``, ``token_type_ids`` and
             ``attention_mask`` (B, T) int host arrays, e.g.
-            :class:`minibert.pretraining.Batch`; at least one real token in all.
+            :class:`minibert.pretraining.PretrainingBatch`; at least one real token in all.
     Returns:
         :class:`ActivationImportance`.
     Raises:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..auto import bert_role
 from ..cli import add_options, float_in
-from ..finetuning.classifier import build_model, split_logits
+from ..finetuning.models import model_from_start, split_logits
 from ..finetuning.data import DatasetError, EncodedSplit, Example, encode_split, text_lines
 from ..heads import BertForSequenceClassification
 from ..nn import IGNORE_INDEX
@@ -64,7 +64,7 @@ def teacher_logits(teacher: Pretrained, examples: Sequence[Example], labels: Seq
     if sorted(teacher.labels) != sorted(labels):
         raise ValueError(f"--teacher {teacher.source}: its labels {list(teacher.labels)} "
                          f"differ from the train split's {list(labels)}")
-    model, _ = build_model(teacher, BertForSequenceClassification, teacher.labels)
+    model, _ = model_from_start(teacher, BertForSequenceClassification, teacher.labels)
     model.to("cuda" if xp is not np else "cpu")
     tok = BertTokenizer(teacher.vocab_file, **teacher.tokenizer_options)
     max_len = min(max_seq_length, teacher.config.max_position_embeddings)
@@ -127,7 +127,7 @@ class SoftTargets:
         self._cache = None
 
     def forward(self, model, batch, xp):
-        """(loss, sums) of ``batch`` (a :class:`~minibert.finetuning.data.Batch`): sums
+        """(loss, sums) of ``batch`` (a :class:`~minibert.finetuning.data.FinetuningBatch`): sums
         ``correct`` / ``count`` over the rows with a gold label, no device read."""
         labels = xp.asarray(batch.labels)                             # (B,)
         out = model(xp.asarray(batch.input_ids), xp.asarray(batch.token_type_ids),
@@ -161,12 +161,13 @@ def add_task_arguments(g) -> None:
                         "soft labels only (the transfer set of Turc et al. 2019)")
 
 
-def soft_targets(args, tokenizer, train_split, labels, max_len, xp):
+def soft_targets(cfg, tokenizer, train_split, labels, max_len, xp):
     """Task distillation's start (``finetune.py --teacher``): the teacher labels every
     train row once, before training.
 
     Args:
-        args: finetune.py's options (``teacher``, ``transfer_data``, ``distill_alpha``,
+        cfg: finetune.py's options, a :class:`~minibert.finetuning.FinetuningConfig`
+            (``teacher``, ``transfer_data``, ``distill_alpha``,
             ``temperature``, ``eval_batch_size``).
         train_split: the encoded train split; labels: the class names, in the model's
             order; max_len: tokens per row; xp: the array module of the device.
@@ -178,21 +179,21 @@ def soft_targets(args, tokenizer, train_split, labels, max_len, xp):
             names ``--teacher``). DatasetError: a bad ``--transfer-data`` file.
     """
     try:
-        teacher = load_start(args.teacher)
+        teacher = load_start(cfg.teacher)
     except ValueError as e:
-        raise ValueError(f"--teacher {args.teacher}: {e}") from None
+        raise ValueError(f"--teacher {cfg.teacher}: {e}") from None
     try:
-        if args.transfer_data:
-            rows = read_transfer(args.transfer_data)
+        if cfg.transfer_data:
+            rows = read_transfer(cfg.transfer_data)
             train_split = with_transfer_rows(train_split, tokenizer, rows, max_len)
         logits = teacher_logits(teacher, train_split.examples, labels, max_len,
-                                args.eval_batch_size, xp)
+                                cfg.eval_batch_size, xp)
     except DatasetError as e:
         raise DatasetError(f"--transfer-data {e}") from None
     gold = np.asarray(train_split.labels) >= 0
     agree = float((logits[gold].argmax(-1) == np.asarray(train_split.labels)[gold]).mean())
     print(f"teacher {teacher.source}: soft labels for {len(train_split)} train rows "
           f"({int((~gold).sum())} from --transfer-data), its train accuracy {agree:.4f}; "
-          f"loss = {1 - args.distill_alpha:g} * CE + {args.distill_alpha:g} * "
-          f"{args.temperature:g}^2 * KL at T = {args.temperature:g}")
-    return train_split, SoftTargets(logits, args.distill_alpha, args.temperature)
+          f"loss = {1 - cfg.distill_alpha:g} * CE + {cfg.distill_alpha:g} * "
+          f"{cfg.temperature:g}^2 * KL at T = {cfg.temperature:g}")
+    return train_split, SoftTargets(logits, cfg.distill_alpha, cfg.temperature)

@@ -91,7 +91,7 @@ class Teacher:
 
     def mlm_loss_sums(self, batches, xp) -> tuple[float, float]:
         """(summed MLM nats, counted positions) of the teacher over ``batches``
-        (:class:`minibert.pretraining.Batch`): its held-out MLM loss is their ratio."""
+        (:class:`minibert.pretraining.PretrainingBatch`): its held-out MLM loss is their ratio."""
         if not self.has_mlm_head:
             raise ValueError("the teacher has no MLM head")
         self.model.eval()

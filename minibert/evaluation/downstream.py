@@ -104,10 +104,10 @@ class ClassificationData:
         atomic_write_bytes(path, ("\n".join([header, *rows]) + "\n").encode("utf-8"))
         return path
 
-    def argv(self, args) -> list[str]:
+    def argv(self, cfg) -> list[str]:
         """finetune.py options of this kind beyond the task, splits, sequence length, seed,
         rate and start (:func:`.harness.finetune_argv`)."""
-        return ["--pooling", args.pooling, "--group-by-length"]
+        return ["--pooling", cfg.pooling, "--group-by-length"]
 
     def scores(self, summary: dict, split: str) -> dict[str, float]:
         """{metric: value in [0, 1]} of a finetune.py summary's ``split`` ("dev"/"test")."""
@@ -143,7 +143,7 @@ class TaggingData(ClassificationData):
         atomic_write_bytes(path, text.encode("utf-8"))
         return path
 
-    def argv(self, args) -> list[str]:
+    def argv(self, cfg) -> list[str]:
         return ["--labels", str(self.labels_file)]
 
     def floor_scores(self, idx: np.ndarray) -> dict[str, float]:
@@ -201,8 +201,8 @@ class QuestionAnsweringData(ClassificationData):
         atomic_write_bytes(path, self._jsonl(self.train[i] for i in idx))
         return path
 
-    def argv(self, args) -> list[str]:
-        return ["--doc-stride", str(max(1, args.max_seq_length // 4))]
+    def argv(self, cfg) -> list[str]:
+        return ["--doc-stride", str(max(1, cfg.max_seq_length // 4))]
 
     def scores(self, summary: dict, split: str) -> dict[str, float]:
         return {k: float(summary[split][k]) / 100 for k in TASKS[self.name].metrics}

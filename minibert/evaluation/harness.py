@@ -34,14 +34,19 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import backend, fast
 from ..atomic import atomic_write_json
 from ..backend import get_device, xp_for
+from ..cli import fail, fast_paths_line, job_main, note_args
+from ..finetuning.data import DatasetError
 from ..hf import load_pretrained_weights
 from ..auto import model_class
 from ..modeling import BertModel
 from ..provenance import start_fingerprint
-from ..runs import RunError, check_inputs, prepare_run_dir
+from ..runs import RunError, check_inputs, load_start, prepare_run_dir
 from ..tokenization import BertTokenizer
+from ..viz import plot_accuracy_vs_labels
+from .config import CHINESE, ENGLISH, FINETUNE_SCRIPT, EvaluationConfig
 from .downstream import load_task
 from .probe import bag_of_words, fit_probe, mean_pooled_features
 
@@ -159,28 +164,29 @@ def probe_records(features: dict, y: dict, idx: np.ndarray, texts: dict, n_label
     return records
 
 
-def finetune_argv(args, data, start: str, seed: int, lr: float, train: Path) -> list:
+def finetune_argv(cfg, data, start: str, seed: int, lr: float, train: Path) -> list:
     """finetune.py's options for one run of ``start`` (``random:`` = fresh weights) on the
     task ``data`` (a :mod:`.downstream` task) with the drawn ``train`` file."""
     return ["--task", data.name, "--init", start.removeprefix("random:"), "--train", str(train),
             "--dev", str(data.dev), "--test", str(data.test),
-            "--seed", str(seed), "--epochs", str(args.epochs), "--lr", str(lr),
-            "--batch-size", str(args.batch_size), "--max-seq-length", str(args.max_seq_length),
-            *data.argv(args), "--no-progress",
+            "--seed", str(seed), "--epochs", str(cfg.epochs), "--lr", str(lr),
+            "--batch-size", str(cfg.batch_size), "--max-seq-length", str(cfg.max_seq_length),
+            *data.argv(cfg), "--no-progress",
             *(["--random-init"] if start.startswith("random:") else []),
-            *(["--device", args.device] if args.device else [])]
+            *(["--device", cfg.device] if cfg.device else []),
+            *([] if cfg.fast_cpu else ["--no-fast-cpu"])]
 
 
-def encode_features(args, task: str, data, starts: dict) -> dict:
+def encode_features(cfg, task: str, data, starts: dict) -> dict:
     """The probes' inputs of a classification task: per start, per split, its frozen
-    mean-pooled states ({} without ``args.probe`` or for another kind of task)."""
-    if not args.probe or data.floor is not None:      # a task with a floor of its own
+    mean-pooled states ({} without ``cfg.probe`` or for another kind of task)."""
+    if not cfg.probe or data.floor is not None:      # a task with a floor of its own
         return {}
     features = {}
     for s, pre in starts.items():
         print(f"{task}: encoding with {s} (frozen, mean-pooled)", flush=True)
         model, tokenizer = encoder(pre, s.startswith("random:"), get_device())
-        features[s] = {k: mean_pooled_features(model, tokenizer, ts, args.max_seq_length,
+        features[s] = {k: mean_pooled_features(model, tokenizer, ts, cfg.max_seq_length,
                                                xp=xp_for()) for k, ts in data.texts.items()}
     return features
 
@@ -196,13 +202,13 @@ def floor_records(data, features: dict, idx: np.ndarray, where: dict) -> list[di
     return probe_records(features, data.label_ids, idx, flat, len(data.labels), **where)
 
 
-def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Path):
+def evaluate_task(cfg, task: str, d: Path, starts: dict, out: Path, script: Path):
     """Every run of one task (its splits in ``d``, of any kind :func:`.downstream.load_task`
     tells): per budget and seed, each start (name -> :class:`~minibert.runs.Pretrained`)
     fine-tuned by ``script`` (finetune.py) at each rate, and the floors beside them (probes
     and bag of words, or the task's floor); run directories under ``out/runs``, named by
     the start's content (:func:`start_key`), so a finished run is reused only for the same
-    start. ``args``: evaluate.py's options.
+    start. ``cfg``: evaluate.py's options (:class:`~.config.EvaluationConfig`).
 
     Returns:
         (the records, as the module docstring says; the rows of the train split).
@@ -212,18 +218,18 @@ def evaluate_task(args, task: str, d: Path, starts: dict, out: Path, script: Pat
     data = load_task(d)
     data.prepare(out / "runs" / task)
     keys = {s: start_key(s, pre) for s, pre in starts.items()}
-    features = encode_features(args, task, data, starts)
+    features = encode_features(cfg, task, data, starts)
     records = []
     n = len(data.train)   # a budget of the whole split or more runs once, as "all"
-    for b in dict.fromkeys(None if b is not None and b >= n else b for b in args.budgets):
-        for seed in range(args.seeds):
+    for b in dict.fromkeys(None if b is not None and b >= n else b for b in cfg.budgets):
+        for seed in range(cfg.seeds):
             idx = data.draw(b, seed)
             tag = f"{task}/{'all' if b is None else b}/seed{seed}"
             subset = data.write_train(out / "runs" / tag / f"train.{data.ext}", idx)
             where = {"task": task, "budget": b, "seed": seed}
             for s in starts:
-                for lr in args.lr if args.finetune else ():
-                    summary = run_finetune(script, finetune_argv(args, data, s, seed, lr, subset),
+                for lr in cfg.lr if cfg.finetune else ():
+                    summary = run_finetune(script, finetune_argv(cfg, data, s, seed, lr, subset),
                                            out / "runs" / tag / name_of(keys[s], lr))
                     dev = data.scores(summary, "dev")[data.metric]
                     records.append({**where, "start": s, "kind": "finetune", "lr": lr,
@@ -309,3 +315,59 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['task']:<18}{b:>7}  {r['start'][-44:]:<44}{r['kind']:<10}{lr:>8}"
               f"{r['metric']:>10}{100 * r['mean']:>7.1f} ± "
               f"{100 * r['std']:<4.1f}{vr:>11}{vb:>10}")
+
+
+SETTINGS_KEYS = ("starts", "tasks", "budgets", "seeds", "epochs", "lr", "batch_size",
+                 "max_seq_length", "pooling")
+
+
+@job_main("evaluate.py")  # a fault ends in one line; the output directory is let go
+def run_evaluation(cfg: EvaluationConfig, script: Path = FINETUNE_SCRIPT,
+                   prog: str = "evaluate.py") -> dict:
+    """Run the harness: what ``evaluate.py`` does with its options, from Python::
+
+        run_evaluation(EvaluationConfig(starts=["runs/pretrain", "random:runs/pretrain"]))
+
+    Args:
+        cfg: the options (``tasks`` filled in place when None: the English tasks, or the
+            Chinese ones for starts with a Chinese vocab).
+        script: the ``finetune.py`` each fine-tuning run executes.
+        prog: the name in error lines.
+    Returns:
+        ``results.json``'s dict: settings, summary rows, every run, train rows per task.
+    Raises:
+        SystemExit: bad options or input end the job as the script does, with one
+            ``PROG: error: ...`` line on stderr (status 2): the ranges and choices of
+            :attr:`EvaluationConfig.CHECKS`, :meth:`EvaluationConfig.task_dirs`, starts and
+            task files that cannot be read, a failed fine-tuning run.
+    """
+    cfg.prepare(set(), prog)
+    dirs = cfg.task_dirs()
+    note_args(cfg.to_dict())
+    print(fast_paths_line(cfg.fast_cpu))
+    try:
+        backend.set_device(cfg.device)
+        fast.set_fast_paths(cfg.fast_cpu)
+        starts = {s: load_start(s.removeprefix("random:"), "START")
+                  for s in dict.fromkeys(cfg.starts)}
+        chinese = {is_chinese_vocab(pre.vocab_file) for pre in starts.values()}
+        if cfg.tasks is None:
+            if len(chinese) > 1:
+                fail(prog, "the starts mix Chinese and English vocabularies; name the --tasks")
+            cfg.tasks = list(CHINESE if chinese.pop() else ENGLISH)
+        settings = {k: getattr(cfg, k) for k in SETTINGS_KEYS}
+        settings["task_dirs"] = {t: str(dirs[t]) for t in cfg.tasks}
+        out = open_output(cfg.output_dir, settings, cfg.overwrite)
+        records, sizes = [], {}
+        for task in cfg.tasks:
+            runs, sizes[task] = evaluate_task(cfg, task, dirs[task], starts, out, script)
+            records += runs
+    except (backend.BackendError, DatasetError, ValueError, RuntimeError) as e:
+        fail(prog, str(e))  # an OSError ends in job_main's line
+    rows = summarize(records)
+    print_table(rows)
+    results = {"settings": settings, "summary": rows, "runs": records, "train_rows": sizes}
+    atomic_write_json(out / "results.json", results)
+    plot_accuracy_vs_labels(rows, sizes, out / "accuracy_vs_labels.png")
+    print(f"wrote {out / 'results.json'} and {out / 'accuracy_vs_labels.png'}")
+    return results

@@ -1,11 +1,19 @@
-"""Fine-tuning: labelled data (:mod:`.data`), metrics (:mod:`.metrics`), the classifier
-and the models of a fine-tuning run (:mod:`.classifier`), token classification
+"""Fine-tuning: labelled data (:mod:`.data`), metrics (:mod:`.metrics`), the models of a
+fine-tuning run built from a start (:mod:`.models`), token classification
 (:mod:`.tagging`), extractive question answering (:mod:`.qa`), and the three tasks of
-``finetune.py`` behind one interface (:mod:`.tasks`)."""
-from .classifier import build_model, eval_batches, evaluate, predict_split
-from .data import (Batch, DatasetError, EncodedSplit, Example, LabelSet, choose_labels,
+``finetune.py`` behind one interface (:mod:`.tasks`).
+
+The job (``finetune.py``) runs from Python too: :class:`FinetuningConfig` holds its
+options and :func:`run_finetuning` (in :mod:`.job`, imported on first use) runs it::
+
+    from minibert.finetuning import FinetuningConfig, run_finetuning
+    run_finetuning(FinetuningConfig(init="runs/pretrain", output_dir="runs/ft"))
+"""
+from .models import eval_batches, evaluate, model_from_start, predict_split
+from .data import (FinetuningBatch, DatasetError, EncodedSplit, Example, LabelSet, choose_labels,
                    encode_split, iterate_batches, label_ids, label_list, label_occurrences,
                    length_grouped_batches, pad_batch, read_label_file, read_tsv, sort_labels)
+from .config import FinetuningConfig
 from .metrics import classification_metrics, confusion_matrix, log_softmax_np, softmax_np
 from .qa import (QAExample, QAFeatures, QAPrediction, exact_match_score, f1_score,
                  normalize_answer, postprocess_qa_predictions, prepare_qa_features,
@@ -15,7 +23,19 @@ from .tagging import (IGNORE_INDEX, MostFrequentTagBaseline, TaggedSentence, Tag
                       is_entity_tagset, read_conll, sort_tags, tag_list, tag_occurrences,
                       tagging_metrics, token_accuracy, warn_long_sentences)
 
-__all__ = ["Batch", "DatasetError", "EncodedSplit", "Example", "build_model", "eval_batches",
+
+
+def __getattr__(name: str):
+    """``run_finetuning`` (the job module, loaded on first use: it imports the loop and
+    task distillation)."""
+    if name == "run_finetuning":
+        from .job import run_finetuning
+        return run_finetuning
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["FinetuningConfig", "run_finetuning", "FinetuningBatch", "DatasetError",
+           "EncodedSplit", "Example", "model_from_start", "eval_batches",
            "classification_metrics", "confusion_matrix", "encode_split", "evaluate",
            "iterate_batches", "label_ids", "label_list", "length_grouped_batches", "pad_batch",
            "predict_split", "LabelSet", "choose_labels", "label_occurrences",

@@ -268,7 +268,7 @@ def encode_split(tokenizer: BertTokenizer, examples: Sequence[Example], max_seq_
 
 
 @dataclass
-class Batch:
+class FinetuningBatch:
     """One padded batch: input_ids, token_type_ids, attention_mask (B, T) int64 with T the
     longest row of this batch (dynamic padding), labels int64 or None ((B,) class ids,
     (B, 2) answer positions or (B, T) token labels with -100 on padding, as the split's
@@ -280,16 +280,16 @@ class Batch:
     labels: np.ndarray | None
     index: np.ndarray
 
-    def to(self, xp) -> "Batch":
+    def to(self, xp) -> "FinetuningBatch":
         """The same batch with its arrays on ``xp``'s device (numpy: unchanged)."""
         if xp is np:
             return self
-        return Batch(*(xp.asarray(a) if a is not None else None for a in
+        return FinetuningBatch(*(xp.asarray(a) if a is not None else None for a in
                        (self.input_ids, self.token_type_ids, self.attention_mask,
                         self.labels)), self.index)
 
 
-def pad_batch(split: EncodedSplit, index: Sequence[int], pad_id: int = 0) -> Batch:
+def pad_batch(split: EncodedSplit, index: Sequence[int], pad_id: int = 0) -> FinetuningBatch:
     """Pad the rows ``index`` of ``split`` to their longest length (right padding with
     ``pad_id``, token type 0, attention 0; per-token labels with -100)."""
     index = np.asarray(index, dtype=np.int64)
@@ -311,11 +311,11 @@ def pad_batch(split: EncodedSplit, index: Sequence[int], pad_id: int = 0) -> Bat
         labels = np.full((B, T), -100, dtype=np.int64)
         for r, i in enumerate(index):
             labels[r, :len(split.labels[i])] = split.labels[i]
-    return Batch(ids, tt, mask, labels, index)
+    return FinetuningBatch(ids, tt, mask, labels, index)
 
 
 def length_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0):
-    """Every row of ``split`` once, as padded :class:`Batch` es of ``batch_size`` rows
+    """Every row of ``split`` once, as padded :class:`FinetuningBatch` es of ``batch_size`` rows
     taken in order of length (shortest first, ties in split order), so that a batch holds
     rows of similar length and little padding; ``batch.index`` says which rows."""
     order = np.argsort(np.fromiter(map(len, split.input_ids), dtype=np.int64,
@@ -378,7 +378,7 @@ def length_grouped_batches(lengths: np.ndarray, batch_size: int,
 
 def iterate_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0, *,
                     seed: int | None = None, epoch: int = 0, start_batch: int = 0,
-                    group_by_length: bool = False) -> Iterator[Batch]:
+                    group_by_length: bool = False) -> Iterator[FinetuningBatch]:
     """Padded batches of ``batch_size`` rows (the last may be smaller) from batch
     ``start_batch`` on, each padded to its own longest row (:func:`pad_batch`).
 
@@ -405,5 +405,6 @@ def iterate_batches(split: EncodedSplit, batch_size: int, pad_id: int = 0, *,
 
 __all__ = ["DatasetError", "Example", "read_tsv", "sort_labels", "label_list",
            "label_occurrences", "read_label_file", "LabelSet", "choose_labels", "label_ids", "EncodedSplit",
-           "encode_split", "Batch", "pad_batch", "length_batches", "length_grouped_batches",
+           "encode_split", "FinetuningBatch", "pad_batch", "length_batches",
+           "length_grouped_batches",
            "iterate_batches"]

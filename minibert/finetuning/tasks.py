@@ -5,15 +5,15 @@ job around them (arguments, run directory, THE training loop of
 
 A task (:data:`TASKS` by name: :class:`SequenceClassification`,
 :class:`TokenClassification`, :class:`QuestionAnswering`) is made from the job's
-arguments (:func:`make_task`) and gives:
+options (:func:`make_task`) and gives:
 
 * ``read(paths, tokenizer, max_len)`` -> :class:`TaskData`: the splits read, checked and
   encoded, the label set (of all splits, or of the ``labels`` option's file:
   :func:`~minibert.finetuning.data.choose_labels`), notes for the log (long sentences cut
   into windows, labels that only dev / test have, the most-frequent-tag baseline,
   features per question);
-* ``build_model(pre, labels, ...)``: its model class (:data:`~TaskBase.model_class`) from a
-  starting point (:func:`~minibert.finetuning.classifier.build_model`);
+* ``model_from_start(pre, labels, ...)``: its model class (:data:`~TaskBase.model_class`)
+  from a starting point (:func:`~minibert.finetuning.models.model_from_start`);
 * ``forward(model, batch, xp)``: the loss and metric sums of one batch for the loop (device
   arrays and host counts: no device value is read);
 * ``summarize(totals)``: train-record metrics from the summed sums;
@@ -23,7 +23,7 @@ arguments (:func:`make_task`) and gives:
 * ``record(labels)``: what a checkpoint keeps so that ``--model DIR`` rebuilds the task
   (:func:`task_for_model`).
 
-:class:`FinetuneTask` adapts a task to :class:`minibert.training.Task` (batches, forward,
+:class:`FinetuningWorkload` adapts a task to :class:`minibert.training.Workload` (batches, forward,
 summaries, dev evaluation that keeps the best model in ``best_model.npz``).
 
 Shape legend: B = batch, T = tokens of the batch's longest row, K = labels / tags,
@@ -37,7 +37,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from ..backend import to_numpy
 from ..checkpoint import save_checkpoint
 from ..heads import (BertForQuestionAnswering, BertForSequenceClassification,
                      BertForTokenClassification)
-from .classifier import build_model, eval_batches, evaluate as evaluate_classifier
+from .models import eval_batches, evaluate as evaluate_classifier, model_from_start
 from .metrics import log_softmax_np
 from .data import (DatasetError, EncodedSplit, LabelSet, choose_labels, encode_split,
                    iterate_batches, label_occurrences, read_tsv, sort_labels)
@@ -96,19 +96,19 @@ class TaskBase:
     default_max_seq_length = 128
     curve_metrics: tuple[str, ...] = ()
 
-    def __init__(self, args=None, settings: dict | None = None,
+    def __init__(self, options: Mapping[str, Any] | None = None, settings: dict | None = None,
                  labels: Sequence[str] | None = None):
-        """``args``: the job's arguments (an argparse Namespace or anything with the same
-        attributes; missing or None ones take the saved ``settings``, then the defaults);
-        ``settings``: a saved model's :meth:`record` settings; ``labels``: the label set
-        (else set by :meth:`read`)."""
-        self.args = args
+        """``options``: the job's options by name (:meth:`FinetuningConfig.to_dict
+        <minibert.finetuning.FinetuningConfig>`, or those given; missing or None ones take
+        the saved ``settings``, then the defaults); ``settings``: a saved model's
+        :meth:`record` settings; ``labels``: the label set (else set by :meth:`read`)."""
+        self.options = dict(options or {})
         self.settings = dict(settings or {})
         self.labels = list(labels) if labels is not None else None
         self.metric = "auto"
 
     def option(self, name: str, default):
-        v = getattr(self.args, name, None)
+        v = self.options.get(name)
         return v if v is not None else self.settings.get(name, default)
 
     # -- metric ------------------------------------------------------------------------
@@ -131,13 +131,14 @@ class TaskBase:
         return self.metrics
 
     # -- model -------------------------------------------------------------------------
-    def build_model(self, pre, labels, seed: int = 0, random_init: bool = False,
-                    classifier_dropout: float | None = None,
-                    classifier_pooling: str | None = None):
+    def model_from_start(self, pre, labels, seed: int = 0, random_init: bool = False,
+                         classifier_dropout: float | None = None,
+                         classifier_pooling: str | None = None):
         """(model, load report) of :attr:`model_class` from the starting point ``pre``."""
-        return build_model(pre, self.model_class, labels, seed=seed, random_init=random_init,
-                           classifier_dropout=classifier_dropout,
-                           classifier_pooling=classifier_pooling)
+        return model_from_start(pre, self.model_class, labels, seed=seed,
+                                random_init=random_init,
+                                classifier_dropout=classifier_dropout,
+                                classifier_pooling=classifier_pooling)
 
     def record(self, labels) -> dict:
         """Fields for a checkpoint's trainer record: the task, the model class, the label
@@ -512,22 +513,23 @@ TASKS: dict[str, type[TaskBase]] = {t.name: t for t in (SequenceClassification,
                                                           QuestionAnswering)}
 
 
-def make_task(name: str, args=None, settings: dict | None = None,
-              labels: Sequence[str] | None = None) -> TaskBase:
-    """The task ``name`` (a key of :data:`TASKS`) for the job's ``args``.
+def make_task(name: str, options: Mapping[str, Any] | None = None,
+              settings: dict | None = None, labels: Sequence[str] | None = None) -> TaskBase:
+    """The task ``name`` (a key of :data:`TASKS`) for the job's ``options`` (by name).
 
     Raises:
         ValueError: an unknown name.
     """
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; one of {', '.join(TASKS)}")
-    return TASKS[name](args, settings, labels)
+    return TASKS[name](options, settings, labels)
 
 
-def task_for_model(pre, args=None) -> TaskBase | None:
+def task_for_model(pre, options: Mapping[str, Any] | None = None) -> TaskBase | None:
     """The task of a fine-tuned starting point (:class:`~minibert.runs.Pretrained`): from
     its recorded ``task`` / model class, with its saved settings; None when ``pre`` is no
-    fine-tuned model of one of :data:`TASKS` (e.g. a pretraining checkpoint)."""
+    fine-tuned model of one of :data:`TASKS` (e.g. a pretraining checkpoint). ``options``
+    (by name) override the saved settings."""
     name = pre.trainer.get("task")
     if name is None:
         name = next((t.name for t in TASKS.values()
@@ -535,13 +537,14 @@ def task_for_model(pre, args=None) -> TaskBase | None:
     if name not in TASKS or (TASKS[name].model_class is not BertForQuestionAnswering
                              and not pre.labels):
         return None
-    return make_task(name, args, pre.trainer.get("task_settings"), pre.labels)
+    return make_task(name, options, pre.trainer.get("task_settings"), pre.labels)
 
 
 # --------------------------------------------------------------------------------------
-class FinetuneTask:
-    """A fine-tuning job for :func:`minibert.training.train`: shuffled epochs of the
-    train split (grouped by length with ``args.group_by_length``), the task's forward and
+class FinetuningWorkload:
+    """The workload of a fine-tuning job for :func:`minibert.training.train` (a
+    :class:`minibert.training.Workload`): shuffled epochs of the train split (grouped by
+    length with ``cfg.group_by_length``), the task's forward and
     train metrics, and dev evaluation that keeps the best model in ``best_model.npz``.
 
     Train records get, besides the loop's ``tokens_per_s`` (real tokens, i.e.
@@ -552,31 +555,33 @@ class FinetuneTask:
     dev evaluations.
 
     Args:
-        task: the :class:`TaskBase` (default: sequence classification with ``args``).
+        cfg: the job's :class:`~minibert.finetuning.FinetuningConfig` (``batch_size``,
+            ``seed``, ``group_by_length``, ``eval_batch_size``, ``metric``).
+        task: the :class:`TaskBase` (default: sequence classification with ``cfg``).
         soft: a :class:`~minibert.distillation.SoftTargets` (task distillation: the
             loss on the teacher's soft labels replaces the task's loss), or None.
     """
 
-    def __init__(self, args, run, model, train_split, dev_split, labels, pre, xp,
+    def __init__(self, cfg, run, model, train_split, dev_split, labels, pre, xp,
                  best: dict | None = None, task: TaskBase | None = None, soft=None):
-        self.args, self.run, self.model, self.xp = args, run, model, xp
+        self.cfg, self.run, self.model, self.xp = cfg, run, model, xp
         self.soft = soft
         self.train_split, self.dev_split = train_split, dev_split
         self.labels, self.pre = labels, pre
-        self.task = task or SequenceClassification(args)
+        self.task = task or SequenceClassification(cfg.to_dict())
         if self.task.labels is None:
             self.task.labels = labels
         if self.task.metric == "auto":
-            self.task.resolve_metric(getattr(args, "metric", "auto"), labels)
+            self.task.resolve_metric(cfg.metric, labels)
         self.pad_id = 0
         self.best = best or {"metric": None, "step": None}
         self.eval_seconds = 0.0
         self.evaluate = self._evaluate
 
     def batches(self, epoch: int, start_batch: int):
-        return iterate_batches(self.train_split, self.args.batch_size, self.pad_id,
-                               seed=self.args.seed, epoch=epoch, start_batch=start_batch,
-                               group_by_length=getattr(self.args, "group_by_length", False))
+        return iterate_batches(self.train_split, self.cfg.batch_size, self.pad_id,
+                               seed=self.cfg.seed, epoch=epoch, start_batch=start_batch,
+                               group_by_length=self.cfg.group_by_length)
 
     def forward(self, model, batch):
         if self.soft is None:
@@ -601,7 +606,7 @@ class FinetuneTask:
 
     def _evaluate(self, step: int) -> dict:
         t0 = time.perf_counter()
-        m, _ = self.task.evaluate(self.model, self.dev_split, self.args.eval_batch_size,
+        m, _ = self.task.evaluate(self.model, self.dev_split, self.cfg.eval_batch_size,
                                   self.xp, self.pad_id)
         value = m[self.task.metric]
         if self.best["metric"] is None or value > self.best["metric"]:
@@ -612,10 +617,10 @@ class FinetuneTask:
                 if isinstance(v, float) or k == "per_type"} | {"best_step": self.best["step"]}
 
     def trainer_record(self) -> dict:
-        return {"job": "finetune", "args": vars(self.args),
+        return {"job": "finetune", "args": self.cfg.to_dict(),
                 "tokenizer": dict(self.pre.tokenizer_options), "best": self.best,
                 **self.task.record(self.labels)}
 
 
 __all__ = ["TaskData", "TaskBase", "SequenceClassification", "TokenClassification",
-           "QuestionAnswering", "TASKS", "make_task", "task_for_model", "FinetuneTask"]
+           "QuestionAnswering", "TASKS", "make_task", "task_for_model", "FinetuningWorkload"]

@@ -124,7 +124,7 @@ class Objective(abc.ABC):
                 (0-d, mean nats per counted slot), ``prediction_logits`` (B, P, V) and, with
                 a sentence task, ``seq_relationship_loss`` (0-d) and
                 ``seq_relationship_logits`` (B, 2).
-            inputs: the keyword arguments of that forward (``Batch.model_inputs()`` moved
+            inputs: the keyword arguments of that forward (``PretrainingBatch.model_inputs()`` moved
                 to the device): ``masked_lm_ids`` (B, P) int, ``masked_lm_weights`` (B, P)
                 and, with a sentence task, ``next_sentence_label`` (B,) int.
         Returns:

@@ -7,11 +7,18 @@ instances are generated on the fly, epoch by epoch). One idea per module:
 * :mod:`.corpus`: reading text, the :class:`TokenStore`, held-out split, unigram baseline;
 * :mod:`.exclusion`: documents left out of a corpus, named by the digest of their text;
 * :mod:`.masking`: the MLM corruption every objective shares (80/10/10);
-* :mod:`.batches`: epochs of instances, shuffling, resumption, fixed-shape :class:`Batch`;
+* :mod:`.batches`: epochs of instances, shuffling, resumption, fixed-shape
+  :class:`PretrainingBatch`;
 * how documents become sequences (BERT pairs, ALBERT segments, RoBERTa full sentences)
   is the objective's business: :mod:`minibert.objectives`.
 
-Typical use::
+The job (``train_mlm.py``) runs from Python too: :class:`PretrainingConfig` holds its
+options and :func:`run_pretraining` (in :mod:`.job`, imported on first use) runs it::
+
+    from minibert.pretraining import PretrainingConfig, run_pretraining
+    run_pretraining(PretrainingConfig(max_steps=100, output_dir="runs/x"))
+
+Typical use of the data pipeline::
 
     objective = get_objective("mlm+nsp")
     store = build_or_load_store(files, tokenizer, cache_dir, min_documents=objective.min_documents)
@@ -23,12 +30,23 @@ Typical use::
 
 from ..nn.losses import IGNORE_INDEX
 from ..objectives import create_instances_from_document, truncate_seq_pair
-from .batches import (Batch, Instance, collate, count_instances, iterate_batches, iterate_instances,
-                      make_eval_batches)
+from .batches import (Instance, PretrainingBatch, collate, count_instances, iterate_batches,
+                      iterate_instances, make_eval_batches)
 from .corpus import (CorpusError, TokenStore, build_or_load_store, build_store, iter_documents,
                      load_store, resolve_corpus_files, save_store, split_documents, token_counts,
                      unigram_cross_entropy)
 from .masking import VocabInfo, create_masked_lm_predictions, default_max_predictions
+from .config import PretrainingConfig
+
+
+def __getattr__(name: str):
+    """``run_pretraining`` and the job module, loaded on first use (they import the loop,
+    distillation and the evaluation probes)."""
+    if name in ("run_pretraining", "PretrainingWorkload"):
+        from . import job
+        return getattr(job, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "IGNORE_INDEX",
@@ -36,7 +54,9 @@ __all__ = [
     "TokenStore",
     "VocabInfo",
     "Instance",
-    "Batch",
+    "PretrainingBatch",
+    "PretrainingConfig",
+    "run_pretraining",
     "resolve_corpus_files",
     "iter_documents",
     "build_store",

@@ -31,7 +31,7 @@ from ..objectives import Objective, get_objective
 from .corpus import CorpusError, TokenStore, check_seed
 from .masking import VocabInfo, check_probability, create_masked_lm_predictions, default_max_predictions
 
-__all__ = ["Instance", "Batch", "collate", "iterate_instances", "count_instances",
+__all__ = ["Instance", "PretrainingBatch", "collate", "iterate_instances", "count_instances",
            "iterate_batches", "make_eval_batches"]
 
 # First words of the SeedSequence entropy of the mask and epoch-order generators (the
@@ -61,7 +61,7 @@ class Instance:
 
 
 @dataclass
-class Batch:
+class PretrainingBatch:
     """A fixed-shape batch for ``BertForPreTraining.forward``: always (B, T) and (B, P).
 
     Fields (host NumPy arrays):
@@ -103,8 +103,8 @@ class Batch:
 
 
 def collate(instances: Sequence[Instance], max_seq_length: int, max_predictions_per_seq: int,
-            pad_id: int) -> Batch:
-    """Lay instances out as a :class:`Batch` of shape (B, T) and (B, P).
+            pad_id: int) -> PretrainingBatch:
+    """Lay instances out as a :class:`PretrainingBatch` of shape (B, T) and (B, P).
 
     Inputs:
         instances: 1..B instances, all with a sentence label or all without.
@@ -139,7 +139,8 @@ def collate(instances: Sequence[Instance], max_seq_length: int, max_predictions_
         ids[b, :n] = x.masked_lm_labels
         weights[b, :n] = 1.0
     labels = np.array([x.sentence_label for x in instances], dtype=np.int64) if all(with_label) else None
-    return Batch(input_ids, token_type_ids, attention_mask, positions, ids, weights, labels)
+    return PretrainingBatch(input_ids, token_type_ids, attention_mask, positions, ids, weights,
+                            labels)
 
 
 # ----------------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ def iterate_batches(
     shuffle_buffer: int = 10_000,
     drop_last: bool = True,
     max_ngram: int = 1,
-) -> Iterator[Batch]:
+) -> Iterator[PretrainingBatch]:
     """Yield the batches of one epoch, starting at batch ``start_batch``; reproducible and resumable.
 
     The instance stream is ``iterate_instances`` (see there for the objective, static vs
@@ -344,7 +345,7 @@ def iterate_batches(
             ``default_max_predictions(max_seq_length, masked_lm_prob)``.
         drop_last: drop the last, smaller batch, so every batch is (B, T) and (B, P).
     Yields:
-        :class:`Batch`, (B, T) and (B, P) arrays; ``next_sentence_label`` (B,) or None.
+        :class:`PretrainingBatch`, (B, T) and (B, P) arrays; ``next_sentence_label`` (B,) or None.
     Raises:
         CorpusError: fewer documents than the objective needs, or an epoch that would
             yield no batch at all: no instance, or with ``drop_last`` fewer than
@@ -391,7 +392,7 @@ def make_eval_batches(
     max_predictions_per_seq: int | None = None,
     whole_word_mask: bool = False,
     max_ngram: int = 1,
-) -> list[Batch]:
+) -> list[PretrainingBatch]:
     """A fixed evaluation set from held-out documents: the same batches every time.
 
     One pass over the documents in store order (segments and masks seeded by ``seed``,
@@ -400,7 +401,8 @@ def make_eval_batches(
     reuse it: the list is held in memory.
 
     Returns:
-        list of :class:`Batch`; empty when the store holds no document (nothing held out).
+        list of :class:`PretrainingBatch`; empty when the store holds no document (nothing
+        held out).
     Raises:
         CorpusError: some documents, but fewer than the objective needs.
         ValueError: bad arguments (see ``iterate_instances``), batch_size < 1.

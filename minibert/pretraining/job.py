@@ -1,5 +1,5 @@
 """The pretraining job (``train_mlm.py``): from its parsed options to a model, its data and
-the :class:`PretrainTask` that :func:`minibert.training.train` runs, and the summary.
+the :class:`PretrainingWorkload` that :func:`minibert.training.train` runs, and the summary.
 
 The script is the table of contents; each step is one function here:
 
@@ -8,9 +8,9 @@ The script is the table of contents; each step is one function here:
    :mod:`minibert.distillation`), options that only mean something with others;
 2. :func:`prepare_data`: the corpus (less the documents ``--exclude-documents`` lists),
    the vocab (given, the run's own, or learned), the token store, the held-out documents;
-3. :func:`model_config` and :func:`build_model`: the architecture and the model (the
+3. :func:`model_config` and :func:`build_pretraining_model`: the architecture and the model (the
    objective's, or a distillation student), its starting weights;
-4. :class:`PretrainTask`: batches, forward and held-out evaluation for the loop, with the
+4. :class:`PretrainingWorkload`: batches, forward and held-out evaluation for the loop, with the
    baselines of :func:`reference_losses` beside every evaluation;
 5. :func:`write_summary`: ``summary.json``.
 
@@ -27,17 +27,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import distillation
+from .. import distillation, distributed
 from ..albert import AlbertConfig
-from ..atomic import atomic_copy, atomic_write_json
+from ..atomic import WriteError, atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
-from ..cli import flag
+from ..cli import fail, fast_paths_line, flag, job_main, leader_first, start_job
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
 from ..provenance import check_same_data, data_fingerprint
-from ..runs import RunError, load_start
+from ..optim import AdamW
+from ..runs import RunError, load_start, write_args
 from ..tokenization import BertTokenizer, train_wordpiece
+from .config import PretrainingConfig
 from .batches import iterate_batches, make_eval_batches
 from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_documents,
                      resolve_corpus_files, split_documents, token_counts,
@@ -45,6 +47,7 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
 from .exclusion import DocumentExclusion
 from .masking import VocabInfo
 from .samples import MaskSamples, pick_samples
+from ..training import TrainingConfig, TrainingError, train
 from ..evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
 
 # Training sequences (the first, in corpus order) that --student-init pruned scores the
@@ -53,13 +56,9 @@ PRUNING_CALIBRATION_SEQUENCES = 256
 ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
 # Options of ALBERT's architecture (Lan et al. 2020), only with --model albert.
 ALBERT_OPTIONS = ("embedding_size", "num_hidden_groups", "inner_group_num")
-# --model's recipe: the defaults of the options left at None (fill_model_defaults).
-# ALBERT: sentence-order prediction, n-grams of up to 3 words and gelu_new (section 4.1).
-MODEL_DEFAULTS = {"bert": {"objective": "mlm+nsp", "hidden_act": "gelu", "max_ngram": 1},
-                  "albert": {"objective": "mlm+sop", "hidden_act": "gelu_new", "max_ngram": 3}}
 # Arguments a resumed run may change; every other one decides the data stream, the
 # schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
-RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "distributed",
+RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
                "save_every", "max_nonfinite_steps", "allow_data_change")
@@ -81,18 +80,9 @@ class Start:
     config: ModelConfig | None = None
 
 
-def fill_model_defaults(args) -> None:
-    """Set ``--objective``, ``--hidden-act`` and ``--max-ngram`` where they were left at
-    None to the recipe of ``--model`` (:data:`MODEL_DEFAULTS`); a resumed run then takes
-    its own values over these (they were not given)."""
-    for name, value in MODEL_DEFAULTS[args.model].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-
-
-def check_options(args, given: set[str], resumed: dict | None) -> Start:
+def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None) -> Start:
     """Check the options that depend on each other and on the starting points, before
-    anything is written; sets ``args.vocab`` to the vocab the weights were trained with.
+    anything is written; sets ``cfg.vocab`` to the vocab the weights were trained with.
 
     Raises:
         RunError: a bad ``--init-checkpoint`` or ``--teacher``, one whose vocab or
@@ -105,50 +95,50 @@ def check_options(args, given: set[str], resumed: dict | None) -> Start:
             resumed run whose corpus or vocab changed since its checkpoint
             (:func:`check_resumed_data`).
     """
-    check_model_options(args, given)
+    check_model_options(cfg, given)
     if resumed is not None:
-        check_resumed_data(args, resumed)
+        check_resumed_data(cfg, resumed)
     start = Start()
-    if resumed is None and args.init_checkpoint:
-        start.init = init = load_start(args.init_checkpoint, "--init-checkpoint")
-        check_model_type(init.config, args.model, f"--init-checkpoint {args.init_checkpoint}")
+    if resumed is None and cfg.init_checkpoint:
+        start.init = init = load_start(cfg.init_checkpoint, "--init-checkpoint")
+        check_model_type(init.config, cfg.model, f"--init-checkpoint {cfg.init_checkpoint}")
         lower = init.tokenizer_options.get("do_lower_case", True)
-        if lower != args.lowercase:
-            raise RunError(f"--init-checkpoint {args.init_checkpoint} was trained with "
-                           f"lowercase={lower}; this run has lowercase={args.lowercase} (add "
+        if lower != cfg.lowercase:
+            raise RunError(f"--init-checkpoint {cfg.init_checkpoint} was trained with "
+                           f"lowercase={lower}; this run has lowercase={cfg.lowercase} (add "
                            "or drop --no-lowercase)")
-        if args.vocab and Path(args.vocab).read_bytes() != init.vocab_file.read_bytes():
-            raise RunError(f"--vocab {args.vocab} differs from {init.vocab_file}, the "
+        if cfg.vocab and Path(cfg.vocab).read_bytes() != init.vocab_file.read_bytes():
+            raise RunError(f"--vocab {cfg.vocab} differs from {init.vocab_file}, the "
                            f"vocab the weights of --init-checkpoint were trained with")
-        args.vocab = str(init.vocab_file)
-    if args.teacher:
-        options = distillation.DistillationOptions.of(args, given)
-        found = distillation.resolve_teacher(options, vocab=args.vocab, lowercase=args.lowercase,
-                                             max_seq_length=args.max_seq_length)
-        args.vocab, args.lowercase, args.alpha_ce = (found.vocab, found.lowercase,
+        cfg.vocab = str(init.vocab_file)
+    if cfg.teacher:
+        options = distillation.DistillationOptions.of(cfg, given)
+        found = distillation.resolve_teacher(options, vocab=cfg.vocab, lowercase=cfg.lowercase,
+                                             max_seq_length=cfg.max_seq_length)
+        cfg.vocab, cfg.lowercase, cfg.alpha_ce = (found.vocab, found.lowercase,
                                                      found.weights.alpha_ce)
         start.teacher, start.weights = found.teacher, found.weights
         fixed = (resumed["config"] if resumed is not None
                  else start.init.config if start.init is not None else None)
         start.config = distillation.student_config(
             options, found.teacher.config,
-            model_config(args, found.teacher.config.vocab_size), fixed=fixed)
+            model_config(cfg, found.teacher.config.vocab_size), fixed=fixed)
     elif stray := [n for n in distillation.OPTIONS if n in given]:
         raise RunError(", ".join(map(flag, stray)) + ": distillation options, only with --teacher")
-    if args.objective == "electra" and args.teacher:
+    if cfg.objective == "electra" and cfg.teacher:
         raise RunError("--teacher works with the BERT objectives, not --objective electra")
-    if args.objective != "electra" and (stray := [n for n in ELECTRA_OPTIONS if n in given]):
+    if cfg.objective != "electra" and (stray := [n for n in ELECTRA_OPTIONS if n in given]):
         raise RunError(", ".join(map(flag, stray)) + ": ELECTRA options, only with --objective electra")
-    if args.batch_size_ramp > 0 and args.gradient_accumulation_steps < 2:
-        raise RunError(f"--batch-size-ramp {args.batch_size_ramp:g} ramps the micro-batches "
+    if cfg.batch_size_ramp > 0 and cfg.gradient_accumulation_steps < 2:
+        raise RunError(f"--batch-size-ramp {cfg.batch_size_ramp:g} ramps the micro-batches "
                        "per step up to --gradient-accumulation-steps, which is 1: give it "
                        ">= 2 (the full batch is --batch-size x that)")
     if resumed is None and start.init is None and start.config is None:
-        model_config(args, vocab_size=1)   # sizes that do not fit fail before any write
+        model_config(cfg, vocab_size=1)   # sizes that do not fit fail before any write
     return start
 
 
-def check_resumed_data(args, resumed: dict) -> None:
+def check_resumed_data(cfg: PretrainingConfig, resumed: dict) -> None:
     """Refuse to resume on a corpus or vocab other than the one the checkpoint records
     (:func:`minibert.provenance.check_same_data`), unless ``--allow-data-change``; the run's
     vocab is its own ``vocab.txt``. A checkpoint written before the record is not checked.
@@ -156,13 +146,13 @@ def check_resumed_data(args, resumed: dict) -> None:
     Raises:
         DataChangedError: naming what changed. CorpusError: corpus files missing.
     """
-    run_dir = Path(args.output_dir)
+    run_dir = Path(cfg.output_dir)
     check_same_data(resumed["trainer"].get("data"),
-                    data_fingerprint(resolve_corpus_files(args.corpus), run_dir / "vocab.txt"),
-                    args.allow_data_change, str(run_dir / "checkpoint.npz"))
+                    data_fingerprint(resolve_corpus_files(cfg.corpus), run_dir / "vocab.txt"),
+                    cfg.allow_data_change, str(run_dir / "checkpoint.npz"))
 
 
-def check_model_options(args, given: set[str]) -> None:
+def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
     """Refuse options that ``--model`` does not take: ALBERT's architecture options
     (:data:`ALBERT_OPTIONS`) for BERT; for ALBERT, pre-LN, ``--objective electra`` (whose
     generator and discriminator are BERTs) and a student started from the teacher's BERT
@@ -171,19 +161,19 @@ def check_model_options(args, given: set[str]) -> None:
     Raises:
         RunError: naming the options.
     """
-    if args.model != "albert":
+    if cfg.model != "albert":
         if stray := [n for n in ALBERT_OPTIONS if n in given]:
             raise RunError(", ".join(map(flag, stray)) + ": ALBERT options, only with "
                            "--model albert")
         return
-    if args.norm_position != "post":
-        raise RunError(f"--norm-position {args.norm_position}: ALBERT puts LayerNorm after "
+    if cfg.norm_position != "post":
+        raise RunError(f"--norm-position {cfg.norm_position}: ALBERT puts LayerNorm after "
                        "the residual sum only (post); drop it or use --model bert")
-    if args.objective == "electra":
+    if cfg.objective == "electra":
         raise RunError("--objective electra trains a BERT generator and discriminator; "
                        "not with --model albert")
-    if args.teacher and args.student_init != "preset":
-        raise RunError(f"--student-init {args.student_init} builds the student from the "
+    if cfg.teacher and cfg.student_init != "preset":
+        raise RunError(f"--student-init {cfg.student_init} builds the student from the "
                        "teacher's BERT weights; an ALBERT student (--model albert) starts "
                        "from --student-init preset")
 
@@ -196,7 +186,7 @@ def check_model_type(config: ModelConfig, model: str, source: str) -> None:
                        f"run trains --model {model} (give --model {config.model_type})")
 
 
-def model_config(args, vocab_size: int) -> ModelConfig:
+def model_config(cfg: PretrainingConfig, vocab_size: int) -> ModelConfig:
     """The architecture the model options ask for: ``--model``'s preset table
     (:data:`~minibert.modeling.PRESETS`, :data:`~minibert.albert.ALBERT_PRESETS`) at
     ``--preset``, with ``--num-hidden-layers``, ``--hidden-size`` (then by default
@@ -210,25 +200,25 @@ def model_config(args, vocab_size: int) -> ModelConfig:
     Raises:
         ValueError: sizes that do not fit together (the config's message names the field).
     """
-    overrides = {k: getattr(args, k) for k in ("num_hidden_layers", "hidden_size",
-                 "num_attention_heads", "intermediate_size") if getattr(args, k) is not None}
+    overrides = {k: getattr(cfg, k) for k in ("num_hidden_layers", "hidden_size",
+                 "num_attention_heads", "intermediate_size") if getattr(cfg, k) is not None}
     if "hidden_size" in overrides:
         overrides.setdefault("num_attention_heads", max(1, overrides["hidden_size"] // 64))
         overrides.setdefault("intermediate_size", 4 * overrides["hidden_size"])
-    common = dict(vocab_size=vocab_size, hidden_act=args.hidden_act,
-                  hidden_dropout_prob=args.hidden_dropout_prob,
-                  attention_probs_dropout_prob=args.attention_probs_dropout_prob,
-                  max_position_embeddings=args.max_position_embeddings,
-                  position_embedding_type=args.position_embedding_type, **overrides)
-    if args.model == "albert":
-        albert = {k: getattr(args, k) for k in ALBERT_OPTIONS if getattr(args, k) is not None}
+    common = dict(vocab_size=vocab_size, hidden_act=cfg.hidden_act,
+                  hidden_dropout_prob=cfg.hidden_dropout_prob,
+                  attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+                  max_position_embeddings=cfg.max_position_embeddings,
+                  position_embedding_type=cfg.position_embedding_type, **overrides)
+    if cfg.model == "albert":
+        albert = {k: getattr(cfg, k) for k in ALBERT_OPTIONS if getattr(cfg, k) is not None}
         if "hidden_size" in overrides:
             albert.setdefault("embedding_size", max(1, min(128, overrides["hidden_size"] // 2)))
-        return AlbertConfig.from_preset(args.preset, **common, **albert)
-    return BertConfig.from_preset(args.preset, norm_position=args.norm_position, **common)
+        return AlbertConfig.from_preset(cfg.preset, **common, **albert)
+    return BertConfig.from_preset(cfg.preset, norm_position=cfg.norm_position, **common)
 
 
-def prepare_tokenizer(args, run, files, objective, reuse: bool,
+def prepare_tokenizer(cfg: PretrainingConfig, run, files, objective, reuse: bool,
                       exclude: DocumentExclusion) -> BertTokenizer:
     """The run's tokenizer: its own vocab.txt when ``reuse`` (a resumed run, or a rank
     other than 0, which reads what rank 0 wrote), else ``--vocab`` copied into the run
@@ -241,10 +231,10 @@ def prepare_tokenizer(args, run, files, objective, reuse: bool,
     """
     if reuse and run.vocab.is_file():
         pass
-    elif args.vocab:
-        if not Path(args.vocab).is_file():
-            raise CorpusError(f"--vocab {args.vocab}: no such file")
-        atomic_copy(args.vocab, run.vocab)
+    elif cfg.vocab:
+        if not Path(cfg.vocab).is_file():
+            raise CorpusError(f"--vocab {cfg.vocab}: no such file")
+        atomic_copy(cfg.vocab, run.vocab)
     else:
         documents = sum(1 for _ in iter_documents(files, exclude=exclude))
         where = ", ".join(map(str, files))
@@ -254,16 +244,16 @@ def prepare_tokenizer(args, run, files, objective, reuse: bool,
             raise CorpusError(f"{where}: {documents} document(s); --objective "
                               f"{objective.name} needs at least {objective.min_documents} "
                               "(separate documents with a blank line)")
-        print(f"learning a {args.vocab_size}-token WordPiece vocab from {where}")
+        print(f"learning a {cfg.vocab_size}-token WordPiece vocab from {where}")
         t0 = time.time()
-        algorithm = {"algorithm": args.vocab_algorithm} if args.vocab_algorithm else {}
+        algorithm = {"algorithm": cfg.vocab_algorithm} if cfg.vocab_algorithm else {}
         text = ((s for doc in iter_documents(files, exclude=exclude) for s in doc)
                 if exclude.listed else [str(f) for f in files])
-        train_wordpiece(text, vocab_size=args.vocab_size,
-                        lowercase=args.lowercase, output=str(run.vocab),
-                        show_progress=args.progress, **algorithm)
+        train_wordpiece(text, vocab_size=cfg.vocab_size,
+                        lowercase=cfg.lowercase, output=str(run.vocab),
+                        show_progress=cfg.progress, **algorithm)
         print(f"vocab written to {run.vocab} in {time.time() - t0:.1f} s")
-    return BertTokenizer(str(run.vocab), do_lower_case=args.lowercase)
+    return BertTokenizer(str(run.vocab), do_lower_case=cfg.lowercase)
 
 
 @dataclass
@@ -286,7 +276,8 @@ class PretrainData:
     pairs: PairsProbe | None = None
 
 
-def prepare_data(args, run, reuse_vocab: bool, resumed: dict | None = None) -> PretrainData:
+def prepare_data(cfg: PretrainingConfig, run, reuse_vocab: bool,
+                 resumed: dict | None = None) -> PretrainData:
     """Corpus files less the documents of ``--exclude-documents``
     (:class:`~.exclusion.DocumentExclusion`), tokenizer (:func:`prepare_tokenizer`), the
     token store cached in ``RUN/cache``, the held-out documents (``--eval-fraction``) and
@@ -299,21 +290,21 @@ def prepare_data(args, run, reuse_vocab: bool, resumed: dict | None = None) -> P
         PairsError: an unreadable ``--eval-pairs`` file.
         DataChangedError: other documents left out than the resumed run's.
     """
-    objective = get_objective(args.objective)
-    files = resolve_corpus_files(args.corpus)
-    exclude = DocumentExclusion.read(args.exclude_documents)
-    tokenizer = prepare_tokenizer(args, run, files, objective, reuse_vocab, exclude)
+    objective = get_objective(cfg.objective)
+    files = resolve_corpus_files(cfg.corpus)
+    exclude = DocumentExclusion.read(cfg.exclude_documents)
+    tokenizer = prepare_tokenizer(cfg, run, files, objective, reuse_vocab, exclude)
     store = build_or_load_store(files, tokenizer, cache_dir=run.path / "cache",
-                                show_progress=args.progress,
+                                show_progress=cfg.progress,
                                 min_documents=objective.min_documents, exclude=exclude)
     fingerprint = data_fingerprint(files, run.vocab, exclude.left_out)
     if resumed is not None:
-        check_same_data(resumed["trainer"].get("data"), fingerprint, args.allow_data_change,
+        check_same_data(resumed["trainer"].get("data"), fingerprint, cfg.allow_data_change,
                         str(run.checkpoint), keys=("excluded",))
-    train, held_out = split_documents(store, eval_fraction=args.eval_fraction, seed=args.seed,
+    train, held_out = split_documents(store, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                                       min_documents=objective.min_documents)
     return PretrainData(objective, tokenizer, VocabInfo.from_tokenizer(tokenizer), train,
-                        held_out, fingerprint, exclude, pairs_probe(args, tokenizer))
+                        held_out, fingerprint, exclude, pairs_probe(cfg, tokenizer))
 
 
 def check_corpus_shape(data: PretrainData) -> None:
@@ -331,7 +322,8 @@ def check_corpus_shape(data: PretrainData) -> None:
               file=sys.stderr)
 
 
-def run_config(args, start: Start, resumed: dict | None, vocab_size: int) -> ModelConfig:
+def run_config(cfg: PretrainingConfig, start: Start, resumed: dict | None,
+               vocab_size: int) -> ModelConfig:
     """The model's architecture: the student's (distillation), the resumed run's when it
     took one over from ``--init-checkpoint``, the start's, else :func:`model_config`.
 
@@ -341,41 +333,42 @@ def run_config(args, start: Start, resumed: dict | None, vocab_size: int) -> Mod
     """
     if start.config is not None:
         config = start.config
-    elif resumed is not None and args.init_checkpoint:
+    elif resumed is not None and cfg.init_checkpoint:
         config = resumed["config"]
     elif start.init is not None:
         config = start.init.config
     else:
-        config = model_config(args, vocab_size)
+        config = model_config(cfg, vocab_size)
     if config.vocab_size < vocab_size:
         raise RunError(f"the model's vocab_size {config.vocab_size} is smaller than the "
                        f"vocab's {vocab_size} tokens")
-    if args.max_seq_length > config.max_position_embeddings:
-        raise RunError(f"--max-seq-length {args.max_seq_length} exceeds "
+    if cfg.max_seq_length > config.max_position_embeddings:
+        raise RunError(f"--max-seq-length {cfg.max_seq_length} exceeds "
                        f"max_position_embeddings {config.max_position_embeddings}")
     return config
 
 
-def fixed_batches(args, store: TokenStore, vocab: VocabInfo, objective, seed: int,
-                  max_instances: int | None):
+def fixed_batches(cfg: PretrainingConfig, store: TokenStore, vocab: VocabInfo, objective,
+                  seed: int, max_instances: int | None):
     """The same batches every time from ``store`` (held-out evaluation, pruning
     calibration): :func:`~.batches.make_eval_batches` with the run's data options.
 
     Returns:
-        list of :class:`~.batches.Batch`, each (B, T) with B = ``args.batch_size`` and
-        T = ``args.max_seq_length`` (the last may hold fewer rows), at most
+        list of :class:`~.batches.PretrainingBatch`, each (B, T) with B = ``cfg.batch_size`` and
+        T = ``cfg.max_seq_length`` (the last may hold fewer rows), at most
         ``max_instances`` sequences in all (None: the whole store).
     """
-    return make_eval_batches(store, vocab, args.batch_size, args.max_seq_length, seed=seed,
+    return make_eval_batches(store, vocab, cfg.batch_size, cfg.max_seq_length, seed=seed,
                              objective=objective, max_instances=max_instances,
-                             short_seq_prob=args.short_seq_prob,
-                             masked_lm_prob=args.masked_lm_prob,
-                             max_predictions_per_seq=args.max_predictions_per_seq,
-                             whole_word_mask=args.whole_word_mask, max_ngram=args.max_ngram)
+                             short_seq_prob=cfg.short_seq_prob,
+                             masked_lm_prob=cfg.masked_lm_prob,
+                             max_predictions_per_seq=cfg.max_predictions_per_seq,
+                             whole_word_mask=cfg.whole_word_mask, max_ngram=cfg.max_ngram)
 
 
-def build_model(args, config: ModelConfig, data: PretrainData, start: Start,
-                resumed: dict | None, checkpoint: str = "checkpoint"):
+def build_pretraining_model(cfg: PretrainingConfig, config: ModelConfig, data: PretrainData,
+                            start: Start, resumed: dict | None,
+                            checkpoint: str = "checkpoint"):
     """The model the run trains, with its starting weights: a
     :class:`~minibert.distillation.DistillationModel` (with ``--teacher``; a new student
     initialised as ``--student-init`` says) or the objective's model; then
@@ -385,23 +378,23 @@ def build_model(args, config: ModelConfig, data: PretrainData, start: Start,
         CheckpointError: the resumed checkpoint's config differs. HFFormatError, KeyError,
             ValueError: weights that do not fit the model.
     """
-    model_kw = dict(seed=args.seed, dtype=np.dtype(args.dtype),
-                    label_smoothing=args.label_smoothing)
+    model_kw = dict(seed=cfg.seed, dtype=np.dtype(cfg.dtype),
+                    label_smoothing=cfg.label_smoothing)
     objective = data.objective
     if start.teacher is not None:
         model = distillation.student_class(config)(
-            config, distillation.load_teacher(start.teacher, np.dtype(args.dtype)),
+            config, distillation.load_teacher(start.teacher, np.dtype(cfg.dtype)),
             start.weights, seq_relationship_head=objective.sentence_task is not None,
             **model_kw)
         if resumed is None:
-            calibration = [] if args.student_init != "pruned" else fixed_batches(
-                args, data.train, data.vocab, objective, args.seed + 2,
+            calibration = [] if cfg.student_init != "pruned" else fixed_batches(
+                cfg, data.train, data.vocab, objective, cfg.seed + 2,
                 PRUNING_CALIBRATION_SEQUENCES)
-            distillation.init_student(model, args.student_init, start.teacher, calibration)
+            distillation.init_student(model, cfg.student_init, start.teacher, calibration)
     else:
         if objective.name == "electra":
-            model_kw.update(generator_layers=args.generator_layers,
-                            disc_weight=args.disc_weight)
+            model_kw.update(generator_layers=cfg.generator_layers,
+                            disc_weight=cfg.disc_weight)
         model = objective.build_model(config, **model_kw)
     if start.init is not None:
         report = load_pretrained_weights(model, start.init.state, start.init.source)
@@ -413,7 +406,8 @@ def build_model(args, config: ModelConfig, data: PretrainData, start: Start,
     return model
 
 
-def reference_losses(args, data: PretrainData, eval_batches, model, xp) -> dict[str, float]:
+def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, model,
+                     xp) -> dict[str, float]:
     """Baselines printed beside every evaluation (nats per masked token; accuracies):
     the unigram baseline (every masked token predicted from training-token frequencies),
     the majority share of the sentence task's labels, the minimal-pair macro accuracy
@@ -432,24 +426,25 @@ def reference_losses(args, data: PretrainData, eval_batches, model, xp) -> dict[
         share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
         reference[f"{task}_majority"] = max(share, 1.0 - share)
     if data.pairs is not None:
-        files = resolve_corpus_files(args.corpus)
+        files = resolve_corpus_files(cfg.corpus)
         reference["pairs_trigram_acc"] = data.pairs.trigram_floor(
             s for doc in iter_documents(files, exclude=data.excluded) for s in doc)
-    if args.teacher and model.teacher.has_mlm_head:
+    if cfg.teacher and model.teacher.has_mlm_head:
         total, count = model.teacher.mlm_loss_sums(eval_batches, xp)
         reference["teacher_mlm_loss"] = total / count if count else float("nan")
     return reference
 
 
-def describe(args, model, data: PretrainData, eval_batches, reference: dict) -> str:
+def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
+             reference: dict) -> str:
     """The log lines that say what is trained on what (model, data, baselines, teacher)."""
     config = model.config
-    arch = (f"config of {args.init_checkpoint}" if args.init_checkpoint
-            else f"every other layer of {args.teacher}"
-            if args.teacher and args.student_init == "every-other-layer"
-            else f"{args.teacher} pruned to its sizes"
-            if args.teacher and args.student_init == "pruned"
-            else f"{args.preset} {args.model.upper()} preset")
+    arch = (f"config of {cfg.init_checkpoint}" if cfg.init_checkpoint
+            else f"every other layer of {cfg.teacher}"
+            if cfg.teacher and cfg.student_init == "every-other-layer"
+            else f"{cfg.teacher} pruned to its sizes"
+            if cfg.teacher and cfg.student_init == "pruned"
+            else f"{cfg.preset} {cfg.model.upper()} preset")
     line = (f"model: {arch}, {model.num_parameters():,} parameters, vocab "
             f"{config.vocab_size}; objective {data.objective.name}; train documents "
             f"{data.train.num_documents}, tokens {data.train.num_tokens:,}; held-out documents "
@@ -458,40 +453,40 @@ def describe(args, model, data: PretrainData, eval_batches, reference: dict) -> 
                                   for k, v in reference.items()))
     if left := data.excluded.describe():
         line += "\n" + left
-    if args.teacher:
-        line += "\n" + distillation.describe_teacher(model, args.teacher)
+    if cfg.teacher:
+        line += "\n" + distillation.describe_teacher(model, cfg.teacher)
     return line
 
 
-class PretrainTask:
+class PretrainingWorkload:
     """The pretraining job for :func:`minibert.training.train`: batches of the training
     store, the objective's forward statistics (with a distillation model, its terms too)
     and, when there are held-out batches, an evaluation on them with the ``reference``
     baselines beside it."""
 
-    def __init__(self, args, data: PretrainData, eval_batches, reference: dict, model, xp):
-        self.args, self.objective, self.store, self.vocab = (args, data.objective, data.train,
+    def __init__(self, cfg, data: PretrainData, eval_batches, reference: dict, model, xp):
+        self.cfg, self.objective, self.store, self.vocab = (cfg, data.objective, data.train,
                                                              data.vocab)
         self.data_fingerprint = data.fingerprint
         self.excluded = data.excluded
         self.reference = reference
         self.eval_batches, self.model, self.xp = eval_batches, model, xp
         self.evaluate = self._evaluate if eval_batches else None
-        picked = (pick_samples(data.held_out, data.tokenizer, args.eval_samples, args.seed + 3)
-                  if eval_batches and args.eval_samples else [])
+        picked = (pick_samples(data.held_out, data.tokenizer, cfg.eval_samples, cfg.seed + 3)
+                  if eval_batches and cfg.eval_samples else [])
         self.mlm = getattr(model, "generator", model)   # ELECTRA: its generator fills masks
         self.samples = MaskSamples(self.mlm, data.tokenizer, picked) if picked else None
         self.pairs = data.pairs if eval_batches else None
-        self.data_kw = dict(masking=args.masking, dupe_factor=args.dupe_factor,
-                            short_seq_prob=args.short_seq_prob,
-                            masked_lm_prob=args.masked_lm_prob,
-                            max_predictions_per_seq=args.max_predictions_per_seq,
-                            whole_word_mask=args.whole_word_mask,
-                            max_ngram=args.max_ngram)
+        self.data_kw = dict(masking=cfg.masking, dupe_factor=cfg.dupe_factor,
+                            short_seq_prob=cfg.short_seq_prob,
+                            masked_lm_prob=cfg.masked_lm_prob,
+                            max_predictions_per_seq=cfg.max_predictions_per_seq,
+                            whole_word_mask=cfg.whole_word_mask,
+                            max_ngram=cfg.max_ngram)
 
     def batches(self, epoch: int, start_batch: int):
-        return iterate_batches(self.store, self.vocab, self.args.batch_size,
-                               self.args.max_seq_length, epoch=epoch, seed=self.args.seed,
+        return iterate_batches(self.store, self.vocab, self.cfg.batch_size,
+                               self.cfg.max_seq_length, epoch=epoch, seed=self.cfg.seed,
                                start_batch=start_batch, objective=self.objective,
                                **self.data_kw)
 
@@ -521,35 +516,35 @@ class PretrainTask:
                 **self.reference}
 
     def trainer_record(self) -> dict:
-        return {"job": "pretrain", "args": vars(self.args),
-                "tokenizer": {"do_lower_case": self.args.lowercase},
+        return {"job": "pretrain", "args": self.cfg.to_dict(),
+                "tokenizer": {"do_lower_case": self.cfg.lowercase},
                 "data": self.data_fingerprint}
 
 
-def pairs_probe(args, tokenizer) -> PairsProbe | None:
+def pairs_probe(cfg: PretrainingConfig, tokenizer) -> PairsProbe | None:
     """The minimal pairs of ``--eval-pairs`` (the first ``--eval-pairs-per-paradigm`` of
     each paradigm), or None when that is 0 or no pair survives the vocabulary.
 
     Raises:
         PairsError: an unreadable pairs file (the message names file, line and field).
     """
-    if not args.eval_pairs_per_paradigm:
+    if not cfg.eval_pairs_per_paradigm:
         return None
-    pairs = first_per_paradigm(read_pairs(args.eval_pairs), args.eval_pairs_per_paradigm)
-    probe = PairsProbe(pairs, tokenizer, max_length=args.max_position_embeddings)
+    pairs = first_per_paradigm(read_pairs(cfg.eval_pairs), cfg.eval_pairs_per_paradigm)
+    probe = PairsProbe(pairs, tokenizer, max_length=cfg.max_position_embeddings)
     return probe if probe.pairs else None
 
 
-def write_summary(args, run, task: PretrainTask, state, last_eval: dict | None,
-                  seconds: float) -> dict:
+def write_summary(cfg: PretrainingConfig, run, workload: PretrainingWorkload, state,
+                  last_eval: dict | None, seconds: float) -> dict:
     """Write ``summary.json`` (steps, time, size, baselines and the last evaluation's
     metrics as ``eval_*``), print it and the held-out MLM loss against the unigram
     baseline, and return it. A finished run resumed again is evaluated here once."""
-    if last_eval is None and task.evaluate is not None:
-        last_eval = {"step": state.step, **task.evaluate(state.step)}
-    reference, model = task.reference, task.model
-    summary = {"objective": task.objective.name,
-               **({"teacher": args.teacher} if args.teacher else {}), "steps": state.step,
+    if last_eval is None and workload.evaluate is not None:
+        last_eval = {"step": state.step, **workload.evaluate(state.step)}
+    reference, model = workload.reference, workload.model
+    summary = {"objective": workload.objective.name,
+               **({"teacher": cfg.teacher} if cfg.teacher else {}), "steps": state.step,
                "epochs_started": state.epoch + 1, "seconds_this_run": round(seconds, 1),
                "seconds_total": round(state.elapsed_s, 1),
                "parameters": model.num_parameters(), "vocab_size": model.config.vocab_size,
@@ -557,8 +552,8 @@ def write_summary(args, run, task: PretrainTask, state, last_eval: dict | None,
                **{"eval_" + k: v for k, v in (last_eval or {}).items()
                   if k not in ("kind", "step", "elapsed_s") and k not in reference},
                "checkpoint": str(run.checkpoint)}
-    if task.excluded.files:
-        summary["excluded_documents"] = task.excluded.record()
+    if workload.excluded.files:
+        summary["excluded_documents"] = workload.excluded.record()
     atomic_write_json(run.summary, summary)
     print("summary: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                   for k, v in summary.items() if k != "excluded_documents"))
@@ -567,3 +562,95 @@ def write_summary(args, run, task: PretrainTask, state, last_eval: dict | None,
         print(f"held-out MLM loss {last_eval['mlm_loss']:.3f} nats vs unigram baseline "
               f"{base:.3f} ({base - last_eval['mlm_loss']:+.3f} better)")
     return summary
+
+
+@job_main("train_mlm.py")  # a fault ends in one line; the run directory is let go
+def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
+                    prog: str = "train_mlm.py") -> dict | None:
+    """Run a pretraining job: what ``train_mlm.py`` does with its options, from Python::
+
+        run_pretraining(PretrainingConfig(max_steps=100, output_dir="runs/x"))
+
+    Args:
+        cfg: the options (filled in place by :meth:`PretrainingConfig.with_defaults` and,
+            with ``resume``, by the run's own; written to ``args.json``).
+        given: the options chosen explicitly (the command line's); a resumed run takes the
+            others from its checkpoint. Default: the fields that differ from the defaults.
+        prog: the name in error lines.
+    Returns:
+        ``summary.json``'s dict on rank 0, None on the other ranks.
+    Raises:
+        SystemExit: bad options or input end the job as the script does, with one
+            ``PROG: error: ...`` line on stderr (status 2): the ranges and choices of
+            :attr:`PretrainingConfig.CHECKS`, the combinations of :func:`check_options`,
+            the corpus, vocab and starting points; a fault (memory, a failed write, Ctrl-C)
+            ends as :func:`minibert.cli.job_main` says.
+    """
+    given = cfg.prepare(given, prog)
+    job = start_job(cfg, given, prog, "pretrain",
+                    resume_fixed=[k for k in cfg.to_dict() if k not in RESUME_FREE],
+                    resume_defaults=RESUME_DEFAULTS,
+                    check=lambda resumed: check_options(cfg, given, resumed))
+    print(fast_paths_line(cfg.fast_cpu))
+    model, data, config = _prepare(cfg, job, prog)
+    optimizer = AdamW(model.named_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                      correct_bias=cfg.correct_bias)
+    state = job.train_state(optimizer, prog)
+    comm = job.comm
+    if comm.is_leader:
+        atomic_write_bytes(job.run.config, config.to_json().encode())
+        write_args(job.run, cfg.to_dict())
+    eval_batches = [] if not comm.is_leader else fixed_batches(
+        cfg, data.held_out, data.vocab, data.objective, cfg.seed + 1, cfg.eval_instances)
+    reference = reference_losses(cfg, data, eval_batches, model, job.xp)
+    print(describe(cfg, model, data, eval_batches, reference))
+    if comm.world_size > 1:
+        print(distributed.describe(comm, cfg.batch_size))
+    workload = PretrainingWorkload(cfg, data, eval_batches, reference, model, job.xp)
+    t0 = time.perf_counter()
+    try:
+        state, last_eval = train(model, optimizer, workload, training_config(cfg), state,
+                                 metrics_path=job.run.metrics,
+                                 checkpoint_path=job.run.checkpoint, comm=comm,
+                                 device=job.device)
+    except (TrainingError, CorpusError) as e:
+        fail(prog, str(e))
+    if not comm.is_leader:
+        return None
+    return write_summary(cfg, job.run, workload, state, last_eval, time.perf_counter() - t0)
+
+
+def _prepare(cfg: PretrainingConfig, job, prog: str):
+    """:func:`run_pretraining`'s data and model, on the job's device: (model, data,
+    config); bad input ends the job with ``PROG: error: ...``."""
+    comm, run, resumed, start = job.comm, job.run, job.resumed, job.checked
+    try:
+        with leader_first(comm):  # rank 0 writes the vocab and the token store first
+            data = prepare_data(cfg, run, reuse_vocab=resumed is not None
+                                or not comm.is_leader, resumed=resumed)
+        config = run_config(cfg, start, resumed, len(data.tokenizer))
+        if comm.is_leader:
+            check_corpus_shape(data)
+        model = build_pretraining_model(cfg, config, data, start, resumed, str(run.checkpoint))
+    except (ValueError, KeyError) as e:
+        fail(prog, str(e))
+    except WriteError:
+        raise                         # a failed write: job_main's line, with the checkpoint
+    except OSError as e:              # an unreadable input
+        fail(prog, f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
+    job.checked = None  # the weights are in the model now
+    model.to(job.device)
+    return model, data, config
+
+
+def training_config(cfg: PretrainingConfig) -> TrainingConfig:
+    """The loop's :class:`~minibert.training.TrainingConfig` of a pretraining run."""
+    return TrainingConfig(max_steps=cfg.max_steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                          max_grad_norm=cfg.max_grad_norm,
+                          gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                          batch_size_ramp_steps=round(cfg.batch_size_ramp * cfg.max_steps),
+                          seed=cfg.seed, log_every=cfg.log_every, eval_every=cfg.eval_every,
+                          save_every=cfg.save_every,
+                          max_nonfinite_steps=cfg.max_nonfinite_steps,
+                          log_grad_norms=cfg.log_grad_norms, progress=cfg.progress,
+                          desc="pretrain")

@@ -1,5 +1,6 @@
-"""The sequence classifier of a fine-tuning run: built from a starting point, evaluated,
-and saved so that :func:`minibert.runs.load_start` loads it back."""
+"""The models of a fine-tuning run (sequence classifier, tagger, QA), built from a
+starting point (:func:`model_from_start`); the sequence classifier's evaluation over a
+split (:func:`eval_batches`, :func:`predict_split`, :func:`evaluate`)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -19,7 +20,7 @@ from .metrics import classification_metrics, softmax_np
 HEAD_PREFIXES = ("classifier.", "qa_outputs.")
 
 
-def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
+def model_from_start(pre: Pretrained, model_class=BertForSequenceClassification,
                 labels: Sequence[str] | None = None, seed: int = 0, dtype=np.float32,
                 random_init: bool = False, classifier_dropout: float | None = None,
                 classifier_pooling: str | None = None):
@@ -69,7 +70,7 @@ def build_model(pre: Pretrained, model_class=BertForSequenceClassification,
 
 
 def eval_batches(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np):
-    """(host :class:`~minibert.finetuning.data.Batch`, model output) over every row of
+    """(host :class:`~minibert.finetuning.data.FinetuningBatch`, model output) over every row of
     ``split`` in eval mode (no dropout), in batches of rows sorted by length (little
     padding; a row's outputs do not depend on its batch, and ``batch.index`` says which
     rows a batch holds). The model's train/eval mode is restored afterwards."""
@@ -116,5 +117,5 @@ def evaluate(model, split: EncodedSplit, batch_size: int, pad_id: int = 0, xp=np
     return m, probs
 
 
-__all__ = ["HEAD_PREFIXES", "build_model", "eval_batches", "split_logits", "predict_split",
+__all__ = ["HEAD_PREFIXES", "model_from_start", "eval_batches", "split_logits", "predict_split",
            "evaluate"]
