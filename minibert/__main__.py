@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(pooling mean unless --pooling)")
     p.add_argument("--aggregation-strategy", choices=("none", "simple"),
                    help="token-classification: per word (none) or merged entities (simple)")
-    add_options(p, device=None, progress=True)
+    add_options(p, device=None, progress=True, fast_cpu=True)
 
     sc = sub.add_parser("score", help="pseudo-log-likelihood of sentences under a masked LM")
     sc.add_argument("model", help="a pretraining run or checkpoint, or a Hugging Face BERT "
@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--per-token", action="store_true", help="also each piece's log p")
     sc.add_argument("--batch-size", type=int_at_least(1), default=64,
                     help="masked copies per forward")
-    add_options(sc, device=None, progress=True)
+    add_options(sc, device=None, progress=True, fast_cpu=True)
 
     mp = sub.add_parser("minimal-pairs", help="accuracy on BLiMP-format minimal pairs, "
                         "beside a random-weights and a word-trigram floor")
@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="score the models only")
     mp.add_argument("--batch-size", type=int_at_least(1), default=128,
                     help="masked copies per forward")
-    add_options(mp, device=None)
+    add_options(mp, device=None, fast_cpu=True)
     return ap
 
 
@@ -176,11 +176,16 @@ def _run(args, pipe, items: list) -> list:
 
 
 def _set_device(args) -> None:
+    """The device (``--device``) and the fast paths (``--fast-cpu``), named on stderr."""
     from .backend import BackendError, set_device
+    from .cli import fast_paths_line
+    from .fast import set_fast_paths
     try:
         set_device(args.device)
     except BackendError as e:
         raise ValueError(f"--device: {e}") from None
+    set_fast_paths(args.fast_cpu)
+    print(fast_paths_line(args.fast_cpu), file=sys.stderr)
 
 
 def _claim_outputs(args, *options: str) -> None:
@@ -220,7 +225,7 @@ def predict(args) -> None:
     items = _shape(args, _inputs(args))
     _set_device(args)
     pipe = pipeline(args.task, args.model, batch_size=args.batch_size,
-                    max_length=args.max_length)
+                    max_length=args.max_length, fast_cpu=args.fast_cpu)
     _write(args, [{"input": x, "output": y} for x, y in _run(args, pipe, items)])
 
 

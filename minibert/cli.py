@@ -161,9 +161,10 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                                           help="no progress bars")),
     "fast_cpu": (("--fast-cpu",), dict(
         action=argparse.BooleanOptionalAction,
-        help="on NumPy, run GELU, softmax, LayerNorm and cross-entropy through the CPU fast "
-             "paths (minibert/fast_cpu.py, tested equal to the formulas of minibert/nn/); "
-             "--no-fast-cpu runs the formulas as written")),
+        help="on NumPy, run GELU, softmax, LayerNorm, cross-entropy and AdamW through the "
+             "CPU fast paths (minibert/fast_cpu.py, tested equal to the formulas), on CuPy "
+             "AdamW through its fused kernel; --no-fast-cpu runs the formulas of "
+             "minibert/nn/ and minibert/optim.py as written")),
 }
 
 

@@ -297,6 +297,15 @@ def test_command_line_json_lines_files_and_pairs(run, tmp_path, capsys):
     assert got[1]["output"]["cosine"] == pytest.approx(cosine_similarity(emb[2], emb[3]))
 
 
+def test_command_line_names_and_sets_the_fast_paths(run, capsys):
+    from minibert import fast
+    for flag, on in (("--no-fast-cpu", False), ("--fast-cpu", True)):
+        rc, cap = cli(capsys, "fill-mask", run, TEXTS[0], flag)
+        assert rc == 0 and fast.fast_paths_enabled() is on
+        assert f"fast CPU paths: {'on' if on else 'off'}" in cap.err.splitlines()
+        assert "fast CPU" not in cap.out                     # stdout holds the JSON lines only
+
+
 def test_command_line_bad_input_is_an_error_line(run, tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
