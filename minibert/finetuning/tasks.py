@@ -159,15 +159,19 @@ class TaskBase:
         dev = reader(paths["dev"])
         return train, dev, reader(paths["test"]) if paths["test"] is not None else None
 
-    def _label_set(self, found: dict[str, dict[str, str]], order, train_path, unit: str,
+    def _label_set(self, splits: tuple, occurrences, order, train_path, unit: str,
                    task: str) -> LabelSet:
         """The job's label set (:func:`~minibert.finetuning.data.choose_labels` with the
-        ``labels`` option's file) from ``found`` (split -> label -> where it first occurs).
+        ``labels`` option's file) from the (train, dev, test) records of :meth:`_read_splits`
+        (test may be None); ``occurrences(records)`` gives label -> where it first occurs.
 
         Raises:
             DatasetError: the train split ``train_path`` has fewer than two ``unit``s, or
                 the labels file is unreadable or misses a label of the data.
         """
+        found = {name: occurrences(records)                  # test only when it has records
+                 for name, records in zip(("train", "dev", "test"), splits)
+                 if name != "test" or records}
         train = list(found["train"])
         if len(train) < 2:
             raise DatasetError(f"{train_path}: the train split has one {unit} only "
@@ -200,10 +204,10 @@ class SequenceClassification(TaskBase):
 
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
-        train_ex, dev_ex, test_ex = self._read_splits(read_tsv, paths, max_train_examples)
-        splits = {"train": train_ex, "dev": dev_ex} | ({"test": test_ex} if test_ex else {})
-        chosen = self._label_set({k: label_occurrences(v) for k, v in splits.items()},
-                                 sort_labels, paths["train"], "class", "classification")
+        train_ex, dev_ex, test_ex = splits = self._read_splits(read_tsv, paths,
+                                                                max_train_examples)
+        chosen = self._label_set(splits, label_occurrences, sort_labels, paths["train"],
+                                 "class", "classification")
         labels = chosen.labels
         enc = lambda ex: encode_split(tokenizer, ex, max_len, labels)  # noqa: E731
         self.labels, self.settings["max_seq_length"] = labels, max_len
@@ -287,10 +291,10 @@ class TokenClassification(TaskBase):
 
     def read(self, paths, tokenizer, max_len: int, max_train_examples: int | None = None
              ) -> TaskData:
-        train_s, dev_s, test_s = self._read_splits(read_conll, paths, max_train_examples)
-        splits = {"train": train_s, "dev": dev_s} | ({"test": test_s} if test_s else {})
-        chosen = self._label_set({k: tag_occurrences(v) for k, v in splits.items()},
-                                 sort_tags, paths["train"], "tag", "tagging")
+        train_s, dev_s, test_s = splits = self._read_splits(read_conll, paths,
+                                                             max_train_examples)
+        chosen = self._label_set(splits, tag_occurrences, sort_tags, paths["train"], "tag",
+                                 "tagging")
         tags = chosen.labels
         warn: list[str] = chosen.notes("tag")
         train = self._encode(tokenizer, train_s, max_len, tags, str(paths["train"]), warn)
