@@ -485,7 +485,7 @@ def load_pipeline_model(task: str, path, option: str = "model"):
         RunError: nothing loadable at ``path``. PipelineError: a start without the head
             the task needs, or fine-tuned on another task.
     """
-    from .auto import MLM_HEAD_PREFIXES, has_mlm_head, model_class
+    from .auto import MLM_HEAD_PREFIXES, has_mlm_head
     from .backend import get_device
     from .runs import Pretrained, RunError, load_start
     from .tokenization import BertTokenizer
@@ -494,15 +494,18 @@ def load_pipeline_model(task: str, path, option: str = "model"):
     if isinstance(path, Pretrained):
         path = pre.source
     extra: dict[str, Any] = {}
-    if task == "fill-mask":
-        model = model_class(pre.config, BertForPreTraining)(pre.config,
-                                                            seq_relationship_head=False)
-        if not has_mlm_head(pre.state):
-            head = MLM_HEAD_PREFIXES[type(pre.config)]    # cls.predictions. (ALBERT: predictions.)
-            raise PipelineError(f"{option} {path}: no masked-LM head ({head}*) in "
-                                f"{pre.source}; fill-mask needs a pretrained masked LM")
-    elif task == "feature-extraction":
-        model = model_class(pre.config, BertModel)(pre.config, add_pooling_layer=False)
+    if task == "fill-mask" and not has_mlm_head(pre.state):
+        head = MLM_HEAD_PREFIXES[type(pre.config)]        # cls.predictions. (ALBERT: predictions.)
+        raise PipelineError(f"{option} {path}: no masked-LM head ({head}*) in "
+                            f"{pre.source}; fill-mask needs a pretrained masked LM")
+    if task in ("fill-mask", "feature-extraction"):
+        from .hf import HFFormatError
+        role, kwargs = ((BertForPreTraining, {"seq_relationship_head": False})
+                        if task == "fill-mask" else (BertModel, {"add_pooling_layer": False}))
+        try:
+            model, _ = pre.build(role, **kwargs)
+        except HFFormatError as e:
+            raise RunError(f"{option} {path}: {e}") from None
     else:
         ft = task_for_model(pre)
         want = PIPELINES[task].finetune_task
@@ -512,12 +515,6 @@ def load_pipeline_model(task: str, path, option: str = "model"):
                                 f"with finetune.py --task {want}")
         model, _ = ft.model_from_start(pre, pre.labels)
         extra = {"labels": pre.labels, "task_obj": ft}
-    if task in ("fill-mask", "feature-extraction"):
-        from .hf import HFFormatError, load_pretrained_weights
-        try:
-            load_pretrained_weights(model, pre.state, pre.source)
-        except HFFormatError as e:
-            raise RunError(f"{option} {path}: {e}") from None
     tokenizer = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
     return model.to(get_device()), tokenizer, extra
 

@@ -477,6 +477,27 @@ class Pretrained:
     source: str
     architecture: str | None = None
 
+    def build(self, role: type, *, random_init: bool = False, **kwargs):
+        """A model of ``role`` (a BERT class: ``BertModel``, ``BertForPreTraining``, a head)
+        in this start's family (its ALBERT class for an ALBERT start,
+        :func:`minibert.auto.model_class`), built on :attr:`config` with ``kwargs`` (e.g.
+        ``add_pooling_layer=False``, ``dtype``, ``seed``) and given this start's weights
+        unless ``random_init`` (fresh weights: the same architecture and vocab).
+
+        Returns:
+            (model, report): ``report`` as :func:`minibert.hf.load_pretrained_weights`
+            returns it (which tensors were new, which unused), None with ``random_init``.
+        Raises:
+            HFFormatError: weights that do not fit the config. ValueError: a role with no
+                class in this start's family.
+        """
+        from .auto import model_class
+        from .hf import load_pretrained_weights
+        model = model_class(self.config, role)(self.config, **kwargs)
+        if random_init:
+            return model, None
+        return model, load_pretrained_weights(model, self.state, self.source)
+
 
 def _hf_start(path: Path, option: str) -> Pretrained:
     """:func:`load_start` of a Hugging Face directory (its labels only with a classifier)."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..auto import has_mlm_head
-from ..hf import HFFormatError, load_pretrained_weights
+from ..hf import HFFormatError
 from ..modeling import BertConfig, BertForPreTraining, BertModel
 
 __all__ = ["Teacher", "TeacherOutput", "has_mlm_head", "load_teacher"]
@@ -117,12 +117,10 @@ def load_teacher(start, dtype=np.float32) -> Teacher:
         HFFormatError: the encoder weights do not match the config, or the MLM head is
             there only in part.
     """
-    config = start.config
     if has_mlm_head(start.state):
-        model = BertForPreTraining(config, dtype=dtype, seq_relationship_head=False)
+        model, report = start.build(BertForPreTraining, dtype=dtype, seq_relationship_head=False)
     else:
-        model = BertModel(config, add_pooling_layer=False, dtype=dtype)
-    report = load_pretrained_weights(model, start.state, start.source)
+        model, report = start.build(BertModel, add_pooling_layer=False, dtype=dtype)
     missing = [k for k in report["new"] if k.startswith("cls.predictions.")]
     if missing:
         raise HFFormatError(f"{start.source}: MLM head weights missing or mis-shaped: {missing}")

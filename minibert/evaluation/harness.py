@@ -39,8 +39,6 @@ from ..atomic import atomic_write_json
 from ..backend import get_device, xp_for
 from ..cli import fail, fast_paths_line, job_main, note_args
 from ..finetuning.data import DatasetError
-from ..hf import load_pretrained_weights
-from ..auto import model_class
 from ..modeling import BertModel
 from ..provenance import start_fingerprint
 from ..runs import RunError, check_inputs, load_start, prepare_run_dir
@@ -135,9 +133,7 @@ def encoder(pre, random_init: bool, device: str):
     Raises:
         HFFormatError: weights that do not fit the start's config.
     """
-    model = model_class(pre.config, BertModel)(pre.config, add_pooling_layer=False, seed=0)
-    if not random_init:
-        load_pretrained_weights(model, pre.state, pre.source)
+    model, _ = pre.build(BertModel, random_init=random_init, add_pooling_layer=False, seed=0)
     model.to(device)
     return model, BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
 
