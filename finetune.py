@@ -3,7 +3,7 @@
 question answering (Devlin et al. 2019, 4.1, 4.2, 5.3).
 
     python finetune.py --init runs/pretrain                 # our train_mlm.py run, movie reviews
-    python finetune.py --init path/to/hf-bert-dir --data ../shared/data/classify/en/sms_spam
+    python finetune.py --init path/to/hf-bert-dir --data data/classify/en/sms_spam
     python finetune.py --task token-classification --init DIR      # Brown POS tags
     python finetune.py --task token-classification --init DIR --data data/tag/zh/peoples_daily_ner
     python finetune.py --task question-answering --init DIR        # SQuAD v1.1 sample
