@@ -211,7 +211,10 @@ def time_steps(system: str, preset: str, args) -> list[float]:
         fn = torch_step_fn(config, hf_batch, args.device, system == "torch_equal_work",
                            args.precision)
     sync = lambda: None  # noqa: E731
-    if args.device == "cuda":
+    if args.device == "cuda" and system == "minibert":
+        import cupy                 # minibert's process never imports torch's CUDA runtime
+        sync = cupy.cuda.get_current_stream().synchronize
+    elif args.device == "cuda":
         import torch
         sync = torch.cuda.synchronize
     for _ in range(args.warmup):

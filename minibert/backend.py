@@ -139,7 +139,7 @@ def _self_check(cupy) -> None:
     and raise at once, naming the piece, if one cannot run or gives a wrong answer.
 
     Probes, in order: an ElementwiseKernel (compiled by NVRTC), a 2-D and a batched float32
-    matmul (cuBLAS gemm and gemmBatched, as the layers' ``x @ W`` uses), erf from
+    matmul (cuBLAS gemm, as the Linear layers' 2-D ``x @ W`` uses, and gemmBatched), erf from
     cupyx.scipy.special (a ufunc compiled by NVRTC), ``cupy.random.default_rng(0).random``
     (cuRAND's device API built into CuPy) and a Philox4x32-10
     ``cupy.random.RandomState`` (the cuRAND host library: :class:`DropoutRNG`). Without the
@@ -212,14 +212,15 @@ def set_tf32(enabled: bool) -> bool:
     both of CuPy's switches, because its matmul paths honour different ones:
 
     - ``cupy._core.set_compute_type(float32, COMPUTE_TYPE_TF32)``: process-wide; used by
-      2-D products (``cupy.dot``, ``matmul`` of 2-D arrays), which CuPy runs as cublasGemmEx
-      with CUBLAS_COMPUTE_32F_FAST_TF32. (This is the switch CuPy's ``CUPY_TF32=1`` sets; CuPy
+      2-D products (``cupy.dot``, ``matmul`` of 2-D arrays: every Linear layer, which
+      reshapes its input to (N, I) first), which CuPy runs as cublasGemmEx with
+      CUBLAS_COMPUTE_32F_FAST_TF32. (This is the switch CuPy's ``CUPY_TF32=1`` sets; CuPy
       reads that variable at the first float32 product, not at import, and this call
       overrides it.)
     - ``cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH)`` on CuPy's cuBLAS handle for the
-      current device and the calling thread: used by batched products (``(B, T, C) @ (C, N)``
-      runs as sgemmBatched, ``(B, NH, T, HS) @ (B, NH, HS, T)`` as gemmStridedBatchedEx with a
-      legacy compute type), which ignore the compute type above. PyTorch's
+      current device and the calling thread: used by batched products (attention's
+      ``(B, NH, T, HS) @ (B, NH, HS, T)`` runs as gemmStridedBatchedEx with a legacy compute
+      type), which ignore the compute type above. PyTorch's
       ``allow_tf32`` uses the same math mode.
 
     Limits: only float32 matrix products change (element-wise kernels, reductions, erf and

@@ -173,10 +173,12 @@ class NCCLCommunicator(MPICommunicator):  # pragma: no cover - needs GPUs and NC
             from cupy.cuda import nccl
         except ImportError as e:
             raise DistributedError(f"--distributed nccl needs CuPy with NCCL ({e}); "
-                                   "pip install -e \".[gpu,distributed]\"") from None
+                                   "pip install -e \".[nccl]\" (CuPy, mpi4py and "
+                                   "nvidia-nccl-cu12)") from None
         if not nccl.available:
-            raise DistributedError("--distributed nccl: this CuPy has no NCCL library "
-                                   "(pip install nvidia-nccl-cu12)")
+            raise DistributedError("--distributed nccl: this CuPy finds no NCCL library "
+                                   "(CuPy's wheels do not bundle it): pip install -e "
+                                   "\".[nccl]\", which brings nvidia-nccl-cu12")
         self.nccl = nccl
         uid = nccl.get_unique_id() if self.rank == 0 else None
         uid = self.comm.bcast(uid, root=0)      # a small tuple, once at start-up

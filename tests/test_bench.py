@@ -71,6 +71,23 @@ def test_bench_train_step_fp16_steps_run_and_tf32_needs_a_gpu(capsys):
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.gpu
+def test_bench_train_step_times_minibert_on_the_gpu_through_cupy_alone(cuda, monkeypatch):
+    """minibert's timed steps on the GPU synchronise through CuPy: its process never calls
+    into torch's CUDA runtime (which a CPU-only torch, or one built for another CUDA, lacks)."""
+    from types import SimpleNamespace
+    torch = pytest.importorskip("torch")
+
+    def no_torch_cuda():
+        raise AssertionError("minibert's benchmark process called torch.cuda.synchronize")
+    monkeypatch.setattr(torch.cuda, "synchronize", no_torch_cuda)
+    bench = load("bench_train_step")
+    args = SimpleNamespace(vocab_size=1100, batch_size=2, seq_len=16, device="cuda",
+                           precision="fp32", warmup=1, steps=2)
+    times = bench.time_steps("minibert", "tiny", args)
+    assert len(times) == 2 and all(t > 0 for t in times)
+
+
 def test_bench_albert_compares_the_families_at_one_width(capsys):
     """Three systems per round in their own processes; the ratios are of this round's rows
     and the parameter counts are the models' (ALBERT-tiny about half of BERT-tiny)."""

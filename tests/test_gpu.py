@@ -219,7 +219,13 @@ def test_nccl_world_size_one_and_a_training_step(cuda):
                     "(it runs train_step's data-parallel branch with no-op collectives in "
                     "test_a_training_step_reads_nothing_back)")
     import cupy
+    from cupy.cuda import nccl
     from minibert import backend, distributed
+    if not nccl.available:
+        pytest.skip("this CuPy finds no NCCL library (CuPy's wheels do not bundle it): "
+                    "pip install -e '.[nccl]', which brings nvidia-nccl-cu12")
+    pytest.importorskip("mpi4py", reason="NCCL's ranks start through MPI: pip install "
+                                         "-e '.[nccl]', which brings mpi4py")
     try:
         comm = distributed.NCCLCommunicator()
         assert (comm.name, comm.world_size, comm.rank) == ("nccl", 1, 0)
