@@ -112,6 +112,10 @@ def add_output_arguments(p) -> None:
     g.add_argument("--export-hf", metavar="DIR",
                    help="also write the best model as a Hugging Face directory: a new or "
                         "empty one, or an earlier export of the same model (else --overwrite)")
+    g.add_argument("--export-dtype", choices=["float32", "float16", "bfloat16"],
+                   default="float32",
+                   help="the weights' type in the --export-hf directory (bfloat16 and float16 "
+                        "are rounded to nearest even; the model trains in --dtype either way)")
 
 
 def parse_args(argv=None) -> tuple[FinetuningConfig, set[str]]:

@@ -6,7 +6,8 @@
 :func:`config_from_hf` / :func:`albert_config_to_hf`).
 
 Import (:func:`load_hf_directory`): a directory as transformers writes it --
-``config.json``, ``model.safetensors`` (read with the ``safetensors`` library's NumPy API),
+``config.json``, ``model.safetensors`` (read by :func:`read_safetensors`: float32, float16
+and bfloat16 weights, the last widened exactly to float32; the model casts to its dtype),
 ``vocab.txt`` and optionally ``tokenizer_config.json`` (``do_lower_case`` ...). Keys are
 normalised to minibert's names, which are HF's (``bert.embeddings.word_embeddings.weight``
 ...): a bare ``BertModel`` checkpoint (``embeddings.*``) gets the ``bert.`` prefix, the
@@ -76,7 +77,8 @@ class HFCheckpoint:
         model_type "albert" (num_labels from ``id2label`` if present).
     state: name -> NumPy array, minibert / HF ``BertFor*`` names (``bert.*``, ``cls.*``,
         ``classifier.*``, ``qa_outputs.*``; ALBERT's ``albert.*``, ``predictions.*``,
-        ``sop_classifier.*``), dtype as stored (usually float32).
+        ``sop_classifier.*``), float32 for float32, float16 and bfloat16 files (widened
+        exactly), float64 as stored.
     vocab_file: path of ``vocab.txt``.
     tokenizer_options: keyword arguments for :class:`minibert.tokenization.BertTokenizer`
         (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``).
@@ -233,7 +235,7 @@ def read_hf_weights(directory: str | os.PathLike, config: BertConfig) -> dict[st
             try:
                 check_weight_bytes(declared_storage_bytes(directory / BIN_NAME), config,
                                    directory / BIN_NAME)
-                return load_torch_state_dict(directory / BIN_NAME)
+                return widen_half(load_torch_state_dict(directory / BIN_NAME))
             except (TorchBinError, OSError) as e:
                 raise HFFormatError(f"{directory / BIN_NAME}: cannot be read ({e})") from e
         if any((directory / (n + ".index.json")).is_file() for n in (SAFETENSORS_NAME, BIN_NAME)):
@@ -241,11 +243,120 @@ def read_hf_weights(directory: str | os.PathLike, config: BertConfig) -> dict[st
                                 "(BERT-sized models fit in one file)")
         raise HFFormatError(f"{directory}: no {SAFETENSORS_NAME} or {BIN_NAME}")
     check_weight_bytes(safetensors_bytes(safetensors_header(st)), config, st)
-    from safetensors.numpy import load_file
     try:
-        return load_file(str(st))
-    except Exception as e:  # the library raises several types
-        raise HFFormatError(f"{st}: cannot be read by safetensors ({e})") from e
+        return widen_half(read_safetensors(st))
+    except OSError as e:
+        raise HFFormatError(f"{st}: cannot be read ({e})") from e
+
+
+# safetensors dtype -> the NumPy dtype its bytes are read as (little-endian, as the format
+# says); BF16 is read as 16-bit words and widened (:func:`bfloat16_to_float32`)
+SAFETENSORS_NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
+                     "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "U16": "<u2",
+                     "U32": "<u4", "U64": "<u8", "BOOL": "?"}
+EXPORT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 values, given as their 16-bit patterns (``uint16``, any shape), to
+    float32 exactly: a bfloat16 is the top 16 bits of a float32 (sign, 8 exponent bits, 7
+    mantissa bits), so the float32 is those bits followed by 16 zero bits.
+
+    Returns:
+        float32 array of the same shape.
+    """
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """Narrow float32 values to bfloat16 bit patterns (``uint16``, same shape), rounding to
+    nearest with ties to even as ``torch.Tensor.to(torch.bfloat16)`` does (add 0x7FFF plus
+    the lowest kept bit, then drop the low 16 bits); NaN stays a quiet NaN of its sign.
+
+    Returns:
+        uint16 array of the same shape (the bytes safetensors' ``BF16`` holds).
+    """
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    return np.where(nan, ((u >> 16) | np.uint32(0x0040)).astype(np.uint16), rounded)
+
+
+def widen_half(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``state`` with its float16 arrays widened to float32 (exact: every float16 is a
+    float32), so that weights read from a half-precision file are float32 or float64 like
+    every other state minibert builds a model from; other arrays as they are."""
+    return {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in state.items()}
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The tensors of a ``.safetensors`` file as NumPy arrays, in every dtype the format
+    has but the 8-bit floats; bfloat16 (``BF16``, which NumPy and safetensors' NumPy API
+    do not have) widened exactly to float32 (:func:`bfloat16_to_float32`).
+
+    The header is read and checked by :func:`minibert.untrusted.safetensors_header` (the
+    format: github.com/huggingface/safetensors, "Format": an 8-byte little-endian header
+    length N, N bytes of JSON {name: {dtype, shape, data_offsets}}, then the data, all
+    little-endian) before any tensor is read.
+
+    Returns:
+        {name: array} in file order; each array owns its memory, shape as stored.
+    Raises:
+        UntrustedFileError: a header that fails a check, or an F8 tensor (not supported).
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    header = safetensors_header(path)
+    with open(path, "rb") as f:
+        (n,) = np.frombuffer(f.read(8), dtype="<u8")
+        spans = json.loads(f.read(int(n)).decode("utf-8"))
+        data = f.read()
+    out = {}
+    for name, (dtype, shape) in header.items():
+        if dtype not in SAFETENSORS_NUMPY:
+            raise UntrustedFileError(f"{path}: tensor {name!r} has dtype {dtype}, which "
+                                     "minibert does not read (expected one of "
+                                     f"{', '.join(SAFETENSORS_NUMPY)})")
+        begin, end = spans[name]["data_offsets"]
+        a = np.frombuffer(data[begin:end], dtype=SAFETENSORS_NUMPY[dtype]).reshape(shape)
+        a = bfloat16_to_float32(a) if dtype == "BF16" else a.astype(a.dtype.newbyteorder("="))
+        out[name] = np.array(a)     # a copy: native order, owns its memory
+    return out
+
+
+def write_safetensors(tensors: dict[str, np.ndarray], dtype: str = "float32",
+                      metadata: dict[str, str] | None = None) -> bytes:
+    """The bytes of a ``.safetensors`` file holding ``tensors`` (the format as in
+    :func:`read_safetensors`), floating-point tensors stored as ``dtype`` ("float32",
+    "float16" or "bfloat16", rounded to nearest even), others as they are.
+
+    Raises:
+        ValueError: an unknown ``dtype``.
+    """
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"export dtype {dtype!r}: expected one of {', '.join(EXPORT_DTYPES)}")
+    names = {np.dtype(v): k for k, v in SAFETENSORS_NUMPY.items() if k not in ("BF16",)}
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    chunks, offset = [], 0
+    for name, a in tensors.items():
+        a = np.asarray(a)
+        if np.issubdtype(a.dtype, np.floating):
+            if dtype == "bfloat16":
+                code, raw = "BF16", float32_to_bfloat16(a).astype("<u2")
+            else:
+                raw = a.astype("<f4" if dtype == "float32" else "<f2")
+                code = "F32" if dtype == "float32" else "F16"
+        else:
+            raw = a.astype(a.dtype.newbyteorder("<"))
+            code = names[np.dtype(raw.dtype)]
+        b = np.ascontiguousarray(raw).tobytes()
+        header[name] = {"dtype": code, "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        chunks.append(b)
+        offset += len(b)
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)        # the data starts 8-byte aligned, as the library's
+    return len(head).to_bytes(8, "little") + head + b"".join(chunks)
 
 
 def read_tokenizer_options(directory: Path) -> dict[str, Any]:
@@ -370,13 +481,13 @@ def _load_fitting(model, params, state, source, core="bert.", prefix=""):
 
 def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.PathLike,
                       id2label: dict[int, str] | None = None,
-                      tokenizer_options: dict[str, Any] | None = None) -> Path:
+                      tokenizer_options: dict[str, Any] | None = None,
+                      dtype: str = "float32") -> Path:
     """Write ``model`` as a Hugging Face directory that transformers loads.
 
     Files (each written atomically): ``config.json`` (``architectures`` = the model's
-    class name, HF field names, ``id2label``/``label2id``), ``model.safetensors`` (float32
-    or the model's dtype; tied weights stored once, under their first name, as
-    transformers does), ``vocab.txt`` (a copy) and ``tokenizer_config.json``.
+    class name, HF field names, ``id2label``/``label2id``), ``model.safetensors`` (``dtype``;
+    tied weights stored once, under their first name, as transformers does), ``vocab.txt`` (a copy) and ``tokenizer_config.json``.
 
     Args:
         model: BertModel, BertForPreTraining, BertForSequenceClassification,
@@ -386,14 +497,19 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
         vocab_file: the WordPiece vocabulary the model was trained with.
         id2label: class names for classification models (tags for token classification).
         tokenizer_options: ``do_lower_case`` etc. (default: lower-case).
+        dtype: the weights' type in the file: "float32" (the default, whatever the model
+            computes in), "float16" or "bfloat16" (rounded to nearest even; config.json
+            then says ``torch_dtype``/``dtype`` as transformers writes it).
     Returns:
         the directory.
     Raises:
         HFFormatError: a config HF BERT (ALBERT) cannot express (see
-            :func:`config_to_hf`).
+            :func:`config_to_hf`), or an unknown ``dtype``.
     """
-    from safetensors.numpy import save as st_save
     from .backend import to_numpy
+
+    if dtype not in EXPORT_DTYPES:
+        raise HFFormatError(f"export dtype {dtype!r}: expected one of {', '.join(EXPORT_DTYPES)}")
 
     directory = Path(directory)
     arch = type(model).__name__
@@ -401,7 +517,9 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
     tensors = {name: np.ascontiguousarray(to_numpy(p.data))
                for name, p in model.named_parameters()}
     directory.mkdir(parents=True, exist_ok=True)
-    blob = st_save(tensors, metadata={"format": "pt"})
+    if dtype != "float32":
+        cfg["torch_dtype"] = cfg["dtype"] = dtype    # transformers 4 reads the first, 5 the second
+    blob = write_safetensors(tensors, dtype, metadata={"format": "pt"})
     atomic_write(directory / SAFETENSORS_NAME, lambda f: f.write(blob))
     atomic_write(directory / CONFIG_NAME,
                  lambda f: f.write(json.dumps(cfg, indent=2).encode("utf-8")))

@@ -87,6 +87,7 @@ class FinetuningConfig(JobOptions):
     predict: list[str] | None = None   # one text or a pair (QA: QUESTION CONTEXT)
     plot_attention: list[str] | None = None  # one text or a pair
     export_hf: str | None = None       # also write the best model as a HF directory
+    export_dtype: str = "float32"      # the weights' type in the export_hf directory
 
     CHECKS = {
         "task": TASK_NAMES, "max_seq_length": int_at_least(3), "doc_stride": int_at_least(0),
@@ -102,7 +103,7 @@ class FinetuningConfig(JobOptions):
         "max_nonfinite_steps": positive_int, "eval_every": positive_int,
         "seed": int_at_least(0), "device": ("cpu", "cuda"), "dtype": ("float32", "float16"),
         "metric": METRICS, "distributed": ("auto", "none", "mpi", "nccl"),
-        "log_every": positive_int}
+        "log_every": positive_int, "export_dtype": ("float32", "float16", "bfloat16")}
 
     def with_defaults(self) -> "FinetuningConfig":
         """With ``resume`` set, ``output_dir`` becomes it; returns self."""
@@ -129,6 +130,8 @@ class FinetuningConfig(JobOptions):
         for name in ("predict", "plot_attention"):
             if getattr(self, name) and len(getattr(self, name)) > 2:
                 raise ValueError(f"{flag(name)} takes one text or a pair of texts")
+        if "export_dtype" in given and not self.export_hf:
+            raise ValueError("--export-dtype goes with --export-hf")
         if self.export_hf and Path(self.export_hf).exists() and not Path(self.export_hf).is_dir():
             raise ValueError(f"--export-hf {self.export_hf}: is a file, not a directory")
 

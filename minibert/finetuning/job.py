@@ -62,7 +62,8 @@ from .tasks import FinetuningWorkload, make_task, task_for_model
 # Arguments a resumed run may change; every other one must match the checkpoint's run.
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "max_nonfinite_steps",
-               "eval_batch_size", "model", "predict", "plot_attention", "export_hf", "test",
+               "eval_batch_size", "model", "predict", "plot_attention", "export_hf", "export_dtype",
+               "test",
                "pooling", "teacher", "distill_alpha", "temperature", "transfer_data")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted
@@ -328,7 +329,7 @@ def use_finetuned(cfg: FinetuningConfig, task, model, tokenizer, labels, pre, xp
         try:
             d = save_hf_directory(model, cfg.export_hf, pre.vocab_file,
                                   dict(enumerate(labels)) if labels else None,
-                                  pre.tokenizer_options)
+                                  pre.tokenizer_options, dtype=cfg.export_dtype)
         except (HFFormatError, OSError) as e:
             raise ValueError(f"--export-hf {cfg.export_hf}: {e}") from None
         print(f"wrote Hugging Face directory {d}")
