@@ -359,15 +359,177 @@ def write_safetensors(tensors: dict[str, np.ndarray], dtype: str = "float32",
     return len(head).to_bytes(8, "little") + head + b"".join(chunks)
 
 
-def read_tokenizer_options(directory: Path) -> dict[str, Any]:
-    """BertTokenizer options from ``tokenizer_config.json`` when present (default:
-    lower-case): ``do_lower_case``, ``tokenize_chinese_chars`` and
-    ``clean_up_tokenization_spaces`` booleans, ``strip_accents`` a boolean or null.
+TOKENIZER_JSON_NAME = "tokenizer.json"
+# what each tokenizers model type is, for the refusal of a tokenizer.json minibert cannot read
+_TOKENIZER_MODELS = {
+    "BPE": "a BPE model (RoBERTa/GPT-2 byte-level BPE, or another BPE vocabulary)",
+    "Unigram": "a Unigram model (SentencePiece, as ALBERT, T5 or XLNet use)",
+    "WordLevel": "a WordLevel model (whole words, no sub-word pieces)"}
+_SPECIAL_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_SPECIAL_DEFAULTS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                     "cls_token": "[CLS]", "mask_token": "[MASK]"}
+
+
+def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
+                        source: str = "config.json") -> tuple[list[str], dict[str, Any]]:
+    """The WordPiece vocabulary and :class:`~minibert.tokenization.BertTokenizer` options of
+    a ``tokenizer.json`` (the Hugging Face ``tokenizers`` library's serialisation, as
+    ``BertTokenizerFast.save_pretrained`` writes it).
+
+    Read: ``model`` (type ``WordPiece``, ``vocab`` {token: id} with ids 0..n-1,
+    ``unk_token``, ``continuing_subword_prefix`` "##", ``max_input_chars_per_word``),
+    ``normalizer`` (``BertNormalizer``: ``lowercase`` -> do_lower_case, ``strip_accents``,
+    ``handle_chinese_chars`` -> tokenize_chinese_chars, ``clean_text`` true), the
+    ``pre_tokenizer`` (``BertPreTokenizer``), [CLS] / [SEP] from the ``post_processor``,
+    [PAD] from ``padding``; ``added_tokens`` must be in the vocabulary.
+
+    Args:
+        path: the file (read when at most ``vocab_size`` x 2 x VOCAB_LINE_BYTES + 1 MiB).
+        vocab_size: the model's embedding rows; the vocabulary may not be longer.
+        source: where vocab_size comes from, for messages.
+    Returns:
+        (tokens in id order, options: do_lower_case, strip_accents,
+        tokenize_chinese_chars, max_input_chars_per_word and the special tokens that
+        differ from BERT's defaults).
+    Raises:
+        HFFormatError: not a WordPiece BERT tokenizer (BPE, Unigram, WordLevel, another
+            normaliser or pre-tokeniser), naming what it is.
+        UntrustedFileError: not a JSON object, too large, a malformed vocabulary (ids not
+            0..n-1, a token with a line break), more tokens than ``vocab_size``, a special
+            token missing from the vocabulary.
+    """
+    from .tokenization.vocab import VOCAB_LINE_BYTES
+    path = Path(path)
+    d = read_json_object(path, limit=vocab_size * 2 * VOCAB_LINE_BYTES + (1 << 20))
+    model = d.get("model")
+    if not isinstance(model, dict):
+        raise UntrustedFileError(f"{path}: no \"model\" object, not a tokenizers file")
+    kind = model.get("type")
+    if kind != "WordPiece":
+        what = _TOKENIZER_MODELS.get(kind, f"a model of type {kind!r:.40}")
+        pre = d.get("pre_tokenizer")
+        if kind == "BPE" and isinstance(pre, dict) and pre.get("type") == "ByteLevel":
+            what = "a BPE model (RoBERTa/GPT-2 byte-level BPE)"
+        raise HFFormatError(f"{path}: tokenizer.json holds {what}; minibert reads WordPiece "
+                            "BERT tokenizers only")
+    norm, pre = d.get("normalizer"), d.get("pre_tokenizer")
+    if not (isinstance(norm, dict) and norm.get("type") == "BertNormalizer"):
+        raise HFFormatError(f"{path}: tokenizer.json's normalizer is "
+                            f"{(norm or {}).get('type') if isinstance(norm, dict) else norm!r:.60}"
+                            ", not BertNormalizer; minibert reads WordPiece BERT tokenizers only")
+    if not (isinstance(pre, dict) and pre.get("type") == "BertPreTokenizer"):
+        raise HFFormatError(f"{path}: tokenizer.json's pre_tokenizer is "
+                            f"{(pre or {}).get('type') if isinstance(pre, dict) else pre!r:.60}"
+                            ", not BertPreTokenizer; minibert reads WordPiece BERT tokenizers "
+                            "only")
+    if model.get("continuing_subword_prefix", "##") != "##" or norm.get("clean_text") is False:
+        raise HFFormatError(f"{path}: a WordPiece tokenizer with continuing_subword_prefix "
+                            f"{model.get('continuing_subword_prefix')!r:.20} and clean_text "
+                            f"{norm.get('clean_text')!r}; minibert's BERT tokenizer has '##' "
+                            "and always cleans text (google-research/bert)")
+    for k in ("lowercase", "handle_chinese_chars", "strip_accents"):
+        if not (isinstance(norm.get(k), bool) or (k == "strip_accents" and norm.get(k) is None)):
+            raise UntrustedFileError(f"{path}: normalizer field {k!r} is {norm.get(k)!r:.40}, "
+                                     "expected true or false" + (" or null" if k ==
+                                                                 "strip_accents" else ""))
+    vocab = model.get("vocab")
+    if not (isinstance(vocab, dict) and vocab and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in vocab.values())):
+        raise UntrustedFileError(f"{path}: model.vocab is not an object of token -> id")
+    if len(vocab) > vocab_size:
+        raise UntrustedFileError(f"{path}: {len(vocab)} tokens, more than the vocab_size "
+                                 f"{vocab_size} of {source} (the model has no embedding row "
+                                 "for the rest)")
+    tokens: list[str | None] = [None] * len(vocab)
+    for tok, i in vocab.items():
+        if not 0 <= i < len(vocab) or tokens[i] is not None:
+            raise UntrustedFileError(f"{path}: model.vocab gives {tok!r:.40} the id {i}; "
+                                     f"expected each id 0..{len(vocab) - 1} once")
+        if "\n" in tok or "\r" in tok or not tok:
+            raise UntrustedFileError(f"{path}: model.vocab holds the token {tok!r:.40}, which "
+                                     "a vocab.txt line cannot hold")
+        tokens[i] = tok
+    opts: dict[str, Any] = {"do_lower_case": norm["lowercase"],
+                            "strip_accents": norm["strip_accents"],
+                            "tokenize_chinese_chars": norm["handle_chinese_chars"]}
+    mic = model.get("max_input_chars_per_word", 100)
+    if isinstance(mic, int) and not isinstance(mic, bool) and mic > 0 and mic != 100:
+        opts["max_input_chars_per_word"] = mic
+    special = {"unk_token": model.get("unk_token")}
+    post = d.get("post_processor")
+    if isinstance(post, dict) and post.get("type") == "BertProcessing":
+        special.update(cls_token=(post.get("cls") or [None])[0],
+                       sep_token=(post.get("sep") or [None])[0])
+    elif isinstance(post, dict) and post.get("type") == "TemplateProcessing":
+        single = [p.get("SpecialToken", {}).get("id") for p in post.get("single") or []
+                  if isinstance(p, dict) and "SpecialToken" in p]
+        if len(single) == 2:
+            special.update(cls_token=single[0], sep_token=single[1])
+    pad = d.get("padding")
+    if isinstance(pad, dict):
+        special["pad_token"] = pad.get("pad_token")
+    present = set(vocab)
+    for k, tok in special.items():
+        if tok is None:
+            continue
+        if not isinstance(tok, str) or tok not in present:
+            raise UntrustedFileError(f"{path}: the {k} {tok!r:.40} is not in model.vocab")
+        if tok != _SPECIAL_DEFAULTS[k]:
+            opts[k] = tok
+    for added in d.get("added_tokens") or []:
+        content = added.get("content") if isinstance(added, dict) else None
+        if content not in present:
+            raise HFFormatError(f"{path}: the added token {content!r:.40} is not in the "
+                                "WordPiece vocabulary; minibert reads tokenizers whose added "
+                                "tokens are vocabulary entries (as BERT's special tokens are)")
+    return tokens, opts
+
+
+def vocab_of_directory(directory: Path, vocab_size: int,
+                       source: str = "config.json") -> tuple[Path, dict[str, Any]]:
+    """Where the WordPiece vocabulary of a Hugging Face directory is: its ``vocab.txt``,
+    else the vocabulary of its ``tokenizer.json`` (:func:`read_tokenizer_json`) written
+    once as a ``vocab.txt`` under the temporary directory
+    (``minibert-vocab/<sha256 of tokenizer.json>/vocab.txt``, atomically), so everything
+    that takes a vocab file takes it and a run started from it copies a vocab.txt.
+
+    Returns:
+        (the vocab file, tokenizer options from tokenizer.json: {} for a vocab.txt).
+    Raises:
+        HFFormatError: neither file, or a tokenizer.json that is not WordPiece BERT.
+        UntrustedFileError, VocabError: a file that fails a check.
+    """
+    import hashlib
+    import tempfile
+    from .tokenization.vocab import check_vocab_fits, write_vocab
+    vocab = directory / VOCAB_NAME
+    if vocab.is_file():
+        check_vocab_fits(vocab, vocab_size, source)
+        return vocab, {}
+    tj = directory / TOKENIZER_JSON_NAME
+    if not tj.is_file():
+        raise HFFormatError(f"{directory}: no {VOCAB_NAME} or {TOKENIZER_JSON_NAME} (a "
+                            "WordPiece vocabulary is needed)")
+    tokens, opts = read_tokenizer_json(tj, vocab_size, source)
+    digest = hashlib.sha256(tj.read_bytes()).hexdigest()[:32]
+    out = Path(tempfile.gettempdir()) / "minibert-vocab" / digest / VOCAB_NAME
+    if not out.is_file() or out.read_bytes() != "".join(t + "\n" for t in tokens).encode():
+        write_vocab(tokens, out)
+    check_vocab_fits(out, vocab_size, source)
+    return out, opts
+
+
+def read_tokenizer_options(directory: Path,
+                           defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """BertTokenizer options from ``tokenizer_config.json`` when present, over ``defaults``
+    (e.g. what ``tokenizer.json`` says; default: lower-case): ``do_lower_case``,
+    ``tokenize_chinese_chars`` and ``clean_up_tokenization_spaces`` booleans,
+    ``strip_accents`` a boolean or null.
 
     Raises:
         UntrustedFileError: the file is not a JSON object, or an option of another type.
     """
-    opts: dict[str, Any] = {"do_lower_case": True}
+    opts: dict[str, Any] = {"do_lower_case": True, **(defaults or {})}
     tc = directory / TOKENIZER_CONFIG_NAME
     if tc.is_file():
         t = read_json_object(tc)
@@ -406,12 +568,8 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     check_config_fields(d, str(cfg_path))
     config = config_from_hf(d, str(cfg_path))
     check_model_fits(config, str(cfg_path))
-    vocab = directory / VOCAB_NAME
-    if not vocab.is_file():
-        raise HFFormatError(f"{directory}: no {VOCAB_NAME} (a WordPiece vocabulary is needed)")
-    from .tokenization.vocab import check_vocab_fits   # the tokenizer package, when it is needed
-    check_vocab_fits(vocab, config.vocab_size, str(cfg_path))
-    tok_opts = read_tokenizer_options(directory)
+    vocab, json_opts = vocab_of_directory(directory, config.vocab_size, str(cfg_path))
+    tok_opts = read_tokenizer_options(directory, json_opts)
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
     state = normalize_state_dict(read_hf_weights(directory, config),
