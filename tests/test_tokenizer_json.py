@@ -121,3 +121,32 @@ def test_a_wordpiece_tokenizer_json_that_is_not_bert_is_refused(tmp_path):
     (d / "tokenizer.json").write_text(json.dumps(j), encoding="utf-8")
     with pytest.raises(RunError):
         load_start(d)
+
+
+def test_finetune_from_a_bfloat16_tokenizer_json_start_and_export_bfloat16(
+        dataset, pretrained_run, tmp_path, capsys):
+    """finetune.py end to end from a directory transformers wrote in bfloat16 with only a
+    tokenizer.json: the run holds a vocab.txt (the start's vocabulary), and --export-hf with
+    --export-dtype bfloat16 is read back by transformers as bfloat16 with the run's weights
+    rounded to nearest even."""
+    import numpy as np
+
+    from helpers import hf_copy, run_ft
+    src = hf_copy(pretrained_run, tmp_path / "f32")
+    start = tmp_path / "bf16"
+    transformers.BertForPreTraining.from_pretrained(src).to(torch.bfloat16).save_pretrained(start)
+    transformers.BertTokenizerFast(str(src / "vocab.txt")).save_pretrained(start)
+    (start / "vocab.txt").unlink(missing_ok=True)
+    out, export = tmp_path / "ft", tmp_path / "export"
+    assert run_ft("--init", start, "--data", dataset, "--output-dir", out, "--epochs", "1",
+                  "--batch-size", "16", "--max-seq-length", "16", "--test", "none",
+                  "--export-hf", export, "--export-dtype", "bfloat16") == 0
+    assert (out / "vocab.txt").read_bytes() == (src / "vocab.txt").read_bytes()
+    back = transformers.BertForSequenceClassification.from_pretrained(export,
+                                                                       dtype=torch.bfloat16)
+    theirs = back.state_dict()
+    best = load_start(out)
+    for name, value in best.state.items():
+        if name in theirs:
+            want = torch.from_numpy(np.asarray(value, dtype=np.float32)).to(torch.bfloat16)
+            assert theirs[name].dtype == torch.bfloat16 and torch.equal(theirs[name], want), name
