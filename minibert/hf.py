@@ -381,7 +381,8 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
     ``normalizer`` (``BertNormalizer``: ``lowercase`` -> do_lower_case, ``strip_accents``,
     ``handle_chinese_chars`` -> tokenize_chinese_chars, ``clean_text`` true), the
     ``pre_tokenizer`` (``BertPreTokenizer``), [CLS] / [SEP] from the ``post_processor``,
-    [PAD] from ``padding``; ``added_tokens`` must be in the vocabulary.
+    [PAD] from ``padding``; ``added_tokens`` (which transformers never splits) must be
+    those special tokens, in the vocabulary.
 
     Args:
         path: the file (read when at most ``vocab_size`` x 2 x VOCAB_LINE_BYTES + 1 MiB).
@@ -393,7 +394,8 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
         differ from BERT's defaults).
     Raises:
         HFFormatError: not a WordPiece BERT tokenizer (BPE, Unigram, WordLevel, another
-            normaliser or pre-tokeniser), naming what it is.
+            normaliser or pre-tokeniser, added tokens other than the special tokens),
+            naming what it is.
         UntrustedFileError: not a JSON object, too large, a malformed vocabulary (ids not
             0..n-1, a token with a line break), more tokens than ``vocab_size``, a special
             token missing from the vocabulary.
@@ -476,12 +478,14 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
             raise UntrustedFileError(f"{path}: the {k} {tok!r:.40} is not in model.vocab")
         if tok != _SPECIAL_DEFAULTS[k]:
             opts[k] = tok
+    kept_whole = {opts.get(k, _SPECIAL_DEFAULTS[k]) for k in _SPECIAL_TOKENS}
     for added in d.get("added_tokens") or []:
         content = added.get("content") if isinstance(added, dict) else None
-        if content not in present:
-            raise HFFormatError(f"{path}: the added token {content!r:.40} is not in the "
-                                "WordPiece vocabulary; minibert reads tokenizers whose added "
-                                "tokens are vocabulary entries (as BERT's special tokens are)")
+        if content not in present or content not in kept_whole:
+            raise HFFormatError(f"{path}: the added token {content!r:.40} is not one of the "
+                                "special tokens (" + " ".join(sorted(kept_whole)) + ") in the "
+                                "WordPiece vocabulary; minibert keeps only those whole, as "
+                                "BERT's tokenizer does")
     return tokens, opts
 
 

@@ -150,3 +150,15 @@ def test_finetune_from_a_bfloat16_tokenizer_json_start_and_export_bfloat16(
         if name in theirs:
             want = torch.from_numpy(np.asarray(value, dtype=np.float32)).to(torch.bfloat16)
             assert theirs[name].dtype == torch.bfloat16 and torch.equal(theirs[name], want), name
+
+
+def test_added_tokens_beyond_the_special_ones_are_refused(tmp_path):
+    """transformers never splits an added token; minibert keeps only the five special
+    tokens whole, so a tokenizer.json with another added token would tokenize differently."""
+    d = tiny_model_dir(tmp_path / "m")
+    fast = transformers.BertTokenizerFast(str(UNCASED_VOCAB))
+    fast.add_tokens(["hello"])                         # in the vocabulary, but kept whole
+    fast.save_pretrained(d)
+    (d / "vocab.txt").unlink(missing_ok=True)
+    with pytest.raises(RunError, match="added token 'hello'"):
+        load_start(d)
