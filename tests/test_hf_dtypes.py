@@ -116,3 +116,25 @@ def test_a_damaged_bfloat16_file_is_refused_from_its_header(tmp_path):
     path.write_bytes(blob.replace(b'"BF16"', b'"F8_E4M3"'))   # same width, not read
     with pytest.raises(UntrustedFileError, match="F8_E4M3"):
         read_safetensors(path)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_albert_half_precision_checkpoints_fill_masks_as_transformers(dtype, hf_tokenizer,
+                                                                      tmp_path):
+    """Every family reads the same weights reader: an ALBERT directory in half precision."""
+    torch.manual_seed(2)
+    config = transformers.AlbertConfig(vocab_size=30522, embedding_size=16, hidden_size=32,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64, max_position_embeddings=64,
+                                       initializer_range=0.3)
+    model = transformers.AlbertForMaskedLM(config).eval().to(getattr(torch, dtype))
+    model.save_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").write_bytes(UNCASED_VOCAB.read_bytes())
+    upcast = model.to(torch.float32)
+    ck = load_hf_directory(tmp_path)
+    assert all(v.dtype == np.float32 for v in ck.state.values() if v.dtype.kind == "f")
+    theirs = transformers.pipeline("fill-mask", model=upcast, tokenizer=hf_tokenizer,
+                                   device="cpu")
+    ours = pipeline("fill-mask", tmp_path)
+    for text in TEXTS:
+        same_fills(ours(text, top_k=5), theirs(text, top_k=5))
