@@ -8,7 +8,9 @@
 Import (:func:`load_hf_directory`): a directory as transformers writes it --
 ``config.json``, ``model.safetensors`` (read by :func:`read_safetensors`: float32, float16
 and bfloat16 weights, the last widened exactly to float32; the model casts to its dtype),
-``vocab.txt`` and optionally ``tokenizer_config.json`` (``do_lower_case`` ...). Keys are
+``vocab.txt`` -- or, without it, a WordPiece ``tokenizer.json`` (:func:`read_tokenizer_json`;
+BPE and Unigram tokenizers are refused) -- and optionally ``tokenizer_config.json``
+(``do_lower_case`` ...). Keys are
 normalised to minibert's names, which are HF's (``bert.embeddings.word_embeddings.weight``
 ...): a bare ``BertModel`` checkpoint (``embeddings.*``) gets the ``bert.`` prefix, the
 old TensorFlow-converted ``LayerNorm.gamma`` / ``LayerNorm.beta`` become ``weight`` /
@@ -79,7 +81,8 @@ class HFCheckpoint:
         ``classifier.*``, ``qa_outputs.*``; ALBERT's ``albert.*``, ``predictions.*``,
         ``sop_classifier.*``), float32 for float32, float16 and bfloat16 files (widened
         exactly), float64 as stored.
-    vocab_file: path of ``vocab.txt``.
+    vocab_file: path of ``vocab.txt`` (for a tokenizer.json-only directory, the vocab.txt
+        written from it: :func:`vocab_of_directory`).
     tokenizer_options: keyword arguments for :class:`minibert.tokenization.BertTokenizer`
         (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``).
     id2label: {int: str} from config.json, or None.
@@ -307,20 +310,21 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     path = Path(path)
     header = safetensors_header(path)
-    with open(path, "rb") as f:
-        (n,) = np.frombuffer(f.read(8), dtype="<u8")
-        spans = json.loads(f.read(int(n)).decode("utf-8"))
-        data = f.read()
-    out = {}
-    for name, (dtype, shape) in header.items():
+    for name, (dtype, _) in header.items():
         if dtype not in SAFETENSORS_NUMPY:
             raise UntrustedFileError(f"{path}: tensor {name!r} has dtype {dtype}, which "
                                      "minibert does not read (expected one of "
                                      f"{', '.join(SAFETENSORS_NUMPY)})")
-        begin, end = spans[name]["data_offsets"]
-        a = np.frombuffer(data[begin:end], dtype=SAFETENSORS_NUMPY[dtype]).reshape(shape)
-        a = bfloat16_to_float32(a) if dtype == "BF16" else a.astype(a.dtype.newbyteorder("="))
-        out[name] = np.array(a)     # a copy: native order, owns its memory
+    out = {}
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        spans = json.loads(f.read(n).decode("utf-8"))
+        for name, (dtype, shape) in header.items():     # one tensor's bytes at a time
+            begin, end = spans[name]["data_offsets"]
+            f.seek(8 + n + begin)
+            a = np.frombuffer(f.read(end - begin), dtype=SAFETENSORS_NUMPY[dtype]).reshape(shape)
+            a = bfloat16_to_float32(a) if dtype == "BF16" else a.astype(a.dtype.newbyteorder("="))
+            out[name] = np.array(a)     # a copy: native order, writable, owns its memory
     return out
 
 
@@ -551,7 +555,8 @@ def read_tokenizer_options(directory: Path,
 def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     """Read a Hugging Face BERT directory (see the module docstring), checking each file
     before memory is spent on it (:mod:`minibert.untrusted`): config.json's fields and
-    the size of the model they imply, vocab.txt's length against ``vocab_size``,
+    the size of the model they imply, vocab.txt's (or tokenizer.json's) length against
+    ``vocab_size`` (:func:`vocab_of_directory`),
     tokenizer_config.json's options, the weights file's header and declared bytes; then
     that the weights have the config's shapes and are finite.
 
@@ -559,7 +564,8 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
         :class:`HFCheckpoint`; load ``state`` into a model with
         :func:`load_pretrained_weights`.
     Raises:
-        HFFormatError: missing config.json / vocab.txt / weights, an unsupported option.
+        HFFormatError: missing config.json / vocab / weights, an unsupported option, a
+            tokenizer.json that is not WordPiece BERT.
         UntrustedFileError: a file that fails a check (the message names the file, the
             field or tensor, and what was expected).
         VocabError: a vocab.txt that is not UTF-8, empty, or repeats a token.

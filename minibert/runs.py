@@ -520,7 +520,8 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
 
     Accepted, in this order:
         * a Hugging Face BERT or ALBERT directory (config.json with model_type bert or
-          albert, weights, vocab.txt; see :mod:`minibert.hf`) that is not a minibert run;
+          albert, weights, vocab.txt or a WordPiece tokenizer.json; see :mod:`minibert.hf`)
+          that is not a minibert run;
         * a fine-tuning run directory: its ``best_model.npz``;
         * a run directory with ``checkpoint.npz``;
         * a checkpoint ``.npz`` file with ``vocab.txt`` beside it.
@@ -549,8 +550,8 @@ def load_start(path: str | os.PathLike, option: str = "--init") -> Pretrained:
     if not ckpt.is_file():
         raise RunError(
             f"{option} {path}: not a Hugging Face BERT directory (config.json + "
-            "model.safetensors + vocab.txt), a run directory with checkpoint.npz, or a "
-            "checkpoint file")
+            "model.safetensors + vocab.txt or tokenizer.json), a run directory with "
+            "checkpoint.npz, or a checkpoint file")
     vocab = ckpt.parent / VOCAB
     if not vocab.is_file():
         raise RunError(f"{option} {path}: no vocab.txt beside {ckpt}")
