@@ -12,6 +12,8 @@ A run directory (``--output-dir``) belongs to one run of one job (``pretrain`` o
     metrics.jsonl    one JSON record per line: {"kind": "train" | "eval" | ..., "step",
                      "elapsed_s", ...}
     summary.json     the job's final numbers
+    cache/           pretraining only: the token store derived from the corpus and vocab,
+                     with its size and SHA-256 records (docs/reliability.md)
 
     .lock            while a job runs: its lock (:func:`lock_run_dir`), holding its pid
 
@@ -37,6 +39,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +60,9 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"
 EXPORT_MARK = ".minibert-export.json"
+# What a run derives from its inputs and reads back (the token store, pretraining/corpus.py):
+# --overwrite discards it with the run it replaces.
+DERIVED_DIRS = ("cache",)
 
 
 class RunError(ValueError):
@@ -314,7 +320,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
         job: "pretrain", "finetune" or "evaluate".
         resume: the run continues from the checkpoint there.
         overwrite: replace another run: its checkpoint, metrics, summary and other
-            outputs are deleted first (its vocab.txt is rewritten by the new run).
+            outputs are deleted first (its vocab.txt is rewritten by the new run), and so
+            is what it derived (:data:`DERIVED_DIRS`: the token store cache).
     Returns:
         the :class:`RunDir`, created, owned by this process, writable, without stale
         ``*.tmp`` files.
@@ -332,6 +339,9 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
         raise RunError(f"{option} {path}: not writable")
     run = RunDir(path, job)
     remove_stale_tmp(path)
+    if overwrite and not resume:  # derived state of the run it replaces is not reused
+        for name in DERIVED_DIRS:
+            shutil.rmtree(path / name, ignore_errors=True)
     if (path / "cache").is_dir():
         remove_stale_tmp(path / "cache")
     if run.checkpoint.exists():
