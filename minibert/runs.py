@@ -349,7 +349,7 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
             try:
                 trainer = load_checkpoint(run.checkpoint, arrays=False)["trainer"]
             except CheckpointError as e:
-                raise RunError(f"--resume: {e}") from None
+                raise RunError(f"--resume: {e}{unusable_checkpoint(run.checkpoint)}") from None
             other = _job_of(trainer)
             if other != job:
                 raise RunError(f"--resume {path}: its checkpoint is from a {other} run, not "
@@ -368,6 +368,13 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
     elif resume:
         raise RunError(f"--resume {path}: no {CHECKPOINT} to resume from")
     return run
+
+
+def unusable_checkpoint(path: str | os.PathLike) -> str:
+    """What to do about the run's checkpoint ``path`` that cannot be read, appended to the
+    error: it is the run's state, not derived from anything, so it cannot be rebuilt."""
+    return (f"; the checkpoint cannot be rebuilt: restore {path} from a copy, or start the "
+            "run again with --overwrite (which deletes it)")
 
 
 # Arguments that belong to an invocation, not to the run: never taken from a checkpoint.

@@ -198,6 +198,47 @@ def test_overwrite_discards_the_cache(runs, moby30, moby_vocab, tmp_path, capsys
     assert losses(out) == losses(straight)
 
 
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_damaged_run_vocab_is_copied_again_from_its_source(how, runs, moby30, moby_vocab,
+                                                             tmp_path, capsys):
+    """The run's vocab.txt is a copy of --vocab: damaged in each way, --resume copies it
+    again (one note line) and trains as an undamaged run."""
+    straight, _ = runs
+    capsys.readouterr()
+    out = resumed(runs, tmp_path, moby30, moby_vocab,
+                  lambda out: DAMAGE[how](out / "vocab.txt"), "--resume")
+    err = capsys.readouterr().err
+    assert_no_traceback(err)
+    assert f"note: {out / 'vocab.txt'} " in err and "copied again from --vocab" in err
+    assert (out / "vocab.txt").read_bytes() == moby_vocab.read_bytes()
+    assert losses(out) == losses(straight)
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_damaged_checkpoint_ends_in_an_error_line(how, runs, moby30, moby_vocab, tmp_path,
+                                                    capsys):
+    """The checkpoint is the run's state, not derived: it cannot be rebuilt, and --resume
+    ends in one error line naming it and the way out; nothing is trained."""
+    _, half = runs
+    out = tmp_path / "run"
+    shutil.copytree(half, out)
+    ckpt = out / "checkpoint.npz"
+    DAMAGE[how](ckpt)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main([*tiny_pretrain_argv(moby30, moby_vocab, out), "--resume"])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train_mlm.py: error: "), lines
+    if how == "deleted":
+        assert lines[0].endswith(f"--resume {out}: no checkpoint.npz to resume from")
+    else:
+        assert str(ckpt) in lines[0] and lines[0].endswith(
+            f"the checkpoint cannot be rebuilt: restore {ckpt} from a copy, or start the run "
+            "again with --overwrite (which deletes it)")
+    assert losses(out) == losses(half)
+
+
 def test_load_store_names_the_file_and_what_is_wrong(tmp_path):
     store = TokenStore(np.arange(1, 7, dtype=np.int32), np.array([0, 2, 6], np.int64),
                        np.array([0, 2], np.int64))
