@@ -40,6 +40,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,8 +413,11 @@ class MetricsLog:
     """``metrics.jsonl``: one JSON record per line, appended and flushed one line at a time.
 
     A new run starts the file empty. A resumed run keeps the records up to its checkpoint's
-    step and drops the rest, including a torn last line left by a crash (a line that is not
-    valid JSON ends the kept part), so the file stays one curve.
+    step and drops the rest, including a torn last line left by a crash, so the file stays
+    one curve. A line before the last that is not a JSON record with an integer step was
+    damaged after it was written: it is left out and the records around it are kept, and
+    a ``note:`` line on stderr names the file and the lines (so does a missing or empty
+    file of a run resumed past step 0: its records before the checkpoint are gone).
 
     Args:
         path: the file.
@@ -424,14 +428,28 @@ class MetricsLog:
     def __init__(self, path: str | os.PathLike, resume_step: int | None = None):
         self.path = Path(path)
         kept: list[str] = []
-        if resume_step is not None and self.path.exists():
-            for line in self.path.read_bytes().decode("utf-8", "replace").splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    break
-                if isinstance(rec, dict) and int(rec.get("step", 0)) <= resume_step:
-                    kept.append(line)
+        damaged: list[int] = []
+        lines = (self.path.read_bytes().decode("utf-8", "replace").splitlines()
+                 if resume_step is not None and self.path.exists() else [])
+        for n, line in enumerate(lines, 1):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                rec = None
+            step = rec.get("step", 0) if isinstance(rec, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):
+                if n < len(lines):    # the last line may be torn by a crash: no news
+                    damaged.append(n)
+                continue
+            if step <= resume_step:
+                kept.append(line)
+        if damaged:
+            shown = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+            print(f"note: {self.path}: line(s) {shown} cannot be read (damaged) and are "
+                  "left out; the other records are kept", file=sys.stderr)
+        elif resume_step and not lines:
+            print(f"note: {self.path} is missing or empty; the records before step "
+                  f"{resume_step} are lost", file=sys.stderr)
         atomic_write_bytes(self.path, "".join(k + "\n" for k in kept).encode("utf-8"))
         self._file = self.path.open("a", encoding="utf-8")
 

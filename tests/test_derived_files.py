@@ -239,6 +239,29 @@ def test_a_damaged_checkpoint_ends_in_an_error_line(how, runs, moby30, moby_voca
     assert losses(out) == losses(half)
 
 
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_damaged_metrics_log_is_noted_and_the_resumed_curve_is_right(
+        how, runs, moby30, moby_vocab, tmp_path, capsys):
+    """metrics.jsonl is appended to line by line and cannot be rebuilt: a damaged line is
+    left out (the records around it kept) and noted, a missing or empty file noted; the
+    resumed steps' records equal the undamaged run's, and training is untouched."""
+    straight, half = runs
+    capsys.readouterr()
+    out = resumed(runs, tmp_path, moby30, moby_vocab,
+                  lambda out: DAMAGE[how](out / "metrics.jsonl"), "--resume")
+    err = capsys.readouterr().err
+    assert_no_traceback(err)
+    metrics = out / "metrics.jsonl"
+    if how == "flipped bytes":
+        assert f"note: {metrics}: line(s) " in err and "cannot be read (damaged)" in err
+    elif how != "truncated":   # a cut file reads as one torn by a crash
+        assert f"note: {metrics} is missing or empty; the records before step 4" in err
+    after = [r for r in losses(out) if r[0] > 4]
+    assert after == [r for r in losses(straight) if r[0] > 4]
+    assert set(losses(out)) <= set(losses(straight))
+    assert (out / "checkpoint.npz").read_bytes() != (half / "checkpoint.npz").read_bytes()
+
+
 def test_load_store_names_the_file_and_what_is_wrong(tmp_path):
     store = TokenStore(np.arange(1, 7, dtype=np.int32), np.array([0, 2, 6], np.int64),
                        np.array([0, 2], np.int64))
