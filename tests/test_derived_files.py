@@ -136,10 +136,11 @@ def test_an_undamaged_store_is_reused_silently(runs, moby30, moby_vocab, tmp_pat
 
 
 def _legacy(out: Path) -> None:
-    """The cache as a version before the records wrote it: no "files" in store.json."""
+    """The cache as a version before the records wrote it: no "files" and no "sha256" in
+    store.json."""
     marker = out / "cache" / "store.json"
     info = json.loads(marker.read_text())
-    del info["files"]
+    del info["files"], info["sha256"]
     marker.write_text(json.dumps(info, indent=1))
 
 
@@ -267,6 +268,13 @@ def test_load_store_names_the_file_and_what_is_wrong(tmp_path):
                        np.array([0, 2], np.int64))
     d = save_store(store, tmp_path / "s")
     np.testing.assert_array_equal(load_store(d, vocab_size=7).tokens, store.tokens)
+    # store.json still valid JSON, one count changed: its own SHA-256 tells
+    marker = d / "store.json"
+    good = marker.read_text()
+    marker.write_text(good.replace('"num_tokens": 6', '"num_tokens": 5'))
+    with pytest.raises(DamagedStoreError, match="store.json does not match its recorded SHA"):
+        load_store(d)
+    marker.write_text(good)
     with pytest.raises(DamagedStoreError, match="outside the vocabulary of 6"):
         load_store(d, vocab_size=6)
     expected = {"flipped bytes": "does not match its recorded SHA-256",

@@ -347,7 +347,8 @@ def save_store(store: TokenStore, directory: str | os.PathLike, meta: Mapping | 
     (:func:`minibert.atomic.atomic_write`), the old ``store.json`` is removed first and the
     new one written last, so a crash never leaves a directory that ``load_store`` accepts
     with mismatched arrays. ``store.json`` records the size and SHA-256 of each array file
-    (``"files"``, :func:`minibert.derived.digest`), which :func:`load_store` checks.
+    (``"files"``, :func:`minibert.derived.digest`) and the SHA-256 of its own other
+    content (``"sha256"``), which :func:`load_store` checks.
 
     Returns:
         the directory as a ``Path``.
@@ -370,8 +371,22 @@ def save_store(store: TokenStore, directory: str | os.PathLike, meta: Mapping | 
         "files": files,
         "meta": dict(meta or {}),
     }
-    atomic_write(out / "store.json", lambda fh: fh.write(json.dumps(info, indent=1).encode("utf-8")))
+    _write_store_info(out, info)
     return out
+
+
+def _info_sha256(info: Mapping) -> str:
+    """The SHA-256 of ``store.json``'s content but its own ``"sha256"`` entry (canonical
+    JSON: sorted keys, no spaces)."""
+    body = {k: v for k, v in info.items() if k != "sha256"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _write_store_info(out: Path, info: dict) -> None:
+    """``store.json``, atomically, with the SHA-256 of its own content (``"sha256"``)."""
+    info = {**info, "sha256": _info_sha256(info)}
+    atomic_write(out / "store.json", lambda fh: fh.write(json.dumps(info, indent=1).encode("utf-8")))
 
 
 class DamagedStoreError(CorpusError):
@@ -389,6 +404,8 @@ def _read_store_info(d: Path) -> dict:
         raise DamagedStoreError(f"{marker} cannot be read (damaged)") from None
     if not isinstance(info, dict):
         raise DamagedStoreError(f"{marker} is damaged (not a JSON object)")
+    if "sha256" in info and info["sha256"] != _info_sha256(info):
+        raise DamagedStoreError(f"{marker} does not match its recorded SHA-256 (damaged bytes)")
     return info
 
 
@@ -397,13 +414,15 @@ def load_store(directory: str | os.PathLike, mmap: bool = True,
     """Load a store written by ``save_store``; arrays memory-mapped read-only when ``mmap``.
 
     What is checked before the store is used:
-        * every array file against the size and SHA-256 that ``store.json`` records
+        * ``store.json`` against its own recorded SHA-256, then every array file
+          against the size and SHA-256 that ``store.json`` records
           (:func:`minibert.derived.check`): missing, empty, truncated or damaged files;
-        * a store written before those records (no ``"files"`` in ``store.json``): what
-          can be checked without them: the counts of ``store.json``, offsets that start
-          at 0, rise strictly and end at the token and sentence counts;
-        * always, with ``vocab_size``: every token id in ``[0, vocab_size)`` (one pass
-          over the tokens).
+          (a store written before those records, without ``"files"`` in ``store.json``,
+          gets the checks below only);
+        * the structure: array types and shapes, the counts of ``store.json``, offsets
+          that start at 0, rise strictly and end at the token and sentence counts;
+        * with ``vocab_size``: every token id in ``[0, vocab_size)`` (one pass over the
+          tokens).
 
     Raises:
         DamagedStoreError (a CorpusError): a file is missing or fails a check, the format
@@ -452,9 +471,12 @@ def _check_store_arrays(d: Path, info: dict, tokens, sent, docs,
     if vocab_size is not None:
         for c in range(0, len(tokens), 1 << 24):
             part = np.asarray(tokens[c : c + (1 << 24)])
-            if part.size and (int(part.min()) < 0 or int(part.max()) >= vocab_size):
-                raise bad(f"token id {int(part.max()) if part.max() >= vocab_size else int(part.min())} "
-                          f"outside the vocabulary of {vocab_size}")
+            if not part.size:
+                continue
+            low, high = int(part.min()), int(part.max())
+            if low < 0 or high >= vocab_size:
+                raise bad(f"token id {high if high >= vocab_size else low} outside the "
+                          f"vocabulary of {vocab_size}")
 
 
 def _fingerprint(files: Sequence[Path], tokenizer, exclude: DocumentExclusion | None) -> str:
@@ -516,16 +538,15 @@ def build_or_load_store(
                 _check_documents(store.num_documents, min_documents, files)
                 if "files" not in info:   # written before the records: give it them
                     info["files"] = {n: derived.digest(cdir / n) for n in _STORE_FILES}
-                    atomic_write(cdir / "store.json", lambda fh: fh.write(
-                        json.dumps(info, indent=1).encode("utf-8")))
+                    _write_store_info(cdir, info)
                 if exclude is not None:
                     exclude.left_out = dict(meta.get("left_out", {}))
                 return store
         except DamagedStoreError as e:
             print(f"note: the cached token store is damaged: {e}; rebuilding it from the "
                   "corpus", file=sys.stderr)
-        except (ValueError, OSError):
-            pass
+        except (ValueError, OSError, TypeError, AttributeError):
+            pass                  # e.g. too few documents for this objective: rebuilt
     store = build_store(files, tokenizer, show_progress=show_progress,
                         min_documents=min_documents, exclude=exclude)
     save_store(store, cdir, meta={"fingerprint": key, "files": [str(f) for f in files],
