@@ -83,8 +83,8 @@ def parse_args(argv=None) -> EvaluationConfig:
     p.add_argument("--no-probe", dest="probe", action="store_false",
                    help="no probes on frozen states: fine-tuning and the floors")
     add_options(p, output_dir="runs/evaluate", device=None, fast_cpu=True, overwrite=dict(
-        default=False, help="start afresh: discard the finished runs in OUTPUT_DIR (needed "
-                            "when they were run with other settings)"))
+        default=False, help="start afresh in an OUTPUT_DIR that holds a run with other "
+                            "settings"))
     cfg = EvaluationConfig(**vars(p.parse_args(argv))).with_defaults()
     try:
         cfg.task_dirs()

@@ -54,7 +54,7 @@ class EvaluationConfig(JobOptions):
     output_dir: str = "runs/evaluate"
     device: str | None = None            # "cpu" or "cuda"; None: $MINIBERT_DEVICE or cpu
     fast_cpu: bool = True                # the CPU fast paths (also for the fine-tuning runs)
-    overwrite: bool = False              # start afresh: discard the finished runs there
+    overwrite: bool = False              # start afresh over a run with other settings
 
     CHECKS = {"budgets": budget, "seeds": positive_int, "epochs": positive_int,
               "lr": float_in(0.0, low_open=True), "batch_size": positive_int,

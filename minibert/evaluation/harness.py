@@ -57,7 +57,8 @@ def open_output(path, settings: dict, overwrite: bool) -> Path:
     "evaluate": owned by this process from here on), with its ``settings.json`` (and its
     size and SHA-256 record beside it, :mod:`minibert.derived`). Finished runs there are
     reused when the settings match but for ``lr`` (each rate has run directories of its
-    own); ``overwrite`` discards them (a fresh start). ``settings["starts"]`` and
+    own), each after its own check (:func:`reused_summary`); with other settings, or a
+    damaged ``settings.json``, ``overwrite`` discards them. ``settings["starts"]`` and
     ``settings["task_dirs"]`` are the job's inputs: none may be in the directory
     (:func:`minibert.runs.check_inputs`).
 
@@ -78,8 +79,8 @@ def open_output(path, settings: dict, overwrite: bool) -> Path:
     run = prepare_run_dir(path, "evaluate")
     saved_file = path / SETTINGS
     same = True
-    if not overwrite and (saved_file.exists() or derived.record_path(saved_file).exists()
-                          or (path / "runs").exists()):
+    if (saved_file.exists() or derived.record_path(saved_file).exists()
+            or (path / "runs").exists()):
         problem, saved = derived.check_recorded(saved_file), None
         if problem in (None, "has no record"):   # no record: written before records
             try:
@@ -88,16 +89,16 @@ def open_output(path, settings: dict, overwrite: bool) -> Path:
                 pass
             problem = (None if isinstance(saved, dict) else "cannot be read"
                        if saved_file.exists() else "is missing")
-        if problem:
+        if problem and not overwrite:
             raise derived.DerivedFileError(
                 f"{saved_file} {problem}: the finished runs under {path / 'runs'} cannot "
                 f"be matched to their settings; delete {saved_file} and {path / 'runs'} "
                 "(or pass --overwrite, which does)")
-        same = {**saved, "lr": None} == {**settings, "lr": None}
+        same = not problem and {**saved, "lr": None} == {**settings, "lr": None}
     if not same and not overwrite:
         raise RunError(f"--output-dir {path} holds a harness run with other settings "
                        f"({saved_file}); pass --overwrite or another --output-dir")
-    if not same or overwrite:
+    if not same:
         shutil.rmtree(path / "runs", ignore_errors=True)
         derived.discard(path / RESULTS)
     derived.write_with_record(run.path / SETTINGS, json_bytes(settings))

@@ -141,7 +141,9 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
 def check_resumed_data(cfg: PretrainingConfig, resumed: dict) -> None:
     """Refuse to resume on a corpus or vocab other than the one the checkpoint records
     (:func:`minibert.provenance.check_same_data`), unless ``--allow-data-change``; the run's
-    vocab is its own ``vocab.txt``. A checkpoint written before the record is not checked.
+    vocab is its own ``vocab.txt``, copied again from ``--vocab`` first when damaged or
+    missing (:func:`restore_run_vocab`). A checkpoint written before the record is not
+    checked.
 
     Raises:
         DataChangedError: naming what changed. CorpusError: corpus files missing.
