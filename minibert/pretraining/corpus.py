@@ -386,7 +386,8 @@ def _info_sha256(info: Mapping) -> str:
 def _write_store_info(out: Path, info: dict) -> None:
     """``store.json``, atomically, with the SHA-256 of its own content (``"sha256"``)."""
     info = {**info, "sha256": _info_sha256(info)}
-    atomic_write(out / "store.json", lambda fh: fh.write(json.dumps(info, indent=1).encode("utf-8")))
+    data = json.dumps(info, indent=1).encode("utf-8")
+    atomic_write(out / "store.json", lambda fh: fh.write(data))
 
 
 class DamagedStoreError(CorpusError):
@@ -431,7 +432,8 @@ def load_store(directory: str | os.PathLike, mmap: bool = True,
     d = Path(directory)
     info = _read_store_info(d)
     if info.get("format") != _STORE_FORMAT:
-        raise DamagedStoreError(f"{d / 'store.json'}: unknown store format {info.get('format')!r}")
+        raise DamagedStoreError(f"{d / 'store.json'}: unknown store format "
+                                f"{info.get('format')!r}")
     records = info.get("files")
     arrs = []
     for name in _STORE_FILES:
