@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import evaluate  # noqa: E402
+import finetune  # noqa: E402
 import train_mlm  # noqa: E402
 from helpers import tiny_pretrain_argv  # noqa: E402
 from minibert import derived, training  # noqa: E402
@@ -372,3 +373,32 @@ def test_a_damaged_harness_settings_file_ends_in_an_error_line(how, harness_run,
     assert summary.stat().st_mtime_ns != before   # run afresh
     assert derived.check_recorded(settings) is None
     assert _runs(out / "results.json") == _runs(harness_run[0] / "results.json")
+
+
+# ---------------------------------------------------------------- fine-tuning's best model
+@pytest.mark.parametrize("how", DAMAGE)
+def test_a_damaged_best_model_ends_in_an_error_line(how, tiny_finetuned, classify_task,
+                                                    tiny_pretrained, tmp_path, capsys):
+    """best_model.npz holds the best dev weights, which cannot be rebuilt: damaged, the
+    resumed run ends in one error line naming it and what to delete; deleted (as that line
+    says), the run goes on (the model it ends with stands in for the best)."""
+    out = tmp_path / "ft"
+    shutil.copytree(tiny_finetuned, out)
+    best = out / "best_model.npz"
+    DAMAGE[how](best)
+    argv = ["--init", str(tiny_pretrained), "--data", str(classify_task), "--output-dir",
+            str(out), "--max-seq-length", "16", "--batch-size", "8", "--max-steps", "2",
+            "--no-progress", "--resume"]
+    capsys.readouterr()
+    if how != "deleted":
+        with pytest.raises(SystemExit) as e:
+            finetune.main(argv)
+        assert e.value.code == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"finetune.py: error: the run's best model: checkpoint {best}: "), lines
+        assert f"delete {best} and go on with python finetune.py --resume {out}" in lines[0]
+        best.unlink()
+    assert finetune.main(argv) == 0
+    assert_no_traceback(capsys.readouterr().err)
+    assert json.loads((out / "summary.json").read_text())["test"]
