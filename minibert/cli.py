@@ -385,14 +385,18 @@ def start_job(args: JobOptions, given: set[str], prog: str, job: str | None = No
 
 def _prologue(out: Job, args, given, job, leader, resume_fixed, resume_defaults, check):
     """:func:`start_job`'s run directory, resume, checks and export directory, in order."""
-    from .checkpoint import load_checkpoint
-    from .runs import RunDir, check_inputs, prepare_export_dir, prepare_run_dir, resume_args
+    from .checkpoint import CheckpointError, load_checkpoint
+    from .runs import (RunDir, check_inputs, prepare_export_dir, prepare_run_dir, resume_args,
+                       unusable_checkpoint)
 
     resume = job is not None and args.resume is not None
     if resume:
         out.run = (prepare_run_dir(args.output_dir, job, resume=True) if leader
                    else RunDir(Path(args.output_dir), job))
-        out.resumed = load_checkpoint(out.run.checkpoint)
+        try:
+            out.resumed = load_checkpoint(out.run.checkpoint)
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}{unusable_checkpoint(out.run.checkpoint)}") from None
         resume_args(args, (resume_defaults or {}) | out.resumed["trainer"].get("args", {}),
                     resume_fixed, given, str(out.run.checkpoint))
     elif job is not None and leader:

@@ -12,6 +12,8 @@ A run directory (``--output-dir``) belongs to one run of one job (``pretrain`` o
     metrics.jsonl    one JSON record per line: {"kind": "train" | "eval" | ..., "step",
                      "elapsed_s", ...}
     summary.json     the job's final numbers
+    cache/           pretraining only: the token store derived from the corpus and vocab,
+                     with its size and SHA-256 records (docs/reliability.md)
 
     .lock            while a job runs: its lock (:func:`lock_run_dir`), holding its pid
 
@@ -37,6 +39,8 @@ import errno
 import fcntl
 import json
 import os
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +61,9 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"
 EXPORT_MARK = ".minibert-export.json"
+# What a run derives from its inputs and reads back (the token store, pretraining/corpus.py):
+# --overwrite discards it with the run it replaces.
+DERIVED_DIRS = ("cache",)
 
 
 class RunError(ValueError):
@@ -314,7 +321,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
         job: "pretrain", "finetune" or "evaluate".
         resume: the run continues from the checkpoint there.
         overwrite: replace another run: its checkpoint, metrics, summary and other
-            outputs are deleted first (its vocab.txt is rewritten by the new run).
+            outputs are deleted first (its vocab.txt is rewritten by the new run), and so
+            is what it derived (:data:`DERIVED_DIRS`: the token store cache).
     Returns:
         the :class:`RunDir`, created, owned by this process, writable, without stale
         ``*.tmp`` files.
@@ -332,6 +340,9 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
         raise RunError(f"{option} {path}: not writable")
     run = RunDir(path, job)
     remove_stale_tmp(path)
+    if overwrite and not resume:  # derived state of the run it replaces is not reused
+        for name in DERIVED_DIRS:
+            shutil.rmtree(path / name, ignore_errors=True)
     if (path / "cache").is_dir():
         remove_stale_tmp(path / "cache")
     if run.checkpoint.exists():
@@ -339,7 +350,7 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
             try:
                 trainer = load_checkpoint(run.checkpoint, arrays=False)["trainer"]
             except CheckpointError as e:
-                raise RunError(f"--resume: {e}") from None
+                raise RunError(f"--resume: {e}{unusable_checkpoint(run.checkpoint)}") from None
             other = _job_of(trainer)
             if other != job:
                 raise RunError(f"--resume {path}: its checkpoint is from a {other} run, not "
@@ -358,6 +369,13 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
     elif resume:
         raise RunError(f"--resume {path}: no {CHECKPOINT} to resume from")
     return run
+
+
+def unusable_checkpoint(path: str | os.PathLike) -> str:
+    """What to do about the run's checkpoint ``path`` that cannot be read, appended to the
+    error: it is the run's state, not derived from anything, so it cannot be rebuilt."""
+    return (f"; the checkpoint cannot be rebuilt: restore {path} from a copy, or start the "
+            "run again with --overwrite (which deletes it)")
 
 
 # Arguments that belong to an invocation, not to the run: never taken from a checkpoint.
@@ -395,8 +413,11 @@ class MetricsLog:
     """``metrics.jsonl``: one JSON record per line, appended and flushed one line at a time.
 
     A new run starts the file empty. A resumed run keeps the records up to its checkpoint's
-    step and drops the rest, including a torn last line left by a crash (a line that is not
-    valid JSON ends the kept part), so the file stays one curve.
+    step and drops the rest, including a torn last line left by a crash, so the file stays
+    one curve. A line before the last that is not a JSON record with an integer step was
+    damaged after it was written: it is left out and the records around it are kept, and
+    a ``note:`` line on stderr names the file and the lines (so does a missing or empty
+    file of a run resumed past step 0: its records before the checkpoint are gone).
 
     Args:
         path: the file.
@@ -407,14 +428,28 @@ class MetricsLog:
     def __init__(self, path: str | os.PathLike, resume_step: int | None = None):
         self.path = Path(path)
         kept: list[str] = []
-        if resume_step is not None and self.path.exists():
-            for line in self.path.read_bytes().decode("utf-8", "replace").splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    break
-                if isinstance(rec, dict) and int(rec.get("step", 0)) <= resume_step:
-                    kept.append(line)
+        damaged: list[int] = []
+        lines = (self.path.read_bytes().decode("utf-8", "replace").splitlines()
+                 if resume_step is not None and self.path.exists() else [])
+        for n, line in enumerate(lines, 1):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                rec = None
+            step = rec.get("step", 0) if isinstance(rec, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):
+                if n < len(lines):    # the last line may be torn by a crash: no news
+                    damaged.append(n)
+                continue
+            if step <= resume_step:
+                kept.append(line)
+        if damaged:
+            shown = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+            print(f"note: {self.path}: line(s) {shown} cannot be read (damaged) and are "
+                  "left out; the other records are kept", file=sys.stderr)
+        elif resume_step and not lines:
+            print(f"note: {self.path} is missing or empty; the records before step "
+                  f"{resume_step} are lost", file=sys.stderr)
         atomic_write_bytes(self.path, "".join(k + "\n" for k in kept).encode("utf-8"))
         self._file = self.path.open("a", encoding="utf-8")
 

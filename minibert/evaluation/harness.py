@@ -34,8 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend, fast
-from ..atomic import atomic_write_json
+from .. import backend, derived, fast
 from ..backend import get_device, xp_for
 from ..cli import fail, fast_paths_line, job_main, note_args
 from ..finetuning.data import DatasetError
@@ -50,19 +49,29 @@ from .probe import bag_of_words, fit_probe, mean_pooled_features
 
 BOW = "bag of words"
 SETTINGS = "settings.json"
+RESULTS = "results.json"
 
 
 def open_output(path, settings: dict, overwrite: bool) -> Path:
     """The harness's output directory (:func:`minibert.runs.prepare_run_dir`, job
-    "evaluate": owned by this process from here on), with its ``settings.json``. Finished
-    runs there are reused when the settings match but for ``lr`` (each rate has run
-    directories of its own). ``settings["starts"]`` and ``settings["task_dirs"]`` are the
-    job's inputs: none may be in the directory (:func:`minibert.runs.check_inputs`).
+    "evaluate": owned by this process from here on), with its ``settings.json`` (and its
+    size and SHA-256 record beside it, :mod:`minibert.derived`). Finished runs there are
+    reused when the settings match but for ``lr`` (each rate has run directories of its
+    own), each after its own check (:func:`reused_summary`); with other settings, or a
+    damaged ``settings.json``, ``overwrite`` discards them. ``settings["starts"]`` and
+    ``settings["task_dirs"]`` are the job's inputs: none may be in the directory
+    (:func:`minibert.runs.check_inputs`).
+
+    ``settings.json`` is what ties the finished runs to their settings, so a damaged one
+    (its record disagrees, or one written before records that cannot be read) is not
+    guessed around: without ``overwrite`` the job ends.
 
     Raises:
         RunError: an input is there, another job owns it or has its run there, or a
             harness run with other settings is there and ``overwrite`` is not set (with
-            it, the old runs are deleted first).
+            it, the old runs are deleted first). DerivedFileError: ``settings.json`` is
+            damaged and ``overwrite`` is not set (the message names it and what to
+            delete).
     """
     path = Path(path)
     check_inputs(path, {"START": [s.removeprefix("random:") for s in settings.get("starts", ())],
@@ -70,19 +79,35 @@ def open_output(path, settings: dict, overwrite: bool) -> Path:
     run = prepare_run_dir(path, "evaluate")
     saved_file = path / SETTINGS
     same = True
-    if saved_file.is_file():
-        try:
-            saved = json.loads(saved_file.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            saved = None
-        same = isinstance(saved, dict) and {**saved, "lr": None} == {**settings, "lr": None}
+    if (saved_file.exists() or derived.record_path(saved_file).exists()
+            or (path / "runs").exists()):
+        problem, saved = derived.check_recorded(saved_file), None
+        if problem in (None, "has no record"):   # no record: written before records
+            try:
+                saved = json.loads(saved_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError, UnicodeDecodeError):
+                pass
+            problem = (None if isinstance(saved, dict) else "cannot be read"
+                       if saved_file.exists() else "is missing")
+        if problem and not overwrite:
+            raise derived.DerivedFileError(
+                f"{saved_file} {problem}: the finished runs under {path / 'runs'} cannot "
+                f"be matched to their settings; delete {saved_file} and {path / 'runs'} "
+                "(or pass --overwrite, which does)")
+        same = not problem and {**saved, "lr": None} == {**settings, "lr": None}
     if not same and not overwrite:
         raise RunError(f"--output-dir {path} holds a harness run with other settings "
                        f"({saved_file}); pass --overwrite or another --output-dir")
     if not same:
         shutil.rmtree(path / "runs", ignore_errors=True)
-    atomic_write_json(run.path / SETTINGS, settings)
+        derived.discard(path / RESULTS)
+    derived.write_with_record(run.path / SETTINGS, json_bytes(settings))
     return run.path
+
+
+def json_bytes(obj) -> bytes:
+    """``obj`` as :func:`minibert.atomic.atomic_write_json` writes it."""
+    return json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def is_chinese_vocab(vocab_file: Path) -> bool:
@@ -105,26 +130,58 @@ def name_of(key: str, lr: float) -> str:
     return f"{hashlib.sha1(key.encode()).hexdigest()[:10]}-lr{lr:g}"
 
 
+def reused_summary(summary: Path) -> dict | None:
+    """The finished fine-tuning run's ``summary.json`` when it can be reused, else None.
+
+    Reused: a summary that matches the size and SHA-256 the harness recorded beside it
+    (``summary.json.record.json``, :mod:`minibert.derived`) when the run ended; one written
+    before records, that reads as a JSON object (its record is then written). Not reused
+    (None, the run is done again): no summary, a summary that differs from its record
+    (damaged bytes, truncated, empty) or does not read, a damaged record; a ``note:``
+    line on stderr says which file was damaged.
+    """
+    if not summary.exists() and not derived.record_path(summary).exists():
+        return None
+    problem = derived.check_recorded(summary)
+    if problem in (None, "has no record"):
+        try:
+            loaded = json.loads(summary.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            loaded = None
+        if isinstance(loaded, dict):
+            if problem:   # a finished run of a harness without records: adopt it
+                derived.write_record(summary)
+            return loaded
+        problem = "cannot be read" if summary.exists() else "is missing"
+    print(f"note: {summary} {problem}; running that fine-tuning again", file=sys.stderr,
+          flush=True)
+    return None
+
+
 def run_finetune(script: Path, argv: list[str], out: Path) -> dict:
     """The ``summary.json`` of one ``finetune.py`` run (dev and test metrics at its best
     dev epoch): the script run with ``argv`` and ``--output-dir out`` in a process of its
-    own, its output in ``out.log`` beside ``out``; a run whose summary.json exists is
-    reused.
+    own, its output in ``out.log`` beside ``out``; a finished run whose summary.json passes
+    its check (:func:`reused_summary`) is reused, a damaged one is run again. The summary's
+    size and SHA-256 are recorded beside it when the run ends.
 
     Raises:
         RuntimeError: the run failed (the message names its command and log).
     """
     summary = out / "summary.json"
-    if not summary.is_file():
-        out.mkdir(parents=True, exist_ok=True)
-        log = out.parent / f"{out.name}.log"
-        command = [sys.executable, str(script), *argv, "--output-dir", str(out), "--overwrite"]
-        with open(log, "wb") as f:
-            code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
-        if code != 0:
-            raise RuntimeError(f"finetune.py {' '.join(argv)} failed (exit {code}); its log: "
-                               f"{log}")
-    return json.loads(summary.read_text())
+    if (found := reused_summary(summary)) is not None:
+        return found
+    derived.discard(summary)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"
+    command = [sys.executable, str(script), *argv, "--output-dir", str(out), "--overwrite"]
+    with open(log, "wb") as f:
+        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RuntimeError(f"finetune.py {' '.join(argv)} failed (exit {code}); its log: "
+                           f"{log}")
+    derived.write_record(summary)
+    return json.loads(summary.read_text(encoding="utf-8"))
 
 
 def encoder(pre, random_init: bool, device: str):
@@ -363,7 +420,7 @@ def run_evaluation(cfg: EvaluationConfig, script: Path = FINETUNE_SCRIPT,
     rows = summarize(records)
     print_table(rows)
     results = {"settings": settings, "summary": rows, "runs": records, "train_rows": sizes}
-    atomic_write_json(out / "results.json", results)
+    derived.write_with_record(out / RESULTS, json_bytes(results))
     plot_accuracy_vs_labels(rows, sizes, out / "accuracy_vs_labels.png")
-    print(f"wrote {out / 'results.json'} and {out / 'accuracy_vs_labels.png'}")
+    print(f"wrote {out / RESULTS} and {out / 'accuracy_vs_labels.png'}")
     return results

@@ -226,7 +226,8 @@ def write_results(cfg: FinetuningConfig, run, task, data, pre, workload, state, 
     summary).
 
     ``timing``: ``seconds`` of this run, ``steps`` it made and ``per_epoch`` steps."""
-    model, _ = task.model_from_start(load_start(run.path), data.labels)
+    model, _ = task.model_from_start(load_start(run.path, "the run's best model:"),
+                                     data.labels)
     model.to(get_device())
     seconds, train_s = timing["seconds"], timing["seconds"] - workload.eval_seconds
     summary = {"task": task.name, "init": pre.source, "random_init": cfg.random_init,
@@ -404,8 +405,15 @@ def _finish(cfg: FinetuningConfig, job, task, data, workload, state, timing: dic
     pre, tokenizer = job.checked
     if not job.run.best_model.exists():  # e.g. --resume of a run whose best was lost
         workload.evaluate(state.step)
-    model, summary = write_results(cfg, job.run, task, data, pre, workload, state, timing,
-                                   built, job.xp)
+    try:
+        model, summary = write_results(cfg, job.run, task, data, pre, workload, state, timing,
+                                       built, job.xp)
+    except RunError as e:   # a damaged best_model.npz: the best weights cannot be rebuilt
+        best = job.run.best_model
+        fail(prog, f"{e}; {best} cannot be rebuilt (the run's checkpoint, {job.run.checkpoint}, "
+             f"is kept): delete {best} and go on with python {prog} --resume "
+             f"{job.run.path} (the model it ends with then stands in for the best), "
+             "or start again with --overwrite")
     try:
         use_finetuned(cfg, task, model, tokenizer, data.labels, pre, job.xp, job.run.path)
     except ValueError as e:

@@ -32,7 +32,8 @@ from ..nn.losses import IGNORE_INDEX
 from ..objectives import create_instances_from_document, truncate_seq_pair
 from .batches import (Instance, PretrainingBatch, collate, count_instances, iterate_batches,
                       iterate_instances, make_eval_batches)
-from .corpus import (CorpusError, TokenStore, build_or_load_store, build_store, iter_documents,
+from .corpus import (CorpusError, DamagedStoreError, TokenStore, build_or_load_store,
+                     build_store, iter_documents,
                      load_store, resolve_corpus_files, save_store, split_documents, token_counts,
                      unigram_cross_entropy)
 from .masking import VocabInfo, create_masked_lm_predictions, default_max_predictions
@@ -51,6 +52,7 @@ def __getattr__(name: str):
 __all__ = [
     "IGNORE_INDEX",
     "CorpusError",
+    "DamagedStoreError",
     "TokenStore",
     "VocabInfo",
     "Instance",

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import warnings
 from array import array
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from .. import derived
 from ..atomic import atomic_write
 from ..nn.losses import IGNORE_INDEX
 from ..textfiles import utf8_lines
@@ -344,7 +346,9 @@ def save_store(store: TokenStore, directory: str | os.PathLike, meta: Mapping | 
     A view (``doc_ids`` set) is compacted first. Every file is written atomically
     (:func:`minibert.atomic.atomic_write`), the old ``store.json`` is removed first and the
     new one written last, so a crash never leaves a directory that ``load_store`` accepts
-    with mismatched arrays.
+    with mismatched arrays. ``store.json`` records the size and SHA-256 of each array file
+    (``"files"``, :func:`minibert.derived.digest`) and the SHA-256 of its own other
+    content (``"sha256"``), which :func:`load_store` checks.
 
     Returns:
         the directory as a ``Path``.
@@ -355,47 +359,126 @@ def save_store(store: TokenStore, directory: str | os.PathLike, meta: Mapping | 
     out.mkdir(parents=True, exist_ok=True)
     store = store.compact()
     (out / "store.json").unlink(missing_ok=True)
+    files = {}
     for name, arr in zip(_STORE_FILES, (store.tokens, store.sentence_offsets, store.document_offsets)):
         atomic_write(out / name, lambda fh, arr=arr: np.save(fh, np.ascontiguousarray(arr)))
+        files[name] = derived.digest(out / name)
     info = {
         "format": _STORE_FORMAT,
         "num_tokens": store.num_tokens,
         "num_sentences": store.num_sentences,
         "num_documents": store.num_documents,
+        "files": files,
         "meta": dict(meta or {}),
     }
-    atomic_write(out / "store.json", lambda fh: fh.write(json.dumps(info, indent=1).encode("utf-8")))
+    _write_store_info(out, info)
     return out
 
 
-def load_store(directory: str | os.PathLike, mmap: bool = True) -> TokenStore:
-    """Load a store written by ``save_store``; arrays memory-mapped read-only when ``mmap``.
+def _info_sha256(info: Mapping) -> str:
+    """The SHA-256 of ``store.json``'s content but its own ``"sha256"`` entry (canonical
+    JSON: sorted keys, no spaces)."""
+    body = {k: v for k, v in info.items() if k != "sha256"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
-    Raises:
-        CorpusError: a file is missing, the format is unknown, or the arrays disagree.
-    """
-    d = Path(directory)
+
+def _write_store_info(out: Path, info: dict) -> None:
+    """``store.json``, atomically, with the SHA-256 of its own content (``"sha256"``)."""
+    info = {**info, "sha256": _info_sha256(info)}
+    data = json.dumps(info, indent=1).encode("utf-8")
+    atomic_write(out / "store.json", lambda fh: fh.write(data))
+
+
+class DamagedStoreError(CorpusError):
+    """A token store whose files fail their check (:func:`load_store`): damaged bytes,
+    truncated, missing or empty files, or arrays that disagree."""
+
+
+def _read_store_info(d: Path) -> dict:
     marker = d / "store.json"
     if not marker.is_file():
-        raise CorpusError(f"{d} holds no complete token store (store.json missing)")
-    info = json.loads(marker.read_text())
+        raise DamagedStoreError(f"{d} holds no complete token store (store.json missing)")
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError):
+        raise DamagedStoreError(f"{marker} cannot be read (damaged)") from None
+    if not isinstance(info, dict):
+        raise DamagedStoreError(f"{marker} is damaged (not a JSON object)")
+    if "sha256" in info and info["sha256"] != _info_sha256(info):
+        raise DamagedStoreError(f"{marker} does not match its recorded SHA-256 (damaged bytes)")
+    return info
+
+
+def load_store(directory: str | os.PathLike, mmap: bool = True,
+               vocab_size: int | None = None) -> TokenStore:
+    """Load a store written by ``save_store``; arrays memory-mapped read-only when ``mmap``.
+
+    What is checked before the store is used:
+        * ``store.json`` against its own recorded SHA-256, then every array file
+          against the size and SHA-256 that ``store.json`` records
+          (:func:`minibert.derived.check`): missing, empty, truncated or damaged files;
+          (a store written before those records, without ``"files"`` in ``store.json``,
+          gets the checks below only);
+        * the structure: array types and shapes, the counts of ``store.json``, offsets
+          that start at 0, rise strictly and end at the token and sentence counts;
+        * with ``vocab_size``: every token id in ``[0, vocab_size)`` (one pass over the
+          tokens).
+
+    Raises:
+        DamagedStoreError (a CorpusError): a file is missing or fails a check, the format
+            is unknown, or the arrays disagree; the message names the file.
+    """
+    d = Path(directory)
+    info = _read_store_info(d)
     if info.get("format") != _STORE_FORMAT:
-        raise CorpusError(f"{marker}: unknown store format {info.get('format')!r}")
+        raise DamagedStoreError(f"{d / 'store.json'}: unknown store format "
+                                f"{info.get('format')!r}")
+    records = info.get("files")
     arrs = []
     for name in _STORE_FILES:
         p = d / name
-        if not p.is_file():
-            raise CorpusError(f"token store file missing: {p}")
-        arrs.append(np.load(p, mmap_mode="r" if mmap else None))
-    store = TokenStore(*arrs)
-    if (
-        store.tokens.dtype != np.int32
-        or len(store.tokens) != info["num_tokens"]
-        or store.sentence_offsets[-1] != len(store.tokens)
-        or store.document_offsets[-1] != len(store.sentence_offsets) - 1
-    ):
-        raise CorpusError(f"token store in {d} is inconsistent; delete it and rebuild")
-    return store
+        if records is not None:
+            problem = derived.check(p, records.get(name) if isinstance(records, dict) else None)
+            if problem:
+                raise DamagedStoreError(f"token store file {p} {problem}")
+        elif not p.is_file():
+            raise DamagedStoreError(f"token store file {p} is missing")
+        try:
+            arrs.append(np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False))
+        except (ValueError, OSError, EOFError) as e:
+            raise DamagedStoreError(f"token store file {p} cannot be read ({e})") from None
+    _check_store_arrays(d, info, *arrs, vocab_size=vocab_size)
+    return TokenStore(*arrs)
+
+
+def _check_store_arrays(d: Path, info: dict, tokens, sent, docs,
+                        vocab_size: int | None) -> None:
+    """The structure of a store's arrays: dtypes, shapes, counts of ``info``, offsets from
+    0 rising strictly to the token and sentence counts; ids in ``[0, vocab_size)``."""
+    def bad(why: str):
+        return DamagedStoreError(f"token store in {d} is inconsistent ({why})")
+    if tokens.dtype != np.int32 or sent.dtype != np.int64 or docs.dtype != np.int64:
+        raise bad("array types")
+    if tokens.ndim != 1 or sent.ndim != 1 or docs.ndim != 1 or len(sent) < 2 or len(docs) < 2:
+        raise bad("array shapes")
+    if (len(tokens) != info.get("num_tokens") or len(sent) - 1 != info.get("num_sentences")
+            or len(docs) - 1 != info.get("num_documents")):
+        raise bad("sizes differ from store.json")
+    s, dd = np.asarray(sent), np.asarray(docs)
+    if s[0] != 0 or s[-1] != len(tokens) or np.any(np.diff(s) <= 0):
+        raise bad("sentence offsets")
+    if dd[0] != 0 or dd[-1] != len(sent) - 1 or np.any(np.diff(dd) <= 0):
+        raise bad("document offsets")
+    if vocab_size is not None:
+        for c in range(0, len(tokens), 1 << 24):
+            part = np.asarray(tokens[c : c + (1 << 24)])
+            if not part.size:
+                continue
+            low, high = int(part.min()), int(part.max())
+            if low < 0 or high >= vocab_size:
+                raise bad(f"token id {high if high >= vocab_size else low} outside the "
+                          f"vocabulary of {vocab_size}")
 
 
 def _fingerprint(files: Sequence[Path], tokenizer, exclude: DocumentExclusion | None) -> str:
@@ -430,6 +513,13 @@ def build_or_load_store(
     mismatch rebuilds it. The documents left out are kept with the cache and put back
     into ``exclude.left_out`` when it is reused.
 
+    A cache is reused only when :func:`load_store` finds its files as ``store.json``
+    records them and every token id inside the tokenizer's vocabulary; a damaged cache
+    (flipped bytes, truncated, missing or empty files, a ``store.json`` that cannot be
+    read) is rebuilt from the corpus, with a ``note:`` line on stderr naming what was
+    wrong. A cache written before the records is checked for what can be checked
+    (:func:`load_store`) and then given its records.
+
     Returns:
         TokenStore, memory-mapped from ``cache_dir``.
     Raises:
@@ -439,23 +529,31 @@ def build_or_load_store(
     files = resolve_corpus_files(paths)
     key = _fingerprint(files, tokenizer, exclude)
     cdir = Path(cache_dir)
-    marker = cdir / "store.json"
-    if marker.is_file():
+    vocab = getattr(tokenizer, "vocab", None)
+    vocab_size = max(vocab.values()) + 1 if vocab else None
+    if (cdir / "store.json").exists() or any((cdir / n).exists() for n in _STORE_FILES):
         try:
-            meta = json.loads(marker.read_text()).get("meta", {})
-            if meta.get("fingerprint") == key:
-                store = load_store(cdir)
+            info = _read_store_info(cdir)
+            meta = info.get("meta", {})
+            if isinstance(meta, dict) and meta.get("fingerprint") == key:
+                store = load_store(cdir, vocab_size=vocab_size)
                 _check_documents(store.num_documents, min_documents, files)
+                if "files" not in info:   # written before the records: give it them
+                    info["files"] = {n: derived.digest(cdir / n) for n in _STORE_FILES}
+                    _write_store_info(cdir, info)
                 if exclude is not None:
                     exclude.left_out = dict(meta.get("left_out", {}))
                 return store
-        except (CorpusError, ValueError, OSError):
-            pass
+        except DamagedStoreError as e:
+            print(f"note: the cached token store is damaged: {e}; rebuilding it from the "
+                  "corpus", file=sys.stderr)
+        except (ValueError, OSError, TypeError, AttributeError):
+            pass                  # e.g. too few documents for this objective: rebuilt
     store = build_store(files, tokenizer, show_progress=show_progress,
                         min_documents=min_documents, exclude=exclude)
     save_store(store, cdir, meta={"fingerprint": key, "files": [str(f) for f in files],
                                   "left_out": dict(exclude.left_out) if exclude else {}})
-    return load_store(cdir)
+    return load_store(cdir, vocab_size=vocab_size)
 
 
 def split_documents(

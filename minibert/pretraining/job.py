@@ -35,7 +35,7 @@ from ..cli import fail, fast_paths_line, flag, job_main, leader_first, start_job
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
-from ..provenance import check_same_data, data_fingerprint
+from ..provenance import check_same_data, data_fingerprint, file_fingerprint
 from ..optim import AdamW
 from ..runs import RunError, load_start, write_args
 from ..tokenization import BertTokenizer, train_wordpiece
@@ -141,15 +141,41 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
 def check_resumed_data(cfg: PretrainingConfig, resumed: dict) -> None:
     """Refuse to resume on a corpus or vocab other than the one the checkpoint records
     (:func:`minibert.provenance.check_same_data`), unless ``--allow-data-change``; the run's
-    vocab is its own ``vocab.txt``. A checkpoint written before the record is not checked.
+    vocab is its own ``vocab.txt``, copied again from ``--vocab`` first when damaged or
+    missing (:func:`restore_run_vocab`). A checkpoint written before the record is not
+    checked.
 
     Raises:
         DataChangedError: naming what changed. CorpusError: corpus files missing.
     """
     run_dir = Path(cfg.output_dir)
+    restore_run_vocab(cfg, resumed, run_dir / "vocab.txt")
     check_same_data(resumed["trainer"].get("data"),
                     data_fingerprint(resolve_corpus_files(cfg.corpus), run_dir / "vocab.txt"),
                     cfg.allow_data_change, str(run_dir / "checkpoint.npz"))
+
+
+def restore_run_vocab(cfg: PretrainingConfig, resumed: dict, own: Path) -> None:
+    """Rebuild a resumed run's own ``vocab.txt`` (``own``, a copy of ``--vocab``) when it
+    is missing or differs from the vocab its checkpoint records while the ``--vocab`` file
+    still matches that record: the run's copy is derived, so it is copied again (a
+    ``note:`` line on stderr says so). Otherwise nothing changes, and
+    :func:`check_resumed_data` refuses a changed vocab.
+
+    Raises:
+        WriteError: the copy cannot be written.
+    """
+    recorded = (resumed["trainer"].get("data") or {}).get("vocab")
+    src = Path(cfg.vocab) if cfg.vocab else None
+    if not recorded or src is None or not src.is_file():
+        return
+    if own.is_file() and (own.samefile(src) or file_fingerprint(own) == recorded):
+        return
+    if file_fingerprint(src) != recorded:
+        return
+    what = "differs from the vocab of its checkpoint" if own.exists() else "is missing"
+    print(f"note: {own} {what}; copied again from --vocab {src}", file=sys.stderr)
+    atomic_copy(src, own)
 
 
 def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
