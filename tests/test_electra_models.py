@@ -1,0 +1,358 @@
+"""ELECTRA models (minibert/electra.py): parity with transformers' ElectraForPreTraining,
+ElectraForMaskedLM and the task heads on the same weights (loss, logits and every
+gradient; E < H and E = H, padding in the batch), float64 gradient checks of the new
+pieces, and Hugging Face directories in and out."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minibert.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining,
+                              ElectraForQuestionAnswering, ElectraForSequenceClassification,
+                              ElectraForTokenClassification, ElectraModel)
+from minibert.gradcheck import random_token_batch, rel_error
+from minibert.pretraining import PretrainingBatch
+from minibert.testing import assert_parameter_gradients, seeds, token_batches
+
+HEADS = [ElectraForSequenceClassification, ElectraForTokenClassification,
+         ElectraForQuestionAnswering]
+
+
+def parity_config(data, num_labels: int = 2, dropout: float = 0.0) -> ElectraConfig:
+    heads = data.draw(st.sampled_from([1, 2]))
+    H = 4 * heads * data.draw(st.integers(1, 2))
+    return ElectraConfig(vocab_size=data.draw(st.integers(20, 50)),
+                         embedding_size=data.draw(st.sampled_from([3, H // 2, H])),
+                         hidden_size=H, num_hidden_layers=data.draw(st.integers(1, 3)),
+                         num_attention_heads=heads, intermediate_size=12,
+                         hidden_act=data.draw(st.sampled_from(["gelu", "gelu_new", "relu"])),
+                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                         max_position_embeddings=16, num_labels=num_labels,
+                         initializer_range=data.draw(st.sampled_from([0.02, 0.3])))
+
+
+def rtd_labels(batch, seed):
+    return np.random.default_rng(seed).integers(0, 2, batch.input_ids.shape)
+
+
+# -- gradient checks ------------------------------------------------------------------------
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_electra_model_gradients_random_upstream(data, seed):
+    config = parity_config(data)
+    batch = data.draw(token_batches(config, max_batch=2, max_len=6))
+    rng = np.random.default_rng(seed)
+    model = ElectraModel(config, seed=seed % 1000, dtype=np.float64)
+    out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+    assert out.pooler_output is None
+    G = rng.standard_normal(out.last_hidden_state.shape) * batch.attention_mask[..., None]
+    model.zero_grad()
+    model.backward(G)
+
+    def loss():
+        o = model(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+        return float((o.last_hidden_state * G).sum())
+
+    assert_parameter_gradients(model, loss, rng, f"ElectraModel {config}", full_max_size=24)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), dropout=st.sampled_from([0.0, 0.2]), seed=seeds)
+def test_discriminator_gradients_with_loss_upstream_and_fixed_dropout(data, dropout, seed):
+    config = parity_config(data, dropout=dropout)
+    batch = data.draw(token_batches(config, max_batch=2, max_len=6))
+    labels = rtd_labels(batch, seed)
+    model = ElectraForPreTraining(config, seed=seed % 1000, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    kw = dict(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids,
+              attention_mask=batch.attention_mask, labels=labels)
+
+    def run():
+        model.set_dropout_rng(np.random.default_rng(seed))
+        return model(**kw)
+
+    out = run()
+    c = rng.uniform(0.5, 2.0)
+    G = 0.1 * rng.standard_normal(out.logits.shape) * batch.attention_mask
+    model.zero_grad()
+    model.backward(c, d_logits=G)
+
+    def loss():
+        o = run()
+        return float(c * o.loss + (o.logits * G).sum())
+
+    assert_parameter_gradients(model, loss, rng, f"ElectraForPreTraining {config}",
+                               full_max_size=24)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_generator_gradients_with_loss_and_upstream(data, seed):
+    config = parity_config(data)
+    batch = data.draw(token_batches(config, max_batch=2, max_len=6))
+    model = ElectraForMaskedLM(config, seed=seed % 1000, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    kw = batch.model_inputs()
+    kw.pop("next_sentence_label", None)
+    out = model(**kw)
+    G = 0.1 * rng.standard_normal(out.prediction_logits.shape)
+    model.zero_grad()
+    model.backward(1.0, d_prediction_logits=G)
+
+    def loss():
+        o = model(**kw)
+        return float(o.loss + (o.prediction_logits * G).sum())
+
+    assert_parameter_gradients(model, loss, rng, f"ElectraForMaskedLM {config}",
+                               full_max_size=24)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), cls=st.sampled_from(HEADS), dropout=st.sampled_from([0.0, 0.2]),
+       seed=seeds)
+def test_head_gradients_random_upstream(data, cls, dropout, seed):
+    config = parity_config(data, dropout=dropout)
+    batch = data.draw(token_batches(config, max_batch=2, max_len=6))
+    model = cls(config, seed=seed % 1000, dtype=np.float64)
+    inputs = (batch.input_ids, batch.token_type_ids, batch.attention_mask)
+    rng = np.random.default_rng(seed)
+
+    def run():
+        model.set_dropout_rng(np.random.default_rng(seed))
+        return model(*inputs)
+
+    out = run()
+    if cls is ElectraForQuestionAnswering:
+        G = tuple(rng.standard_normal(out.start_logits.shape) * batch.attention_mask
+                  for _ in range(2))
+
+        def loss():
+            o = run()
+            return float((o.start_logits * G[0]).sum() + (o.end_logits * G[1]).sum())
+    else:
+        G = rng.standard_normal(out.logits.shape)
+        G *= batch.attention_mask[..., None] if G.ndim == 3 else 1.0
+
+        def loss():
+            return float((run().logits * G).sum())
+    model.zero_grad()
+    model.backward(d_logits=G)
+    assert_parameter_gradients(model, loss, rng, cls.__name__)
+
+
+def test_config_errors_and_no_pooler():
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        ElectraConfig(hidden_size=10, num_attention_heads=4)
+    with pytest.raises(ValueError, match="norm_position"):
+        ElectraConfig(norm_position="pre")
+    with pytest.raises(ValueError, match="embedding_size"):
+        ElectraConfig(embedding_size=0)
+    with pytest.raises(ValueError, match="pooler"):
+        ElectraModel(ElectraConfig(num_hidden_layers=1), add_pooling_layer=True)
+    small = ElectraConfig(vocab_size=20, embedding_size=8, hidden_size=8, num_hidden_layers=1,
+                          num_attention_heads=2, intermediate_size=8)
+    assert not any(n.startswith("embeddings_project") for n, _ in
+                   ElectraModel(small).named_parameters())
+
+
+# -- parity with transformers ---------------------------------------------------------------
+
+def _hf(cls_name: str, config: ElectraConfig, seed: int, dtype):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    fields = {k: v for k, v in config.to_dict().items()
+              if k not in ("classifier_pooling", "norm_position")}
+    hf = getattr(transformers, cls_name)(
+        transformers.ElectraConfig(**fields, attn_implementation="eager"))
+    return hf.to(getattr(torch, np.dtype(dtype).name)).eval()
+
+
+def compare(cls, config, batch, seed, dtype=np.float64):
+    """Same weights in ours and transformers' class of the same name; returns the relative
+    errors of the loss, of the logits and of the worst parameter gradient (with its name).
+    In float32 a gradient's error is relative to the largest gradient of the model."""
+    import torch
+    hf = _hf(cls.__name__, config, seed, dtype)
+    ours = cls(config, dtype=dtype).eval()
+    ref_state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    ours.load_state_dict(ref_state)
+    assert set(ours.state_dict()) == set(ref_state)
+    B, T = batch.input_ids.shape
+    rng = np.random.default_rng(seed)
+    base = dict(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids,
+                attention_mask=batch.attention_mask)
+    if cls is ElectraForMaskedLM:
+        ours_inputs = {k: v for k, v in batch.model_inputs().items()
+                       if k != "next_sentence_label"}
+        hf_inputs = {k: v for k, v in batch.hf_kwargs().items() if k != "next_sentence_label"}
+    elif cls is ElectraForPreTraining:
+        ours_inputs = hf_inputs = dict(base, labels=rtd_labels(batch, seed))
+    elif cls is ElectraForQuestionAnswering:
+        ours_inputs = hf_inputs = dict(base, start_positions=rng.integers(0, T, B),
+                                       end_positions=rng.integers(0, T, B))
+    elif cls is ElectraForTokenClassification:
+        labels = rng.integers(0, config.num_labels, (B, T))
+        ours_inputs = hf_inputs = dict(base, labels=np.where(batch.attention_mask > 0,
+                                                             labels, -100))
+    else:
+        ours_inputs = hf_inputs = dict(base, labels=rng.integers(0, config.num_labels, B))
+    out = ours(**ours_inputs)
+    ours.zero_grad()
+    ours.backward()
+    ref = hf(**{k: torch.from_numpy(np.asarray(v)) for k, v in hf_inputs.items()})
+    ref_loss = ref.loss
+    if cls is ElectraForPreTraining:
+        # transformers' line is BCEWithLogitsLoss()(active_logits, active_labels.float()):
+        # the float32 labels make torch compute the loss in float32 whatever the logits'
+        # dtype. The same formula with labels in the logits' dtype is the reference; HF's
+        # own loss agrees to float32 round-off.
+        active = torch.from_numpy(np.asarray(hf_inputs["attention_mask"])) == 1
+        labels = torch.from_numpy(np.asarray(hf_inputs["labels"]))[active]
+        ref_loss = torch.nn.BCEWithLogitsLoss()(ref.logits[active],
+                                                labels.to(ref.logits.dtype))
+        assert rel_error(ref_loss.item(), ref.loss.item()) < 1e-6
+    ref_loss.backward()
+    if cls is ElectraForMaskedLM:
+        mine = out.prediction_logits
+        real = batch.masked_lm_weights > 0
+        rows = np.broadcast_to(np.arange(B)[:, None], real.shape)
+        theirs = ref.logits.detach().numpy()[rows[real], batch.masked_lm_positions[real]]
+        mine = mine[real]
+    elif cls is ElectraForQuestionAnswering:
+        mine = np.stack([out.start_logits, out.end_logits])
+        theirs = np.stack([ref.start_logits.detach().numpy(), ref.end_logits.detach().numpy()])
+    else:
+        mine, theirs = out.logits, ref.logits.detach().numpy()
+    ref_grads = {n: p.grad.numpy() for n, p in hf.named_parameters() if p.grad is not None}
+    assert set(ref_grads) == {n for n, _ in ours.named_parameters()}
+    floor = 1e-8 if dtype == np.float64 else max(np.abs(g).max() for g in ref_grads.values())
+    grads = {n: rel_error(p.grad, ref_grads[n], floor) for n, p in ours.named_parameters()}
+    worst = max(grads, key=grads.get)
+    logit_floor = 1e-8 if dtype == np.float64 else np.abs(theirs).max()
+    return (rel_error(float(out.loss), ref_loss.item()), rel_error(mine, theirs, logit_floor),
+            grads[worst], worst)
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), cls=st.sampled_from([ElectraForPreTraining, ElectraForMaskedLM]),
+       seed=seeds)
+def test_pretraining_models_loss_and_every_gradient_match_transformers(data, cls, seed):
+    config = parity_config(data)
+    batch = data.draw(token_batches(config, max_batch=3, max_len=10))
+    loss, logits, grad, name = compare(cls, config, batch, seed % 10_000)
+    assert loss < 1e-10 and logits < 1e-9
+    assert grad <= 1e-6, f"gradient of {name} differs from transformers: {grad:.2e}"
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), cls=st.sampled_from(HEADS), num_labels=st.integers(2, 4), seed=seeds)
+def test_task_heads_match_transformers(data, cls, num_labels, seed):
+    config = parity_config(data, num_labels=2 if cls is ElectraForQuestionAnswering
+                           else num_labels)
+    batch = data.draw(token_batches(config, max_batch=3, max_len=10))
+    loss, logits, grad, name = compare(cls, config, batch, seed % 10_000)
+    assert loss < 1e-10 and logits < 1e-9
+    assert grad <= 1e-6, f"gradient of {name} differs from transformers: {grad:.2e}"
+
+
+@pytest.mark.parametrize("cls", [ElectraForPreTraining, ElectraForMaskedLM, *HEADS])
+@pytest.mark.parametrize("E", [16, 32])
+def test_float32_matches_transformers_to_round_off(cls, E):
+    config = ElectraConfig(vocab_size=60, embedding_size=E, hidden_size=32, num_hidden_layers=3,
+                           num_attention_heads=4, intermediate_size=64,
+                           max_position_embeddings=16, initializer_range=0.1)
+    batch = PretrainingBatch(**random_token_batch(config, np.random.default_rng(4), 4, 12))
+    loss, logits, grad, name = compare(cls, config, batch, 4, np.float32)
+    assert loss < 1e-5 and logits < 1e-5
+    assert grad <= 1e-5, f"gradient of {name} differs from transformers: {grad:.2e}"
+
+
+# -- Hugging Face directories ---------------------------------------------------------------
+
+@pytest.fixture
+def vocab_file(tmp_path):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]
+    p = tmp_path / "vocab.txt"
+    p.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return p
+
+
+def tiny(**kw) -> ElectraConfig:
+    base = dict(vocab_size=30, embedding_size=6, hidden_size=8, num_hidden_layers=2,
+                num_attention_heads=2, intermediate_size=12, max_position_embeddings=12,
+                initializer_range=0.3)
+    base.update(kw)
+    return ElectraConfig(**base)
+
+
+@pytest.mark.parametrize("cls_name", ["ElectraForPreTraining", "ElectraForMaskedLM",
+                                      "ElectraForSequenceClassification"])
+def test_directory_saved_by_transformers_loads(tmp_path, vocab_file, cls_name):
+    torch = pytest.importorskip("torch")
+    import minibert.electra as electra
+    from minibert.hf import load_hf_directory, load_pretrained_weights
+    from minibert.auto import config_from_dict
+    config = tiny()
+    hf = _hf(cls_name, config, 3, np.float32)
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.txt").write_text(vocab_file.read_text())
+    ck = load_hf_directory(tmp_path / "hf")
+    assert isinstance(ck.config, ElectraConfig) and ck.architectures == [cls_name]
+    assert config_from_dict(ck.config.to_record()) == ck.config
+    ours = getattr(electra, cls_name)(ck.config).eval()
+    report = load_pretrained_weights(ours, ck.state)
+    assert report["new"] == [] and report["unused"] == []
+    ids = np.random.default_rng(1).integers(5, 30, (2, 7))
+    mask = np.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        ref = hf(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits
+    if cls_name == "ElectraForMaskedLM":
+        mine = ours(ids, attention_mask=mask).prediction_logits
+    else:
+        mine = ours(ids, attention_mask=mask).logits
+    np.testing.assert_allclose(mine, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [ElectraForPreTraining, ElectraForMaskedLM,
+                                 ElectraForSequenceClassification, ElectraModel])
+def test_hf_export_loads_in_transformers_and_back(tmp_path, vocab_file, cls):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from minibert.hf import load_hf_directory, load_pretrained_weights, save_hf_directory
+    config = tiny(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = cls(config, seed=2).eval()
+    out_dir = save_hf_directory(model, tmp_path / "hf", vocab_file)
+    ids = np.random.default_rng(5).integers(5, 30, (2, 7))
+    ref = getattr(transformers, cls.__name__).from_pretrained(
+        out_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        r = ref(input_ids=torch.from_numpy(ids))
+    o = model(ids)
+    mine, theirs = ((o.last_hidden_state, r.last_hidden_state) if cls is ElectraModel else
+                    (o.prediction_logits, r.logits) if cls is ElectraForMaskedLM else
+                    (o.logits, r.logits))
+    np.testing.assert_allclose(mine, theirs.numpy(), rtol=1e-4, atol=1e-5)
+    ck = load_hf_directory(out_dir)
+    assert ck.config == config
+    again = cls(ck.config, seed=9).eval()
+    assert load_pretrained_weights(again, ck.state)["new"] == []
+    np.testing.assert_array_equal(
+        again(ids).last_hidden_state if cls is ElectraModel else
+        (again(ids).prediction_logits if cls is ElectraForMaskedLM else again(ids).logits),
+        mine)
+
+
+def test_a_family_given_as_another_is_one_error_naming_model_type(tmp_path, vocab_file):
+    import json
+    from minibert.hf import HFFormatError, load_hf_directory, save_hf_directory
+    out = save_hf_directory(ElectraForPreTraining(tiny(), seed=1), tmp_path / "hf", vocab_file)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["model_type"] = "bert"
+    cfg["architectures"] = ["BertForPreTraining"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HFFormatError, match="model_type") as e:
+        load_hf_directory(out)
+    assert "\n" not in str(e.value) and "electra" in str(e.value)
