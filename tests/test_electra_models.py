@@ -356,3 +356,42 @@ def test_a_family_given_as_another_is_one_error_naming_model_type(tmp_path, voca
     with pytest.raises(HFFormatError, match="model_type") as e:
         load_hf_directory(out)
     assert "\n" not in str(e.value) and "electra" in str(e.value)
+
+
+# -- the --objective electra model as a Hugging Face ELECTRA --------------------------------
+
+def test_objective_discriminator_exports_as_transformers_electra_and_loads_back(tmp_path,
+                                                                                 vocab_file):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from minibert import BertConfig
+    from minibert.hf import load_hf_directory, load_pretrained_weights, save_hf_directory
+    from minibert.objectives.electra import ElectraForPreTraining as Objective
+    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=12, max_position_embeddings=12,
+                        initializer_range=0.3, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    run_model = Objective(config, generator_layers=1, seed=4).eval()
+    disc = run_model.to_electra()
+    assert not hasattr(disc.electra, "embeddings_project")
+    out = save_hf_directory(disc, tmp_path / "hf", vocab_file)
+    ids = np.random.default_rng(2).integers(5, 30, (2, 7))
+    mask = np.ones_like(ids)
+    mask[0, 4:] = 0
+    # the objective's discriminator logits on an input, as the run computes them
+    h = run_model.bert(ids, attention_mask=mask).last_hidden_state
+    mine = run_model.discriminator_predictions(h)
+    ref = transformers.ElectraForPreTraining.from_pretrained(
+        out, attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    np.testing.assert_allclose(mine, theirs.logits.numpy(), rtol=1e-4, atol=1e-5)
+    ck = load_hf_directory(out)
+    assert isinstance(ck.config, ElectraConfig) and ck.config.embedding_size == 8
+    again = ElectraForPreTraining(ck.config, seed=7).eval()
+    assert load_pretrained_weights(again, ck.state)["new"] == []
+    np.testing.assert_array_equal(again(ids, attention_mask=mask).logits, mine)
+    with pytest.raises(ValueError, match="norm_position"):
+        Objective(BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2,
+                             num_attention_heads=2, intermediate_size=12,
+                             norm_position="pre")).to_electra()
