@@ -2,6 +2,8 @@
 ElectraForMaskedLM and the task heads on the same weights (loss, logits and every
 gradient; E < H and E = H, padding in the batch), float64 gradient checks of the new
 pieces, and Hugging Face directories in and out."""
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -395,3 +397,46 @@ def test_objective_discriminator_exports_as_transformers_electra_and_loads_back(
         Objective(BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2,
                              num_attention_heads=2, intermediate_size=12,
                              norm_position="pre")).to_electra()
+
+
+# -- an ELECTRA start through finetune.py ---------------------------------------------------
+
+@pytest.mark.parametrize("E", [8, 16])
+def test_finetune_from_a_transformers_electra_and_export_read_by_transformers(
+        tmp_path, dataset, E, capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from helpers import WORDS, run_ft
+    from minibert.hf import load_hf_directory, load_pretrained_weights
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    config = ElectraConfig(vocab_size=len(vocab), embedding_size=E, hidden_size=16,
+                           num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                           max_position_embeddings=32)
+    start = tmp_path / "electra-start"
+    _hf("ElectraForPreTraining", config, 0, np.float32).save_pretrained(start)
+    (start / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    out, export = tmp_path / "ft", tmp_path / "hf"
+    # a random ELECTRA start attends uniformly, with query / key gradients near 1e-10:
+    # Adam's eps of 1e-8 (torch's default) lets them move, where 1e-6 leaves the model
+    # on the class prior for these few steps (its gradients are transformers', above)
+    assert run_ft("--init", start, "--data", dataset, "--output-dir", out, "--epochs", "20",
+                  "--batch-size", "8", "--lr", "1e-2", "--adam-eps", "1e-8",
+                  "--max-seq-length", "16", "--export-hf", export) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dev"]["accuracy"] >= 0.75      # one word away from trivial
+    cfg = json.loads((export / "config.json").read_text())
+    assert cfg["model_type"] == "electra"
+    assert cfg["architectures"] == ["ElectraForSequenceClassification"]
+    ref = transformers.ElectraForSequenceClassification.from_pretrained(
+        export, attn_implementation="eager").eval()
+    ck = load_hf_directory(export)
+    ours = ElectraForSequenceClassification(ck.config).eval()
+    assert load_pretrained_weights(ours, ck.state)["new"] == []
+    ids = np.random.default_rng(3).integers(5, len(vocab), (3, 9))
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(ours(ids).logits, theirs, rtol=1e-4, atol=1e-5)
+    assert run_ft("--model", out, "--predict", "very good film") == 0
+    scores = json.loads([l for l in capsys.readouterr().out.splitlines()
+                         if l.startswith("[{")][-1])
+    assert sorted(s["label"] for s in scores) == ["neg", "pos"]
