@@ -440,3 +440,32 @@ def test_finetune_from_a_transformers_electra_and_export_read_by_transformers(
     scores = json.loads([l for l in capsys.readouterr().out.splitlines()
                          if l.startswith("[{")][-1])
     assert sorted(s["label"] for s in scores) == ["neg", "pos"]
+
+
+# -- pipelines and scoring with an ELECTRA generator ----------------------------------------
+
+def test_fill_mask_of_a_transformers_generator_matches_its_pipeline_and_a_discriminator_is_refused(
+        tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from helpers import WORDS
+    from minibert import pipeline
+    from minibert.pipelines import PipelineError
+    from minibert.runs import RunError
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    config = tiny(vocab_size=len(vocab), hidden_size=16, embedding_size=8, initializer_range=0.5)
+    for cls_name in ("ElectraForMaskedLM", "ElectraForPreTraining"):
+        d = tmp_path / cls_name
+        _hf(cls_name, config, 0, np.float32).save_pretrained(d)
+        (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    gen = tmp_path / "ElectraForMaskedLM"
+    text = "the film was [MASK] ."
+    ours = pipeline("fill-mask", str(gen), fast_cpu=False)(text, top_k=5)
+    ref = transformers.pipeline("fill-mask", model=str(gen),
+                                tokenizer=transformers.BertTokenizer(str(gen / "vocab.txt")))
+    theirs = ref(text, top_k=5)
+    assert [o["token"] for o in ours] == [t["token"] for t in theirs]
+    np.testing.assert_allclose([o["score"] for o in ours], [t["score"] for t in theirs],
+                               rtol=1e-5)
+    with pytest.raises((PipelineError, RunError), match="generator_predictions"):
+        pipeline("fill-mask", str(tmp_path / "ElectraForPreTraining"))
