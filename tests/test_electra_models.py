@@ -469,3 +469,42 @@ def test_fill_mask_of_a_transformers_generator_matches_its_pipeline_and_a_discri
                                rtol=1e-5)
     with pytest.raises((PipelineError, RunError), match="generator_predictions"):
         pipeline("fill-mask", str(tmp_path / "ElectraForPreTraining"))
+
+
+def test_train_mlm_objective_electra_export_hf_is_a_transformers_electra(tmp_path, moby30,
+                                                                          capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import train_mlm
+    from minibert.hf import load_hf_directory, load_pretrained_weights
+    from minibert.objectives.electra import ElectraForPreTraining as Objective
+    from minibert.runs import load_start
+    out, export = tmp_path / "run", tmp_path / "hf"
+    assert train_mlm.main(["--corpus", str(moby30), "--vocab-size", "300", "--hidden-size", "32",
+                           "--num-hidden-layers", "2", "--max-seq-length", "32",
+                           "--batch-size", "4", "--eval-fraction", "0.1",
+                           "--eval-instances", "8", "--no-progress", "--output-dir", str(out),
+                           "--objective", "electra", "--max-steps", "3",
+                           "--generator-layers", "1", "--export-hf", str(export)]) == 0
+    assert f"wrote Hugging Face directory {export}" in capsys.readouterr().out
+    cfg = json.loads((export / "config.json").read_text())
+    assert cfg["model_type"] == "electra" and cfg["architectures"] == ["ElectraForPreTraining"]
+    # the run's discriminator, from its checkpoint
+    pre = load_start(out)
+    run_model = Objective(pre.config, generator_layers=1).eval()
+    run_model.load_state_dict(pre.state)
+    ids = np.random.default_rng(0).integers(5, pre.config.vocab_size, (2, 11))
+    mine = run_model.discriminator_predictions(run_model.bert(ids).last_hidden_state)
+    ref = transformers.ElectraForPreTraining.from_pretrained(
+        export, attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    # and back: minibert reads the directory as ELECTRA, with the same logits
+    ck = load_hf_directory(export)
+    again = ElectraForPreTraining(ck.config).eval()
+    assert load_pretrained_weights(again, ck.state)["new"] == []
+    np.testing.assert_allclose(again(ids).logits, mine, rtol=1e-6, atol=1e-6)

@@ -61,7 +61,7 @@ ALBERT_OPTIONS = ("embedding_size", "num_hidden_groups", "inner_group_num")
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
-               "save_every", "max_nonfinite_steps", "allow_data_change")
+               "save_every", "max_nonfinite_steps", "allow_data_change", "export_hf")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"exclude_documents": ["none"]}   # older runs left nothing out
 
@@ -96,6 +96,9 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
             (:func:`check_resumed_data`).
     """
     check_model_options(cfg, given)
+    if cfg.export_hf and cfg.vocab_algorithm == "bpe":
+        raise RunError(f"--export-hf {cfg.export_hf}: a Hugging Face BERT / ELECTRA directory "
+                       "needs a WordPiece vocabulary, not --vocab-algorithm bpe")
     if resumed is not None:
         check_resumed_data(cfg, resumed)
     start = Start()
@@ -617,7 +620,30 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
         fail(prog, str(e))
     if not comm.is_leader:
         return None
-    return write_summary(cfg, job.run, workload, state, last_eval, time.perf_counter() - t0)
+    summary = write_summary(cfg, job.run, workload, state, last_eval, time.perf_counter() - t0)
+    if cfg.export_hf:
+        export_hf(cfg, model, job.run.vocab)
+    return summary
+
+
+def export_hf(cfg: PretrainingConfig, model, vocab_file) -> Path:
+    """``--export-hf``: the trained model as a Hugging Face directory
+    (:func:`minibert.hf.save_hf_directory`); for ``--objective electra`` the discriminator
+    (:meth:`minibert.objectives.electra.ElectraForPreTraining.to_electra`: transformers'
+    ``ElectraForPreTraining``), the generator left out.
+
+    A model a Hugging Face directory cannot express (pre-LN, sinusoidal positions) or a
+    failed write ends the job with ``train_mlm.py: error: --export-hf DIR: ...``.
+    """
+    from ..hf import HFFormatError, save_hf_directory
+    try:
+        exported = model.to_electra() if hasattr(model, "to_electra") else model
+        d = save_hf_directory(exported, cfg.export_hf, vocab_file,
+                              tokenizer_options={"do_lower_case": cfg.lowercase})
+    except (HFFormatError, ValueError, OSError) as e:
+        fail("train_mlm.py", f"--export-hf {cfg.export_hf}: {e}")
+    print(f"wrote Hugging Face directory {d}")
+    return d
 
 
 def _prepare(cfg: PretrainingConfig, job, prog: str):
