@@ -508,3 +508,23 @@ def test_train_mlm_objective_electra_export_hf_is_a_transformers_electra(tmp_pat
     again = ElectraForPreTraining(ck.config).eval()
     assert load_pretrained_weights(again, ck.state)["new"] == []
     np.testing.assert_allclose(again(ids).logits, mine, rtol=1e-6, atol=1e-6)
+
+
+def test_an_electra_generator_is_a_distillation_teacher_and_a_discriminator_an_encoder_one(
+        tmp_path, vocab_file):
+    from minibert.distillation import load_teacher
+    from minibert.hf import save_hf_directory
+    from minibert.runs import load_start
+    gen = ElectraForMaskedLM(tiny(), seed=3).eval()
+    save_hf_directory(gen, tmp_path / "gen", vocab_file)
+    teacher = load_teacher(load_start(tmp_path / "gen"), dtype=np.float32)
+    assert teacher.has_mlm_head
+    ids = np.random.default_rng(0).integers(5, 30, (2, 7))
+    tt, mask = np.zeros_like(ids), np.ones_like(ids)
+    out = teacher(ids, tt, mask)
+    np.testing.assert_allclose(out.prediction_logits, gen(ids, tt, mask).prediction_logits,
+                               rtol=1e-6)
+    save_hf_directory(ElectraForPreTraining(tiny(), seed=3), tmp_path / "disc", vocab_file)
+    encoder = load_teacher(load_start(tmp_path / "disc"))
+    assert not encoder.has_mlm_head
+    assert encoder(ids, tt, mask, logits=False).last_hidden_state.shape == (2, 7, 8)
