@@ -528,3 +528,23 @@ def test_an_electra_generator_is_a_distillation_teacher_and_a_discriminator_an_e
     encoder = load_teacher(load_start(tmp_path / "disc"))
     assert not encoder.has_mlm_head
     assert encoder(ids, tt, mask, logits=False).last_hidden_state.shape == (2, 7, 8)
+
+
+def test_freeze_covers_the_projection_and_frozen_gradients_stay_zero():
+    config = tiny(num_hidden_layers=2, num_labels=3, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0)
+    model = ElectraForTokenClassification(config, seed=1).freeze(embeddings=True, layers=1)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert "electra.embeddings_project.weight" in frozen
+    assert "electra.embeddings.word_embeddings.weight" in frozen
+    assert "electra.encoder.layer.0.output.dense.weight" in frozen
+    assert "electra.encoder.layer.1.output.dense.weight" not in frozen
+    ids = np.random.default_rng(0).integers(5, 30, (2, 7))
+    labels = np.random.default_rng(1).integers(0, 3, (2, 7))
+    model.zero_grad()
+    model(ids, labels=labels)
+    model.backward()
+    for n, p in model.named_parameters():
+        assert (not np.any(p.grad)) == (n in frozen), n
+    with pytest.raises(ValueError, match="layers"):
+        model.freeze(layers=3)
