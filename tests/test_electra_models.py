@@ -548,3 +548,33 @@ def test_freeze_covers_the_projection_and_frozen_gradients_stay_zero():
         assert (not np.any(p.grad)) == (n in frozen), n
     with pytest.raises(ValueError, match="layers"):
         model.freeze(layers=3)
+
+
+def test_evaluate_harness_takes_an_electra_start_and_its_random_twin(tmp_path, vocab_file,
+                                                                     capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import evaluate
+    from minibert.hf import save_hf_directory
+    start = save_hf_directory(ElectraForPreTraining(tiny(hidden_size=16, embedding_size=8),
+                                                    seed=1), tmp_path / "electra", vocab_file)
+    rng = np.random.default_rng(0)
+    task = tmp_path / "toy"
+    task.mkdir()
+    for split, n in (("train", 24), ("dev", 8), ("test", 8)):
+        rows = []
+        for _ in range(n):
+            y = int(rng.integers(0, 2))
+            words = " ".join(rng.choice([f"w{i}" for i in range(2, 20)], 3))
+            rows.append(f"{'pos' if y else 'neg'}\t{words} {'w0' if y else 'w1'}")
+        (task / f"{split}.tsv").write_text("label\tsentence\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "eval"
+    assert evaluate.main([str(start), f"random:{start}", "--task-dir", f"toy={task}",
+                          "--tasks", "toy", "--budgets", "all", "--seeds", "1", "--epochs", "1",
+                          "--lr", "1e-3", "--batch-size", "8", "--max-seq-length", "12",
+                          "--output-dir", str(out)]) == 0
+    configs = [json.loads(p.read_text()) for p in out.glob("runs/**/config.json")]
+    assert configs and all(c["model_type"] == "electra" for c in configs)
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {r["kind"] for r in runs} == {"finetune", "probe", "bow"}
