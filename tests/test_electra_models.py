@@ -578,3 +578,19 @@ def test_evaluate_harness_takes_an_electra_start_and_its_random_twin(tmp_path, v
     assert configs and all(c["model_type"] == "electra" for c in configs)
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert {r["kind"] for r in runs} == {"finetune", "probe", "bow"}
+
+
+def test_train_mlm_refuses_an_electra_init_checkpoint_in_one_line(tmp_path, vocab_file, moby30,
+                                                                   capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import train_mlm
+    from minibert.hf import save_hf_directory
+    start = save_hf_directory(ElectraForPreTraining(tiny(), seed=1), tmp_path / "e", vocab_file)
+    with pytest.raises(SystemExit):
+        train_mlm.main(["--corpus", str(moby30), "--init-checkpoint", str(start),
+                        "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
+                        "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error:" in err[0] and "model_type 'electra'" in err[0]

@@ -185,8 +185,12 @@ def check_model_type(config: ModelConfig, model: str, source: str) -> None:
     """Raise RunError when the model at ``source`` (an option and its path; ``config``
     its config) is not of the family ``model`` ("bert" or "albert"), naming both."""
     if config.model_type != model:
+        fix = (f"give --model {config.model_type}"
+               if config.model_type in PretrainingConfig.CHECKS["model"] else
+               f"train_mlm.py trains {' or '.join(PretrainingConfig.CHECKS['model'])} models; "
+               "an ELECTRA discriminator or generator is a start for finetune.py")
         raise RunError(f"{source}: holds a model of model_type {config.model_type!r}, this "
-                       f"run trains --model {model} (give --model {config.model_type})")
+                       f"run trains --model {model} ({fix})")
 
 
 def model_config(cfg: PretrainingConfig, vocab_size: int) -> ModelConfig:
