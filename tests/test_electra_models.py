@@ -594,3 +594,28 @@ def test_train_mlm_refuses_an_electra_init_checkpoint_in_one_line(tmp_path, voca
                         "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error:" in err[0] and "model_type 'electra'" in err[0]
+
+
+def test_pseudo_log_likelihood_of_an_electra_generator_matches_transformers(tmp_path,
+                                                                            vocab_file):
+    torch = pytest.importorskip("torch")
+    from minibert.scoring import score_texts
+    from minibert.tokenization import BertTokenizer
+    config = tiny(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  initializer_range=0.5)
+    hf = _hf("ElectraForMaskedLM", config, 5, np.float64)
+    ours = ElectraForMaskedLM(config, dtype=np.float64).eval()
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    tok = BertTokenizer(str(vocab_file))
+    text = "w3 w7 w1 w12 w5"
+    got = score_texts(ours, tok, [text], method="pll")[0]
+    ids = tok(text)["input_ids"]
+    want = 0.0
+    for i in range(1, len(ids) - 1):               # each piece masked in turn, as Salazar et al.
+        masked = list(ids)
+        masked[i] = tok.mask_token_id
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([masked])).logits[0, i]
+        want += torch.log_softmax(logits, -1)[ids[i]].item()
+    assert got["tokens"] == len(ids) - 2
+    assert got["score"] == pytest.approx(want, rel=1e-9)
