@@ -619,3 +619,19 @@ def test_pseudo_log_likelihood_of_an_electra_generator_matches_transformers(tmp_
         want += torch.log_softmax(logits, -1)[ids[i]].item()
     assert got["tokens"] == len(ids) - 2
     assert got["score"] == pytest.approx(want, rel=1e-9)
+
+
+def test_electra_is_core_it_loads_numpy_and_the_core_only():
+    import subprocess
+    import sys
+    from pathlib import Path
+    probe = ("import json, sys, minibert.electra; "
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('minibert')"
+             " or m in ('torch', 'safetensors', 'tqdm', 'matplotlib', 'regex'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    core = {"minibert", "minibert.backend", "minibert.fast", "minibert.modeling",
+            "minibert.heads", "minibert.electra", "minibert.nn"}
+    assert {m for m in json.loads(out.stdout)
+            if not m.startswith("minibert.nn.")} <= core, out.stdout
