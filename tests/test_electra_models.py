@@ -635,3 +635,60 @@ def test_electra_is_core_it_loads_numpy_and_the_core_only():
             "minibert.heads", "minibert.electra", "minibert.nn"}
     assert {m for m in json.loads(out.stdout)
             if not m.startswith("minibert.nn.")} <= core, out.stdout
+
+
+# -- the GPU path (a real GPU, else the NumPy stand-in tests/fakecupy.py) -------------------
+
+class _SharedDraws:
+    """A dropout generator that gives both devices the same uniforms (drawn on the host)."""
+
+    def __init__(self, seed, xp):
+        self.rng, self.xp = np.random.default_rng(seed), xp
+
+    def random(self, shape, dtype=np.float64):
+        return self.xp.asarray(self.rng.random(shape, dtype=dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [ElectraForPreTraining, ElectraForMaskedLM,
+                                 ElectraForSequenceClassification, ElectraForQuestionAnswering])
+def test_gpu_gradients_match_the_cpu_and_a_step_reads_nothing_back(cuda, cls):
+    import cupy as cp
+    import cupyx
+    config = tiny(hidden_size=16, num_attention_heads=4, embedding_size=8, num_labels=2,
+                  hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 30, (3, 9))
+    mask = np.ones_like(ids)
+    mask[1, 6:] = 0
+    ids[1, 6:] = 0
+    if cls is ElectraForMaskedLM:
+        host = dict(input_ids=ids, attention_mask=mask, masked_lm_positions=np.array([[1, 2]] * 3),
+                    masked_lm_ids=rng.integers(5, 30, (3, 2)))
+    elif cls is ElectraForPreTraining:
+        host = dict(input_ids=ids, attention_mask=mask, labels=rng.integers(0, 2, ids.shape))
+    elif cls is ElectraForQuestionAnswering:
+        host = dict(input_ids=ids, attention_mask=mask, start_positions=np.array([1, 2, 3]),
+                    end_positions=np.array([2, 4, 3]))
+    else:
+        host = dict(input_ids=ids, attention_mask=mask, labels=np.array([0, 1, 1]))
+    cpu = cls(config, dtype=np.float64)
+    gpu = cls(config, dtype=np.float64).to("cuda")
+    losses = []
+    for model, xp in ((cpu, np), (gpu, cp)):
+        model.set_dropout_rng(_SharedDraws(7, xp))
+        x = {k: xp.asarray(v) for k, v in host.items()}
+        model.zero_grad()
+        if xp is cp:
+            with cuda.record() as seen, cupyx.allow_synchronize(False):
+                out = model(**x)
+                model.backward()
+            assert seen.syncs == []
+        else:
+            out = model(**x)
+            model.backward()
+        losses.append(float(out.loss))
+    assert abs(losses[0] - losses[1]) < 1e-10
+    for (n, pc), (_, pg) in zip(cpu.named_parameters(), gpu.named_parameters()):
+        np.testing.assert_allclose(cp.asnumpy(pg.grad), pc.grad, rtol=1e-9, atol=1e-12,
+                                   err_msg=n)
