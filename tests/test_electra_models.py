@@ -692,3 +692,25 @@ def test_gpu_gradients_match_the_cpu_and_a_step_reads_nothing_back(cuda, cls):
     for (n, pc), (_, pg) in zip(cpu.named_parameters(), gpu.named_parameters()):
         np.testing.assert_allclose(cp.asnumpy(pg.grad), pc.grad, rtol=1e-9, atol=1e-12,
                                    err_msg=n)
+
+
+def test_every_bert_role_built_from_an_electra_start_is_the_electra_class(tmp_path,
+                                                                          vocab_file):
+    from minibert import (BertForPreTraining, BertForQuestionAnswering,
+                          BertForSequenceClassification, BertForTokenClassification, BertModel)
+    from minibert.auto import bert_role, model_class
+    from minibert.runs import load_start
+    from minibert.hf import save_hf_directory
+    save_hf_directory(ElectraForPreTraining(tiny(), seed=1), tmp_path / "d", vocab_file)
+    pre = load_start(tmp_path / "d")
+    assert isinstance(pre.config, ElectraConfig) and pre.architecture == "ElectraForPreTraining"
+    for role, cls in ((BertModel, ElectraModel), (BertForPreTraining, ElectraForMaskedLM),
+                      (BertForSequenceClassification, ElectraForSequenceClassification),
+                      (BertForTokenClassification, ElectraForTokenClassification),
+                      (BertForQuestionAnswering, ElectraForQuestionAnswering)):
+        assert model_class(pre.config, role) is cls and bert_role(cls.__name__) == role.__name__
+        model, report = pre.build(role)
+        assert type(model) is cls and isinstance(model, role)
+        assert report["loaded"] and all(not n.startswith("electra.") for n in report["new"])
+        assert set(report["unused"]) <= {n for n in pre.state
+                                         if n.startswith("discriminator_predictions.")}
