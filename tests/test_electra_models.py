@@ -714,3 +714,40 @@ def test_every_bert_role_built_from_an_electra_start_is_the_electra_class(tmp_pa
         assert report["loaded"] and all(not n.startswith("electra.") for n in report["new"])
         assert set(report["unused"]) <= {n for n in pre.state
                                          if n.startswith("discriminator_predictions.")}
+
+
+def test_tagging_from_an_electra_start_and_its_export_in_transformers(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from helpers import NEG, POS, WORDS, run_ft
+    from minibert.hf import load_hf_directory, load_pretrained_weights
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    start = tmp_path / "electra-start"
+    _hf("ElectraForPreTraining", tiny(vocab_size=len(vocab), hidden_size=16,
+                                      embedding_size=8, initializer_range=0.02),
+        0, np.float32).save_pretrained(start)
+    (start / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "tag"
+    data.mkdir()
+    for split, n in (("train", 40), ("dev", 10), ("test", 10)):
+        lines = []
+        for _ in range(n):
+            words = list(rng.choice(WORDS, 5))
+            lines += [f"{w}\t{'ADJ' if w in POS + NEG else 'X'}" for w in words] + [""]
+        (data / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out, export = tmp_path / "ft", tmp_path / "hf"
+    assert run_ft("--task", "token-classification", "--init", start, "--data", data,
+                  "--output-dir", out, "--epochs", "2", "--batch-size", "8", "--lr", "1e-2",
+                  "--adam-eps", "1e-8", "--max-seq-length", "12", "--export-hf", export) == 0
+    assert json.loads((export / "config.json").read_text())["architectures"] == [
+        "ElectraForTokenClassification"]
+    ref = transformers.ElectraForTokenClassification.from_pretrained(
+        export, attn_implementation="eager").eval()
+    ck = load_hf_directory(export)
+    ours = ElectraForTokenClassification(ck.config).eval()
+    assert load_pretrained_weights(ours, ck.state)["new"] == []
+    ids = np.random.default_rng(3).integers(5, len(vocab), (2, 8))
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(ours(ids).logits, theirs, rtol=1e-4, atol=1e-5)
