@@ -423,7 +423,8 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
     Args:
         model: BertModel, BertForPreTraining, BertForSequenceClassification,
             BertForTokenClassification or BertForQuestionAnswering, or the Albert* class
-            of each.
+            of each, or an Electra* class of :mod:`minibert.electra` (ElectraModel,
+            ElectraForPreTraining, ElectraForMaskedLM and the heads).
         directory: created if needed.
         vocab_file: the WordPiece vocabulary the model was trained with.
         id2label: class names for classification models (tags for token classification).
