@@ -751,3 +751,32 @@ def test_tagging_from_an_electra_start_and_its_export_in_transformers(tmp_path, 
     with torch.no_grad():
         theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
     np.testing.assert_allclose(ours(ids).logits, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_an_electra_generator_teaches_a_bert_student_of_its_own_sizes(tmp_path, moby30,
+                                                                      moby_vocab, capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import train_mlm
+    from minibert.hf import save_hf_directory
+    n = len(moby_vocab.read_text(encoding="utf-8").splitlines())
+    gen = ElectraForMaskedLM(ElectraConfig(vocab_size=n, embedding_size=16, hidden_size=32,
+                                           num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=64, max_position_embeddings=64),
+                             seed=1)
+    teacher = save_hf_directory(gen, tmp_path / "gen", moby_vocab)
+    common = ["--corpus", str(moby30), "--teacher", str(teacher), "--objective", "mlm",
+              "--max-steps", "2", "--batch-size", "4", "--max-seq-length", "32",
+              "--no-progress", "--eval-instances", "4", "--eval-fraction", "0.1"]
+    assert train_mlm.main([*common, "--student-init", "preset", "--preset", "tiny",
+                           "--hidden-size", "32", "--num-attention-heads", "2",
+                           "--output-dir", str(tmp_path / "student")]) == 0
+    summary = json.loads((tmp_path / "student" / "summary.json").read_text())
+    assert np.isfinite(summary["teacher_mlm_loss"]) and np.isfinite(summary["eval_kl_loss"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):     # a copy of its layers would be an ELECTRA student
+        train_mlm.main([*common, "--student-init", "every-other-layer",
+                        "--output-dir", str(tmp_path / "copy")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--student-init preset" in err[0]
