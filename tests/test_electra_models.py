@@ -780,3 +780,25 @@ def test_an_electra_generator_teaches_a_bert_student_of_its_own_sizes(tmp_path, 
                         "--output-dir", str(tmp_path / "copy")])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--student-init preset" in err[0]
+
+
+def test_sequence_regression_matches_transformers():
+    torch = pytest.importorskip("torch")
+    config = tiny(num_labels=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf = _hf("ElectraForSequenceClassification", config, 2, np.float64)
+    ours = ElectraForSequenceClassification(config, dtype=np.float64).eval()
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    rng = np.random.default_rng(2)
+    ids = rng.integers(5, 30, (3, 6))
+    mask = np.ones_like(ids)
+    mask[2, 4:] = 0
+    y = rng.standard_normal(3)
+    out = ours(ids, attention_mask=mask, labels=y)
+    ours.zero_grad()
+    ours.backward()
+    ref = hf(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+             labels=torch.from_numpy(y))
+    ref.loss.backward()
+    assert rel_error(float(out.loss), ref.loss.item()) < 1e-12
+    for n, p in ours.named_parameters():
+        assert rel_error(p.grad, dict(hf.named_parameters())[n].grad.numpy(), 1e-8) < 1e-6, n
