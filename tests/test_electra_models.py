@@ -508,6 +508,19 @@ def test_train_mlm_objective_electra_export_hf_is_a_transformers_electra(tmp_pat
     again = ElectraForPreTraining(ck.config).eval()
     assert load_pretrained_weights(again, ck.state)["new"] == []
     np.testing.assert_allclose(again(ids).logits, mine, rtol=1e-6, atol=1e-6)
+    # and back into the objective: the exported directory continues an ELECTRA run
+    capsys.readouterr()
+    assert train_mlm.main(["--corpus", str(moby30), "--max-seq-length", "32",
+                           "--batch-size", "4", "--eval-fraction", "0.1",
+                           "--eval-instances", "8", "--no-progress", "--objective", "electra",
+                           "--max-steps", "1", "--generator-layers", "1",
+                           "--init-checkpoint", str(export),
+                           "--output-dir", str(tmp_path / "more")]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("weights from"))
+    import ast
+    new, unused = line.split("new: ")[1].split("; not used: ")
+    assert new != "none" and all(n.startswith("generator.") for n in ast.literal_eval(new))
+    assert unused == "none"          # every exported tensor found its place
 
 
 def test_an_electra_generator_is_a_distillation_teacher_and_a_discriminator_an_encoder_one(
@@ -802,3 +815,24 @@ def test_sequence_regression_matches_transformers():
     assert rel_error(float(out.loss), ref.loss.item()) < 1e-12
     for n, p in ours.named_parameters():
         assert rel_error(p.grad, dict(hf.named_parameters())[n].grad.numpy(), 1e-8) < 1e-6, n
+
+
+def test_objective_electra_refuses_an_electra_start_with_a_projection(tmp_path, vocab_file,
+                                                                      moby30, moby_vocab,
+                                                                      capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import train_mlm
+    from minibert.hf import save_hf_directory
+    n = len(moby_vocab.read_text(encoding="utf-8").splitlines())
+    start = save_hf_directory(ElectraForPreTraining(tiny(vocab_size=n, hidden_size=16,
+                                                         embedding_size=8,
+                                                         max_position_embeddings=64)),
+                              tmp_path / "e", moby_vocab)
+    with pytest.raises(SystemExit):
+        train_mlm.main(["--corpus", str(moby30), "--objective", "electra",
+                        "--init-checkpoint", str(start), "--max-steps", "1", "--no-progress",
+                        "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "embedding_size 8 != hidden_size 16" in err[0]

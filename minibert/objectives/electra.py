@@ -258,6 +258,38 @@ class ElectraForPreTraining(BertPreTrainedModel):
         self.generator.backward(dloss)
 
 
+def from_electra(config, state: dict) -> tuple[BertConfig, dict]:
+    """The inverse of :meth:`ElectraForPreTraining.to_electra`: an ELECTRA discriminator's
+    config (:class:`minibert.electra.ElectraConfig`) and weights (``electra.*``,
+    ``discriminator_predictions.*``) as the BERT-shaped config and ``bert.*`` names of
+    this objective's model, so that a Hugging Face ELECTRA directory (one this objective
+    exported, or any with ``embedding_size`` = ``hidden_size``) starts a run
+    (``--init-checkpoint``). Tensors of other heads (a generator's) are left out; the
+    generator starts fresh.
+
+    Raises:
+        ValueError: embedding_size != hidden_size (the objective's model has no
+            ``embeddings_project``), naming both.
+    """
+    if config.embedding_size != config.hidden_size:
+        raise ValueError(f"embedding_size {config.embedding_size} != hidden_size "
+                         f"{config.hidden_size}: --objective electra continues ELECTRA models "
+                         "without embeddings_project only (E = H)")
+    fields = {k: getattr(config, k) for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "intermediate_size", "hidden_act", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+        "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
+        "num_labels", "position_embedding_type")}
+    out = {}
+    for k, v in state.items():
+        if k.startswith("electra."):
+            out["bert." + k[len("electra."):]] = v
+        elif k.startswith("discriminator_predictions."):
+            out[k] = v
+    return BertConfig(**fields), out
+
+
 class ReplacedTokenDetection(FullSentencesMLM):
     """ELECTRA on full-sentence inputs (see the module docstring): the model is an
     :class:`ElectraForPreTraining`, the metrics the MLM ones plus the ``rtd_*`` terms."""

@@ -104,6 +104,12 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
     start = Start()
     if resumed is None and cfg.init_checkpoint:
         start.init = init = load_start(cfg.init_checkpoint, "--init-checkpoint")
+        if init.config.model_type == "electra" and cfg.objective == "electra":
+            from ..objectives.electra import from_electra   # an ELECTRA discriminator
+            try:
+                init.config, init.state = from_electra(init.config, init.state)
+            except ValueError as e:
+                raise RunError(f"--init-checkpoint {cfg.init_checkpoint}: {e}") from None
         check_model_type(init.config, cfg.model, f"--init-checkpoint {cfg.init_checkpoint}")
         lower = init.tokenizer_options.get("do_lower_case", True)
         if lower != cfg.lowercase:
@@ -188,7 +194,8 @@ def check_model_type(config: ModelConfig, model: str, source: str) -> None:
         fix = (f"give --model {config.model_type}"
                if config.model_type in PretrainingConfig.CHECKS["model"] else
                f"train_mlm.py trains {' or '.join(PretrainingConfig.CHECKS['model'])} models; "
-               "an ELECTRA discriminator or generator is a start for finetune.py")
+               "an ELECTRA discriminator continues with --objective electra, and is a start "
+               "for finetune.py")
         raise RunError(f"{source}: holds a model of model_type {config.model_type!r}, this "
                        f"run trains --model {model} ({fix})")
 
