@@ -358,6 +358,18 @@ def test_a_family_given_as_another_is_one_error_naming_model_type(tmp_path, voca
     with pytest.raises(HFFormatError, match="model_type") as e:
         load_hf_directory(out)
     assert "\n" not in str(e.value) and "electra" in str(e.value)
+    # and the other way: BERT weights under model_type "electra"
+    from minibert import BertConfig, BertForPreTraining
+    bert = save_hf_directory(BertForPreTraining(BertConfig(
+        vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=12, max_position_embeddings=12)), tmp_path / "bert", vocab_file)
+    cfg = json.loads((bert / "config.json").read_text())
+    cfg["model_type"] = "electra"
+    (bert / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HFFormatError, match="model_type is 'electra', but the weights are "
+                                            "bert's") as e:
+        load_hf_directory(bert)
+    assert "\n" not in str(e.value)
 
 
 # -- the --objective electra model as a Hugging Face ELECTRA --------------------------------
