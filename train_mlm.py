@@ -199,6 +199,10 @@ def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
                    help="every N steps, record per-layer gradient norms and update/weight "
                         "ratios in metrics.jsonl (kind grad_flow; plot: python -m "
                         "minibert.gradflow); 0 = off")
+    g.add_argument("--export-hf", metavar="DIR", default=None,
+                   help="at the end, also write the model as a Hugging Face directory "
+                        "(--objective electra: the discriminator, as transformers' "
+                        "ElectraForPreTraining)")
     g.add_argument("--save-every", type=positive_int, default=250,
                    help="steps between checkpoints")
     cfg = PretrainingConfig(**vars(p.parse_args(argv)))

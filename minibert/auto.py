@@ -1,4 +1,5 @@
-"""The model family of a config, as transformers' Auto classes choose it: BERT or ALBERT.
+"""The model family of a config, as transformers' Auto classes choose it: BERT, ALBERT or
+ELECTRA (``"electra"``: :mod:`minibert.electra`, whose classes likewise subclass BERT's).
 
 A config says which family it belongs to by its class and its ``model_type`` (``"bert"``,
 ``"albert"``, transformers' names), which checkpoints and ``config.json`` record. Every
@@ -18,13 +19,17 @@ from .albert import (AlbertConfig, AlbertForPreTraining, AlbertForQuestionAnswer
                      AlbertForSequenceClassification, AlbertForTokenClassification, AlbertModel)
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
+from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForQuestionAnswering,
+                      ElectraForSequenceClassification, ElectraForTokenClassification,
+                      ElectraModel)
 from .modeling import BertConfig, BertForPreTraining, BertModel, ModelConfig
 
-__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "MLM_HEAD_PREFIXES", "bert_role",
+__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "ELECTRA_CLASSES", "FAMILY_CLASSES", "MLM_HEAD_PREFIXES", "bert_role",
            "config_class", "config_from_dict", "has_mlm_head", "model_class"]
 
 # model_type -> config class
-CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig}
+CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig,
+                                                "electra": ElectraConfig}
 
 # BERT class of a role -> the ALBERT class of that role
 ALBERT_CLASSES: dict[type, type] = {
@@ -34,6 +39,21 @@ ALBERT_CLASSES: dict[type, type] = {
     BertForTokenClassification: AlbertForTokenClassification,
     BertForQuestionAnswering: AlbertForQuestionAnswering,
 }
+
+# BERT class of a role -> the ELECTRA class of that role. The masked-LM role is the
+# generator's (ElectraForMaskedLM); the discriminator (ElectraForPreTraining, the model
+# published for fine-tuning) plays no BERT role: its encoder serves the heads.
+ELECTRA_CLASSES: dict[type, type] = {
+    BertModel: ElectraModel,
+    BertForPreTraining: ElectraForMaskedLM,
+    BertForSequenceClassification: ElectraForSequenceClassification,
+    BertForTokenClassification: ElectraForTokenClassification,
+    BertForQuestionAnswering: ElectraForQuestionAnswering,
+}
+
+# config class -> its family's role table (BERT's roles are its own classes)
+FAMILY_CLASSES: dict[type[ModelConfig], dict[type, type]] = {AlbertConfig: ALBERT_CLASSES,
+                                                             ElectraConfig: ELECTRA_CLASSES}
 
 
 def config_class(model_type: str) -> type[ModelConfig]:
@@ -62,23 +82,28 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
 
 def model_class(config: ModelConfig, bert_class: type) -> type:
     """The class that plays ``bert_class``'s role (a key of :data:`ALBERT_CLASSES`) for the
-    family of ``config``: ``bert_class`` itself for a BERT config, its ALBERT variant for
-    an :class:`~minibert.albert.AlbertConfig`.
+    family of ``config``: ``bert_class`` itself for a BERT config, its ALBERT (ELECTRA)
+    variant for an :class:`~minibert.albert.AlbertConfig`
+    (:class:`~minibert.electra.ElectraConfig`; :data:`FAMILY_CLASSES`).
 
     Raises:
-        ValueError: an ALBERT config and a class with no ALBERT variant.
+        ValueError: an ALBERT (ELECTRA) config and a class with no variant in that family.
     """
-    if not isinstance(config, AlbertConfig):
+    table = FAMILY_CLASSES.get(type(config))
+    if table is None:
         return bert_class
-    if bert_class not in ALBERT_CLASSES:
-        raise ValueError(f"{bert_class.__name__} has no ALBERT variant")
-    return ALBERT_CLASSES[bert_class]
+    if bert_class not in table:
+        family = {"albert": "ALBERT", "electra": "ELECTRA"}.get(config.model_type,
+                                                                 config.model_type)
+        raise ValueError(f"{bert_class.__name__} has no {family} variant")
+    return table[bert_class]
 
 
 # where each family keeps its masked-LM head in a state dict: BERT's cls.predictions.*,
 # ALBERT's predictions.* (transformers' names; the decoder weight may be absent, tied)
 MLM_HEAD_PREFIXES: dict[type[ModelConfig], str] = {BertConfig: "cls.predictions.",
-                                                   AlbertConfig: "predictions."}
+                                                   AlbertConfig: "predictions.",
+                                                   ElectraConfig: "generator_predictions."}
 
 
 def has_mlm_head(state) -> bool:
@@ -94,5 +119,6 @@ def bert_role(architecture: str | None) -> str | None:
     """The name of the BERT class whose role a class name plays (an ``architectures``
     entry of ``config.json``, a checkpoint's record): ``"AlbertForTokenClassification"``
     -> ``"BertForTokenClassification"``; any other name, and None, as it is."""
-    names = {albert.__name__: bert.__name__ for bert, albert in ALBERT_CLASSES.items()}
+    names = {ours.__name__: bert.__name__ for table in FAMILY_CLASSES.values()
+             for bert, ours in table.items()}
     return names.get(architecture, architecture)

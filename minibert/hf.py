@@ -3,7 +3,10 @@
 ``model_type`` "albert" in ``config.json`` reads as an
 :class:`~minibert.albert.AlbertConfig` (keys under ``albert.``, ``predictions.``,
 ``sop_classifier.``); an ALBERT model writes ``model_type`` "albert" (see
-:func:`config_from_hf` / :func:`albert_config_to_hf`).
+:func:`config_from_hf` / :func:`albert_config_to_hf`). ``model_type`` "electra" reads as an
+:class:`~minibert.electra.ElectraConfig` (keys under ``electra.``,
+``discriminator_predictions.``, ``generator_predictions.``, ``generator_lm_head.``), and
+weights of one family under another's ``model_type`` are refused (:func:`check_family`).
 
 Import (:func:`load_hf_directory`): a directory as transformers writes it --
 ``config.json``, ``model.safetensors`` (read by :func:`read_safetensors`: float32, float16
@@ -36,6 +39,7 @@ import numpy as np
 
 from .atomic import atomic_copy, atomic_write
 from .albert import AlbertConfig
+from .electra import ElectraConfig
 from .auto import CONFIG_CLASSES, config_class
 from .modeling import BertConfig
 from .torchbin import TorchBinError, declared_storage_bytes, load_torch_state_dict
@@ -62,8 +66,20 @@ ALBERT_HF_CONFIG_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_h
                            "attention_probs_dropout_prob", "max_position_embeddings",
                            "type_vocab_size", "initializer_range", "layer_norm_eps",
                            "classifier_dropout_prob", "pad_token_id", "position_embedding_type")
+# ElectraConfig fields with the same name and meaning in transformers' ElectraConfig.
+ELECTRA_HF_CONFIG_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers",
+                            "num_attention_heads", "intermediate_size", "hidden_act",
+                            "hidden_dropout_prob", "attention_probs_dropout_prob",
+                            "max_position_embeddings", "type_vocab_size", "initializer_range",
+                            "layer_norm_eps", "summary_type", "summary_use_proj",
+                            "summary_activation", "summary_last_dropout", "pad_token_id",
+                            "classifier_dropout", "position_embedding_type")
 _HEAD_PREFIXES = ("bert.", "cls.", "classifier.", "qa_outputs.",
-                  "albert.", "predictions.", "sop_classifier.")
+                  "albert.", "predictions.", "sop_classifier.",
+                  "electra.", "discriminator_predictions.", "generator_predictions.",
+                  "generator_lm_head.")
+# the encoder prefix of each family's state dict (transformers' base_model_prefix)
+FAMILY_PREFIXES = {"bert": "bert.", "albert": "albert.", "electra": "electra."}
 
 
 class HFFormatError(ValueError):
@@ -114,7 +130,8 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
     model_type = d.get("model_type")
     if isinstance(model_type, str) and model_type in CONFIG_CLASSES:
         return True
-    return isinstance(archs, list) and any(str(a).startswith(("Bert", "Albert")) for a in archs)
+    return isinstance(archs, list) and any(str(a).startswith(("Bert", "Albert", "Electra"))
+                                           for a in archs)
 
 
 def config_from_hf(d: dict[str, Any], source: str = "config.json"):
@@ -132,7 +149,8 @@ def config_from_hf(d: dict[str, Any], source: str = "config.json"):
         cls = config_class(d.get("model_type", "bert"))
     except ValueError as e:
         raise HFFormatError(f"{source}: {e}") from None
-    fields = ALBERT_HF_CONFIG_FIELDS if cls is AlbertConfig else HF_CONFIG_FIELDS
+    fields = {AlbertConfig: ALBERT_HF_CONFIG_FIELDS,
+              ElectraConfig: ELECTRA_HF_CONFIG_FIELDS}.get(cls, HF_CONFIG_FIELDS)
     kw = {k: d[k] for k in fields if k in d}
     if kw.get("position_embedding_type", "absolute") != "absolute":
         raise HFFormatError(f"{source}: position_embedding_type "
@@ -179,6 +197,10 @@ def config_to_hf(config: BertConfig | AlbertConfig, architecture: str,
     """
     if isinstance(config, AlbertConfig):
         return _with_labels(albert_config_to_hf(config, architecture), config, id2label)
+    if isinstance(config, ElectraConfig):   # its __post_init__ refuses what HF lacks
+        d = {"architectures": [architecture], "model_type": "electra"}
+        d.update({k: getattr(config, k) for k in ELECTRA_HF_CONFIG_FIELDS})
+        return _with_labels(d, config, id2label)
     if config.norm_position != "post" or config.position_embedding_type != "absolute":
         raise HFFormatError("cannot export to Hugging Face BERT: norm_position="
                             f"{config.norm_position!r}, position_embedding_type="
@@ -583,13 +605,33 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
     state = normalize_state_dict(read_hf_weights(directory, config),
-                                 "albert." if isinstance(config, AlbertConfig) else "bert.")
+                                 FAMILY_PREFIXES[config.model_type])
+    check_family(state, config, str(cfg_path))
     weights = next(directory / n for n in (SAFETENSORS_NAME, BIN_NAME)
                    if (directory / n).is_file())
     check_state_matches_config(state, config, f"{weights} and {cfg_path.name}")
     check_finite(state, str(weights))
     archs = [str(a) for a in d.get("architectures") or []]
     return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
+
+
+def check_family(state: dict[str, np.ndarray], config, source: str) -> None:
+    """Refuse weights of one family under a config of another: the state holds no tensor
+    under the config's encoder prefix (``bert.``, ``albert.``, ``electra.``) and some under
+    another family's.
+
+    Raises:
+        HFFormatError: one line naming the field ``model_type``, what it says and the
+            family the weights belong to.
+    """
+    own = FAMILY_PREFIXES[config.model_type]
+    if any(k.startswith(own) for k in state):
+        return
+    for family, prefix in FAMILY_PREFIXES.items():
+        if any(k.startswith(prefix) for k in state):
+            raise HFFormatError(f"{source}: field model_type is {config.model_type!r}, but the "
+                                f"weights are {family}'s ({prefix}* tensors): a {family} "
+                                f"checkpoint needs model_type {family!r}")
 
 
 def load_pretrained_weights(model, state: dict[str, np.ndarray],
@@ -660,7 +702,8 @@ def save_hf_directory(model, directory: str | os.PathLike, vocab_file: str | os.
     Args:
         model: BertModel, BertForPreTraining, BertForSequenceClassification,
             BertForTokenClassification or BertForQuestionAnswering, or the Albert* class
-            of each.
+            of each, or an Electra* class of :mod:`minibert.electra` (ElectraModel,
+            ElectraForPreTraining, ElectraForMaskedLM and the heads).
         directory: created if needed.
         vocab_file: the WordPiece vocabulary the model was trained with.
         id2label: class names for classification models (tags for token classification).

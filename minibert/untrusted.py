@@ -424,7 +424,8 @@ def check_state_matches_config(state: Mapping[str, np.ndarray], config, source: 
             ffn: (config.intermediate_size, C)}
     if config.position_embedding_type == "absolute":
         want["embeddings.position_embeddings.weight"] = (config.max_position_embeddings, E)
-    prefix = next((p for p in ("bert.", "albert.") if any(k.startswith(p) for k in state)), "")
+    prefix = next((p for p in ("bert.", "albert.", "electra.")
+                   if any(k.startswith(p) for k in state)), "")
     for name, shape in want.items():
         got = state.get(prefix + name)
         if got is not None and tuple(got.shape) != shape:

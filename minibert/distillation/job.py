@@ -175,10 +175,14 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
     """
     source, given = options.teacher, options.given
     teacher = load_start(source, "--teacher")
-    if teacher.config.model_type != "bert":
+    # an ELECTRA teacher (minibert.electra; soft targets from a generator, hidden states
+    # from either) teaches a student of its own sizes, not a copy of its weights
+    if not (teacher.config.model_type == "bert" or (teacher.config.model_type == "electra"
+                                                    and options.student_init == "preset")):
         raise RunError(f"--teacher {source}: holds a model of model_type "
                        f"{teacher.config.model_type!r}; a teacher is a BERT (the student "
-                       "may be an ALBERT: --model albert)")
+                       "may be an ALBERT: --model albert), or an ELECTRA with "
+                       "--student-init preset")
     lower = bool(teacher.tokenizer_options.get("do_lower_case", True))
     if lower != lowercase and "lowercase" in given:
         raise RunError(f"--teacher {source} reads text with do_lower_case={lower}; "

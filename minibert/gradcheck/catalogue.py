@@ -378,13 +378,45 @@ def _albert(d: _Draws):
             f"SOP loss, padding, dropout {s.dropout} (fixed masks)", f"G={groups}:")
 
 
+def _electra(d: _Draws):
+    """ELECTRA (minibert.electra): the discriminator (replaced-token BCE over real tokens)
+    with E < H through ``embeddings_project``, and the generator (MLM, decoder tied to the
+    E-wide word embeddings) with E = H, no projection."""
+    from ..electra import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
+    s = d.s
+    for cls, E in ((ElectraForPreTraining, max(3, s.hidden // 2)),
+                   (ElectraForMaskedLM, s.hidden)):
+        config = ElectraConfig(
+            vocab_size=s.vocab, embedding_size=E, hidden_size=s.hidden,
+            num_hidden_layers=s.layers, num_attention_heads=s.heads,
+            intermediate_size=s.intermediate, hidden_dropout_prob=s.dropout,
+            attention_probs_dropout_prob=s.dropout, max_position_embeddings=s.seq_len,
+            initializer_range=0.5)
+        net = cls(config, seed=d.seed, dtype=np.float64)
+        batch = random_token_batch(config, d.rng(11), d.B, d.T, first_row_full=True)
+        batch.pop("next_sentence_label")
+        if cls is ElectraForPreTraining:
+            inputs = [batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                      d.rng(12).integers(0, 2, batch["input_ids"].shape)]
+            what = "replaced-token BCE over real tokens"
+        else:
+            inputs = list(batch.values())
+            what = "MLM loss, tied decoder"
+        yield _Case(net, inputs, f"{cls.__name__}, E={E} {d.dims} L={s.layers} NH={d.NH} "
+                    f"I={d.I} V={d.V}: {what}, padding, dropout {s.dropout} (fixed masks)",
+                    f"{'disc' if cls is ElectraForPreTraining else 'gen'}:",
+                    loss=lambda out: (out.loss, None),
+                    before_forward=lambda net=net: net.set_dropout_rng(
+                        np.random.default_rng(d.seed)))
+
+
 # the catalogue: name -> entry, in the order of --layer all
 _ENTRIES: dict[str, Callable[[_Draws], Iterator[_Case]]] = {
     "linear": _linear, "embedding": _embedding, "layernorm": _layernorm, "gelu": _gelu,
     "softmax": _softmax, "attention": _attention, "ffn": _ffn,
     "encoder_layer": _encoder_layer, "mlm_head": _mlm_head, "nsp_head": _nsp_head,
     "cross_entropy": _cross_entropy, "distillation": _distillation, "model": _model,
-    "albert": _albert,
+    "albert": _albert, "electra": _electra,
 }
 LAYERS = tuple(_ENTRIES)
 

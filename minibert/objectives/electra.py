@@ -29,6 +29,13 @@ Parameter names: the discriminator is ``bert.*`` (so a pretraining run loads int
 ``generator.*`` (a ``BertForPreTraining`` without sentence head), its embeddings the
 discriminator's Parameters.
 
+Export: :meth:`ElectraForPreTraining.to_electra` gives the discriminator as a
+:class:`minibert.electra.ElectraForPreTraining` (``model_type`` "electra", E = H so no
+``embeddings_project``; ``bert.*`` renamed ``electra.*``), which
+:func:`minibert.hf.save_hf_directory` writes as a directory transformers loads as
+``ElectraForPreTraining``. The generator is not exported: it is a depth-reduced BERT
+(``generator.*``, hidden size H), not transformers' width-reduced ``ElectraForMaskedLM``.
+
 Metrics: the generator's MLM ones (:meth:`Objective.stats`), to which
 :class:`ReplacedTokenDetection` adds the discriminator's ``rtd_loss`` (nats per real
 token), ``rtd_acc`` (its accuracy over real tokens) and ``rtd_replaced`` (the share of
@@ -136,6 +143,37 @@ class ElectraForPreTraining(BertPreTrainedModel):
         self._rng = None
         self._cache = None
 
+    def to_electra(self):
+        """The discriminator as a :class:`minibert.electra.ElectraForPreTraining` with a
+        copy of its weights (``bert.*`` -> ``electra.*``, ``discriminator_predictions.*``
+        as is), on the host, in this model's dtype: what a Hugging Face export of the run
+        writes (transformers' ``ElectraForPreTraining`` with ``embedding_size`` =
+        ``hidden_size``).
+
+        Raises:
+            ValueError: a config transformers' ELECTRA cannot express (pre-LN, sinusoidal
+                positions, mean pooling), naming the field.
+        """
+        from ..electra import ElectraConfig
+        from ..electra import ElectraForPreTraining as Discriminator
+        c = self.config
+        if c.position_embedding_type != "absolute":
+            raise ValueError(f"position_embedding_type {c.position_embedding_type!r}: "
+                             "transformers' ELECTRA has learned absolute positions only")
+        fields = {k: getattr(c, k) for k in (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "hidden_act", "hidden_dropout_prob",
+            "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+            "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
+            "num_labels", "norm_position", "classifier_pooling")}
+        config = ElectraConfig(embedding_size=c.hidden_size, **fields)
+        model = Discriminator(config, dtype=self.dtype)
+        state = {("electra." + k[len("bert."):] if k.startswith("bert.") else k): v
+                 for k, v in self.state_dict().items()
+                 if k.startswith(("bert.", "discriminator_predictions."))}
+        model.load_state_dict(state)
+        return model
+
     def set_dropout_rng(self, rng) -> None:
         """The run's generator serves the dropout layers and the generator's sampling."""
         super().set_dropout_rng(rng)
@@ -218,6 +256,38 @@ class ElectraForPreTraining(BertPreTrainedModel):
         self.bert.backward(self.discriminator_predictions.backward(dz.astype(dtype)), None)
         # forward: loss = mlm_loss + disc_weight * rtd_loss  ->  the generator's part
         self.generator.backward(dloss)
+
+
+def from_electra(config, state: dict) -> tuple[BertConfig, dict]:
+    """The inverse of :meth:`ElectraForPreTraining.to_electra`: an ELECTRA discriminator's
+    config (:class:`minibert.electra.ElectraConfig`) and weights (``electra.*``,
+    ``discriminator_predictions.*``) as the BERT-shaped config and ``bert.*`` names of
+    this objective's model, so that a Hugging Face ELECTRA directory (one this objective
+    exported, or any with ``embedding_size`` = ``hidden_size``) starts a run
+    (``--init-checkpoint``). Tensors of other heads (a generator's) are left out; the
+    generator starts fresh.
+
+    Raises:
+        ValueError: embedding_size != hidden_size (the objective's model has no
+            ``embeddings_project``), naming both.
+    """
+    if config.embedding_size != config.hidden_size:
+        raise ValueError(f"embedding_size {config.embedding_size} != hidden_size "
+                         f"{config.hidden_size}: --objective electra continues ELECTRA models "
+                         "without embeddings_project only (E = H)")
+    fields = {k: getattr(config, k) for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "intermediate_size", "hidden_act", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+        "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
+        "num_labels", "position_embedding_type")}
+    out = {}
+    for k, v in state.items():
+        if k.startswith("electra."):
+            out["bert." + k[len("electra."):]] = v
+        elif k.startswith("discriminator_predictions."):
+            out[k] = v
+    return BertConfig(**fields), out
 
 
 class ReplacedTokenDetection(FullSentencesMLM):

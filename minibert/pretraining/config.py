@@ -112,6 +112,7 @@ class PretrainingConfig(JobOptions):
     eval_every: int = 250               # steps between evaluations, >= 1
     progress: bool = True               # progress bars
     init_checkpoint: str | None = None  # start from these weights (fresh optimizer)
+    export_hf: str | None = None        # also write the final model as a HF directory
     log_grad_norms: int = 0             # steps between gradient-norm records, >= 0 (0: off)
     save_every: int = 250               # steps between checkpoints, >= 1
 

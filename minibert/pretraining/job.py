@@ -61,7 +61,7 @@ ALBERT_OPTIONS = ("embedding_size", "num_hidden_groups", "inner_group_num")
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
-               "save_every", "max_nonfinite_steps", "allow_data_change")
+               "save_every", "max_nonfinite_steps", "allow_data_change", "export_hf")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"exclude_documents": ["none"]}   # older runs left nothing out
 
@@ -96,11 +96,20 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
             (:func:`check_resumed_data`).
     """
     check_model_options(cfg, given)
+    if cfg.export_hf and cfg.vocab_algorithm == "bpe":
+        raise RunError(f"--export-hf {cfg.export_hf}: a Hugging Face BERT / ELECTRA directory "
+                       "needs a WordPiece vocabulary, not --vocab-algorithm bpe")
     if resumed is not None:
         check_resumed_data(cfg, resumed)
     start = Start()
     if resumed is None and cfg.init_checkpoint:
         start.init = init = load_start(cfg.init_checkpoint, "--init-checkpoint")
+        if init.config.model_type == "electra" and cfg.objective == "electra":
+            from ..objectives.electra import from_electra   # an ELECTRA discriminator
+            try:
+                init.config, init.state = from_electra(init.config, init.state)
+            except ValueError as e:
+                raise RunError(f"--init-checkpoint {cfg.init_checkpoint}: {e}") from None
         check_model_type(init.config, cfg.model, f"--init-checkpoint {cfg.init_checkpoint}")
         lower = init.tokenizer_options.get("do_lower_case", True)
         if lower != cfg.lowercase:
@@ -208,8 +217,13 @@ def check_model_type(config: ModelConfig, model: str, source: str) -> None:
     """Raise RunError when the model at ``source`` (an option and its path; ``config``
     its config) is not of the family ``model`` ("bert" or "albert"), naming both."""
     if config.model_type != model:
+        fix = (f"give --model {config.model_type}"
+               if config.model_type in PretrainingConfig.CHECKS["model"] else
+               f"train_mlm.py trains {' or '.join(PretrainingConfig.CHECKS['model'])} models; "
+               "an ELECTRA discriminator continues with --objective electra, and is a start "
+               "for finetune.py")
         raise RunError(f"{source}: holds a model of model_type {config.model_type!r}, this "
-                       f"run trains --model {model} (give --model {config.model_type})")
+                       f"run trains --model {model} ({fix})")
 
 
 def model_config(cfg: PretrainingConfig, vocab_size: int) -> ModelConfig:
@@ -643,7 +657,30 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
         fail(prog, str(e))
     if not comm.is_leader:
         return None
-    return write_summary(cfg, job.run, workload, state, last_eval, time.perf_counter() - t0)
+    summary = write_summary(cfg, job.run, workload, state, last_eval, time.perf_counter() - t0)
+    if cfg.export_hf:
+        export_hf(cfg, model, job.run.vocab)
+    return summary
+
+
+def export_hf(cfg: PretrainingConfig, model, vocab_file) -> Path:
+    """``--export-hf``: the trained model as a Hugging Face directory
+    (:func:`minibert.hf.save_hf_directory`); for ``--objective electra`` the discriminator
+    (:meth:`minibert.objectives.electra.ElectraForPreTraining.to_electra`: transformers'
+    ``ElectraForPreTraining``), the generator left out.
+
+    A model a Hugging Face directory cannot express (pre-LN, sinusoidal positions) or a
+    failed write ends the job with ``train_mlm.py: error: --export-hf DIR: ...``.
+    """
+    from ..hf import HFFormatError, save_hf_directory
+    try:
+        exported = model.to_electra() if hasattr(model, "to_electra") else model
+        d = save_hf_directory(exported, cfg.export_hf, vocab_file,
+                              tokenizer_options={"do_lower_case": cfg.lowercase})
+    except (HFFormatError, ValueError, OSError) as e:
+        fail("train_mlm.py", f"--export-hf {cfg.export_hf}: {e}")
+    print(f"wrote Hugging Face directory {d}")
+    return d
 
 
 def _prepare(cfg: PretrainingConfig, job, prog: str):
