@@ -429,6 +429,27 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
     from .tokenization.vocab import VOCAB_LINE_BYTES
     path = Path(path)
     d = read_json_object(path, limit=vocab_size * 2 * VOCAB_LINE_BYTES + (1 << 20))
+    model, norm = _wordpiece_bert_parts(path, d)
+    tokens = _tokenizer_json_vocab(path, model, vocab_size, source)
+    opts: dict[str, Any] = {"do_lower_case": norm["lowercase"],
+                            "strip_accents": norm["strip_accents"],
+                            "tokenize_chinese_chars": norm["handle_chinese_chars"]}
+    mic = model.get("max_input_chars_per_word", 100)
+    if isinstance(mic, int) and not isinstance(mic, bool) and mic > 0 and mic != 100:
+        opts["max_input_chars_per_word"] = mic
+    opts.update(_tokenizer_json_specials(path, d, model, set(tokens)))
+    return tokens, opts
+
+
+def _wordpiece_bert_parts(path: Path, d: dict) -> tuple[dict, dict]:
+    """(``model``, ``normalizer``) of the parsed tokenizer.json ``d``, once they are a
+    WordPiece model, a BertNormalizer with boolean options and a BertPreTokenizer (see
+    :func:`read_tokenizer_json`).
+
+    Raises:
+        HFFormatError: any other model, normaliser or pre-tokeniser, naming it.
+        UntrustedFileError: no model object, a normaliser option of another type.
+    """
     model = d.get("model")
     if not isinstance(model, dict):
         raise UntrustedFileError(f"{path}: no \"model\" object, not a tokenizers file")
@@ -460,6 +481,17 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
             raise UntrustedFileError(f"{path}: normalizer field {k!r} is {norm.get(k)!r:.40}, "
                                      "expected true or false" + (" or null" if k ==
                                                                  "strip_accents" else ""))
+    return model, norm
+
+
+def _tokenizer_json_vocab(path: Path, model: dict, vocab_size: int, source: str) -> list[str]:
+    """The tokens of ``model.vocab`` ({token: id}) in id order.
+
+    Raises:
+        UntrustedFileError: not an object of token -> int, more tokens than
+            ``vocab_size`` (from ``source``), ids not 0..n-1 once each, a token a vocab.txt
+            line cannot hold.
+    """
     vocab = model.get("vocab")
     if not (isinstance(vocab, dict) and vocab and all(
             isinstance(i, int) and not isinstance(i, bool) for i in vocab.values())):
@@ -477,12 +509,19 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
             raise UntrustedFileError(f"{path}: model.vocab holds the token {tok!r:.40}, which "
                                      "a vocab.txt line cannot hold")
         tokens[i] = tok
-    opts: dict[str, Any] = {"do_lower_case": norm["lowercase"],
-                            "strip_accents": norm["strip_accents"],
-                            "tokenize_chinese_chars": norm["handle_chinese_chars"]}
-    mic = model.get("max_input_chars_per_word", 100)
-    if isinstance(mic, int) and not isinstance(mic, bool) and mic > 0 and mic != 100:
-        opts["max_input_chars_per_word"] = mic
+    return tokens
+
+
+def _tokenizer_json_specials(path: Path, d: dict, model: dict, present: set[str]
+                             ) -> dict[str, str]:
+    """The special tokens of a tokenizer.json that differ from BERT's defaults: [UNK] from
+    the model, [CLS] / [SEP] from the post-processor (BertProcessing or
+    TemplateProcessing), [PAD] from ``padding``; ``added_tokens`` must be among them.
+
+    Raises:
+        UntrustedFileError: a special token missing from the vocabulary ``present``.
+        HFFormatError: an added token that is not a special token of the vocabulary.
+    """
     special = {"unk_token": model.get("unk_token")}
     post = d.get("post_processor")
     if isinstance(post, dict) and post.get("type") == "BertProcessing":
@@ -496,15 +535,15 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
     pad = d.get("padding")
     if isinstance(pad, dict):
         special["pad_token"] = pad.get("pad_token")
-    present = set(vocab)
+    out: dict[str, str] = {}
     for k, tok in special.items():
         if tok is None:
             continue
         if not isinstance(tok, str) or tok not in present:
             raise UntrustedFileError(f"{path}: the {k} {tok!r:.40} is not in model.vocab")
         if tok != _SPECIAL_DEFAULTS[k]:
-            opts[k] = tok
-    kept_whole = {opts.get(k, _SPECIAL_DEFAULTS[k]) for k in _SPECIAL_TOKENS}
+            out[k] = tok
+    kept_whole = {out.get(k, _SPECIAL_DEFAULTS[k]) for k in _SPECIAL_TOKENS}
     for added in d.get("added_tokens") or []:
         content = added.get("content") if isinstance(added, dict) else None
         if content not in present or content not in kept_whole:
@@ -512,7 +551,7 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
                                 "special tokens (" + " ".join(sorted(kept_whole)) + ") in the "
                                 "WordPiece vocabulary; minibert keeps only those whole, as "
                                 "BERT's tokenizer does")
-    return tokens, opts
+    return out
 
 
 def vocab_of_directory(directory: Path, vocab_size: int,
