@@ -19,6 +19,9 @@ from .backend import get_array_module
 
 _fast_paths = False
 
+_GPU_ONLY = frozenset({"dropout_forward", "dropout_backward"})
+"""Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
+
 
 def set_fast_paths(enabled: bool) -> bool:
     """Switch the fast implementations of the formulas on or off, for the whole process.
@@ -35,7 +38,11 @@ def set_fast_paths(enabled: bool) -> bool:
       the CPU's threads, in place, in cache-sized blocks; equal to the formula bit for bit
       except float32 GELU, within 2.5e-7: tests/test_fast_cpu.py), and glibc keeps freed
       memory for the next step (:func:`minibert.fast_cpu.keep_freed_memory`);
-    - on CuPy arrays, AdamW runs the fused kernel of :mod:`minibert.gpu_kernels`.
+    - on CuPy arrays, AdamW, GELU, dropout, LayerNorm and softmax (forward and
+      backward) run their entry of :data:`minibert.gpu_kernels.FAST_PATHS` (fused
+      element-wise kernels: fewer launches, the same formula; tests/test_gpu.py), and
+      each self-attention layer concatenates its query / key / value weights once per
+      optimizer step instead of once per forward (:func:`frozen_parameters`).
 
     Returns:
         The setting before this call (so a caller can restore it).
@@ -71,7 +78,8 @@ def fast_path(name: str, x):
     None while the fast paths are off (:func:`set_fast_paths`): the caller then runs its
     formula. When on: for a NumPy array ``minibert.fast_cpu.FAST_PATHS[name]``; for a CuPy
     array ``minibert.gpu_kernels.FAST_PATHS.get(name)`` (None where the GPU has no fused
-    kernel for it and runs the formula).
+    kernel for it and runs the formula); None on NumPy arrays for the GPU-only names
+    (dropout).
 
     Raises:
         KeyError: ``name`` has no CPU fast path (on NumPy arrays, with the fast paths on).
@@ -79,6 +87,8 @@ def fast_path(name: str, x):
     if not _fast_paths:
         return None
     if get_array_module(x) is np:
+        if name in _GPU_ONLY:
+            return None
         from .fast_cpu import FAST_PATHS
         return FAST_PATHS[name]
     from .gpu_kernels import FAST_PATHS as GPU_FAST_PATHS

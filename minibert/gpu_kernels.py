@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy
+
 import cupy
 
 
@@ -55,3 +57,262 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 FAST_PATHS = {"adamw_update": adamw_update}
 """The name of a formula -> its fused GPU kernel, where the GPU has one (see
 :func:`minibert.fast.fast_path`); the other formulas run as written on the GPU."""
+
+
+# ------------------------------------------------------------------ the layers' kernels
+#
+# Each kernel below is one launch for a chain of element-wise operations of a formula of
+# minibert/nn/. A kernel is built once per compute type: "float" (float32 arrays, and
+# float16 arrays, which the formulas reduce or evaluate in float32 where they say so) or
+# "double" (float64: gradient checks). Constants are literals of that type, so a float32
+# kernel rounds them as NumPy rounds a Python float against a float32 array. The reductions
+# (row max, row sums and means, column sums for dw / db) stay CuPy reductions: one launch
+# each.
+
+_SQRT_HALF = 0.7071067811865476          # 1 / sqrt(2), as nn/activations.py
+_INV_SQRT_2PI = 0.3989422804014327       # 1 / sqrt(2 pi)
+
+
+def _ctype(dtype) -> tuple[str, str, str]:
+    """(C type, literal suffix, NumPy dtype name) of the arithmetic for arrays of dtype."""
+    if numpy.dtype(dtype) == numpy.float64:
+        return "double", "", "float64"
+    return "float", "f", "float32"
+
+
+def _compute(dtype):
+    """The dtype of the row statistics for activations of ``dtype`` (float16 -> float32,
+    as :func:`minibert.backend.compute_dtype`)."""
+    return numpy.dtype(numpy.float32) if numpy.dtype(dtype) == numpy.float16 else numpy.dtype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(kind: str, ctype: str):
+    """The ElementwiseKernel ``kind`` computing in ``ctype`` ("float" or "double")."""
+    s = "f" if ctype == "float" else ""
+    np_name = "float32" if ctype == "float" else "float64"
+    c = ctype
+    specs = {
+        # x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2))
+        "gelu_forward": ("T x", "T y, T cdf", f"""
+            {c} xv = x;
+            {c} cdf_v = 0.5{s} * (1.0{s} + erf(xv * {_SQRT_HALF}{s}));
+            cdf = cdf_v;
+            {c} cdf_r = cdf;
+            y = xv * cdf_r;
+            """),
+        # dout (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+        "gelu_backward": ("T dout, T x, T cdf", "T dx", f"""
+            {c} xv = x;
+            {c} d = dout;
+            {c} cv = cdf;
+            {c} pdf = exp(xv * xv * -0.5{s}) * {_INV_SQRT_2PI}{s};
+            dx = d * (cv + xv * pdf);
+            """),
+        # keep = u >= p, out = x keep scale (inverted dropout)
+        "dropout_forward": (f"T x, float32 u, float32 p, {np_name} scale", "bool keep, T out", f"""
+            keep = u >= p;
+            {c} xv = x;
+            {c} kv = keep;
+            out = xv * kv * scale;
+            """),
+        "dropout_backward": (f"T dout, bool keep, {np_name} scale", "T dx", f"""
+            {c} d = dout;
+            {c} kv = keep;
+            dx = d * kv * scale;
+            """),
+        # centred x and its square (LayerNorm's variance is the row mean of sq)
+        "layernorm_centre": ("T x, C mean", "C xc, C sq", f"""
+            {c} xv = x;
+            xc = xv - mean;
+            sq = (xv - mean) * (xv - mean);
+            """),
+        # rstd = (var + eps)^-1/2
+        "layernorm_rstd": (f"C var, {np_name} eps", "C rstd", f"""
+            rstd = pow(var + eps, -0.5{s});
+            """),
+        # xhat = xc rstd, out = xhat w + b
+        "layernorm_affine": ("C xc, C rstd, W w, W b", "C xhat, T out", f"""
+            {c} h = xc * rstd;
+            xhat = h;
+            {c} wv = w;
+            {c} bv = b;
+            out = h * wv + bv;
+            """),
+        # g = dout w (d out / d xhat), and the products whose sums give dw and mean(g xhat)
+        "layernorm_grads": ("T dout, C xhat, W w", "C dxh, C g, C gx", f"""
+            {c} d = dout;
+            {c} wv = w;
+            dxh = d * xhat;
+            g = d * wv;
+            gx = (d * wv) * xhat;
+            """),
+        # dx = (g - xhat mean(g xhat) - mean(g)) rstd
+        "layernorm_dx": ("C g, C xhat, C mean_gx, C mean_g, C rstd", "T dx", f"""
+            {c} v = (g - xhat * mean_gx - mean_g) * rstd;
+            dx = v;
+            """),
+        # e = exp(x - max)
+        "softmax_exp": ("T x, T m", "C e", f"""
+            {c} xv = x;
+            {c} mv = m;
+            e = exp(xv - mv);
+            """),
+        # dx = (dp - row) p
+        "softmax_dx": ("T dp, T row, T p", "T dx", f"""
+            dx = (dp - row) * p;
+            """),
+    }
+    ins, outs, body = specs[kind]
+    return cupy.ElementwiseKernel(ins, outs, body, f"minibert_{kind}_{ctype}")
+
+
+def gelu_forward(x):
+    """Exact GELU in one kernel: the formula of :func:`minibert.nn.activations.gelu_forward`,
+    ``cdf = 0.5 (1 + erf(x / sqrt 2))``, ``out = x cdf``, computed in float (float16 and
+    float32 x) or double (float64 x) and rounded to x's dtype.
+
+    Args:
+        x: CuPy array, any shape, float16 / float32 / float64.
+    Returns:
+        out (shape and dtype of x) and the cache ``(x, cdf)`` of the formula.
+    """
+    out, cdf = _kernel("gelu_forward", _ctype(x.dtype)[0])(x)
+    return out, (x, cdf)
+
+
+def gelu_backward(dout, cache):
+    """d/dx [x Phi(x)] in one kernel: ``dx = dout (Phi(x) + x phi(x))``, ``phi(x) =
+    exp(-x^2 / 2) / sqrt(2 pi)`` (:func:`minibert.nn.activations.gelu_backward`).
+
+    Args:
+        dout: the shape and dtype of x; cache: from :func:`gelu_forward` (or the formula).
+    Returns:
+        dx, the shape and dtype of dout.
+    """
+    x, cdf = cache
+    return _kernel("gelu_backward", _ctype(x.dtype)[0])(dout, x, cdf)
+
+
+def dropout_forward(x, p: float, rng):
+    """Inverted dropout: one cuRAND draw of float32 uniforms ``u`` and one kernel,
+    ``keep = u >= p``, ``out = x keep / (1 - p)`` (the formula of
+    :func:`minibert.nn.dropout.dropout_forward` with the mask of
+    :func:`minibert.nn.dropout.keep_mask` for a device generator).
+
+    Args:
+        x: CuPy array, float; p: drop probability in [0, 1); rng: a device generator
+            (``random(shape, dtype)``, e.g. :class:`minibert.backend.DropoutRNG`).
+    Returns:
+        out (shape and dtype of x) and the cache ``(keep, scale)`` (keep: bool, shape of x).
+    """
+    u = rng.random(x.shape, dtype=numpy.float32)
+    scale = 1.0 / (1.0 - p)
+    keep, out = _kernel("dropout_forward", _ctype(x.dtype)[0])(x, u, p, scale)
+    return out, (keep, scale)
+
+
+def dropout_backward(dout, cache):
+    """``dx = dout keep scale`` in one kernel (:func:`minibert.nn.dropout.dropout_backward`).
+    dout: any shape, float; cache: ``(keep, scale)`` of the forward. Returns dx."""
+    keep, scale = cache
+    return _kernel("dropout_backward", _ctype(dout.dtype)[0])(dout, keep, scale)
+
+
+def layernorm_forward(x, w, b, eps: float = 1e-12):
+    """LayerNorm over the last axis in five launches instead of nine: the row mean, one
+    kernel for ``xc = x - mean`` and ``xc^2``, the row mean of that (the biased variance),
+    one for ``rstd = (var + eps)^-1/2``, one for ``xhat = xc rstd`` and ``out = xhat w + b``
+    (:func:`minibert.nn.layernorm.layernorm_forward`; float16 x is normalised in float32).
+
+    Args:
+        x: (..., C) CuPy float array; w, b: (C,).
+    Returns:
+        out (..., C) in x's dtype and the cache ``(xhat, rstd, w)`` of the formula (xhat
+        (..., C) and rstd (..., 1) in the compute dtype).
+    """
+    cdt = _compute(x.dtype)
+    ctype, _, _ = _ctype(cdt)
+    mean = x.mean(axis=-1, keepdims=True, dtype=cdt)                 # (..., 1)
+    xc, sq = _kernel("layernorm_centre", ctype)(x, mean)             # (..., C)
+    var = sq.mean(axis=-1, keepdims=True)                            # (..., 1)
+    rstd = _kernel("layernorm_rstd", ctype)(var, eps)                # (..., 1)
+    xhat = cupy.empty(x.shape, cdt)
+    out = cupy.empty(x.shape, x.dtype)
+    _kernel("layernorm_affine", ctype)(xc, rstd, w, b, xhat, out)
+    return out, (xhat, rstd, w)
+
+
+def layernorm_backward(dout, cache):
+    """Gradients of LayerNorm in six launches instead of eleven: one kernel for ``dout
+    xhat``, ``g = dout w`` and ``g xhat``; the column sums dw, db; the row means of ``g
+    xhat`` and ``g``; one kernel for ``dx = (g - xhat mean(g xhat) - mean(g)) rstd``
+    (:func:`minibert.nn.layernorm.layernorm_backward`).
+
+    Args:
+        dout: (..., C); cache: ``(xhat, rstd, w)`` of the forward.
+    Returns:
+        dx (..., C) in dout's dtype, dw (C,) and db (C,) in the compute dtype.
+    """
+    xhat, rstd, w = cache
+    ctype, _, _ = _ctype(xhat.dtype)
+    C = xhat.shape[-1]
+    dxh, g, gx = _kernel("layernorm_grads", ctype)(dout, xhat, w)     # (..., C)
+    dw = dxh.reshape(-1, C).sum(axis=0)                                # (C,)
+    db = dout.reshape(-1, C).sum(axis=0, dtype=xhat.dtype)             # (C,)
+    mean_gx = gx.mean(axis=-1, keepdims=True)                          # (..., 1)
+    mean_g = g.mean(axis=-1, keepdims=True)                            # (..., 1)
+    dx = cupy.empty(dout.shape, dout.dtype)
+    _kernel("layernorm_dx", ctype)(g, xhat, mean_gx, mean_g, rstd, dx)
+    return dx, dw, db
+
+
+def softmax_forward(x, axis: int = -1, out=None):
+    """Softmax along ``axis`` in four launches instead of five: the row max, one kernel
+    for ``e = exp(x - max)`` (into ``out``, in place when ``out is x``), the row sum, the
+    division in place (:func:`minibert.nn.activations.softmax_forward`; float16 is
+    normalised in float32 and returned as float16).
+
+    Args:
+        x: any shape, float CuPy array; axis: the axis normalised over; out: optional
+            array of x's shape and dtype for the result (ignored for float16).
+    Returns:
+        probs (shape of x, x's dtype) and the cache ``(probs, axis)``.
+    """
+    dtype, cdt = x.dtype, _compute(x.dtype)
+    if cdt != dtype or out is None:
+        out = cupy.empty(x.shape, cdt)
+    m = x.max(axis=axis, keepdims=True)
+    _kernel("softmax_exp", _ctype(cdt)[0])(x, m, out)
+    probs = cupy.divide(out, out.sum(axis=axis, keepdims=True), out=out)
+    probs = probs.astype(dtype, copy=False)
+    return probs, (probs, axis)
+
+
+def softmax_backward(dprobs, cache, out=None):
+    """``dx = p (dp - sum(dp p))`` along the forward's axis in three launches instead of
+    four: the product, its row sum (in the compute dtype), one kernel for ``(dp - row) p``
+    (:func:`minibert.nn.activations.softmax_backward`).
+
+    Args:
+        dprobs: the shape of probs; cache: from :func:`softmax_forward`; out: optional
+            array for the result (``out=dprobs`` works in place).
+    Returns:
+        dx, the shape and dtype of probs.
+    """
+    probs, axis = cache
+    row = cupy.multiply(dprobs, probs).sum(axis=axis, keepdims=True,
+                                           dtype=_compute(probs.dtype)).astype(probs.dtype,
+                                                                               copy=False)
+    if out is None:
+        out = cupy.empty(probs.shape, probs.dtype)
+    _kernel("softmax_dx", _ctype(probs.dtype)[0])(dprobs, row, probs, out)
+    return out
+
+
+FAST_PATHS.update({
+    "gelu_forward": gelu_forward, "gelu_backward": gelu_backward,
+    "dropout_forward": dropout_forward, "dropout_backward": dropout_backward,
+    "layernorm_forward": layernorm_forward, "layernorm_backward": layernorm_backward,
+    "softmax_forward": softmax_forward, "softmax_backward": softmax_backward,
+})

@@ -82,11 +82,14 @@ class Transfers:
         syncs: one ``"<what> at <folder>/<file>:<line> (<function>)"`` string per
             device-to-host read, in order.
         uploads: the same for each host-to-device copy.
+        launches: one ``"<what> at <folder>/<file>:<line> (<function>)"`` string per
+            operation that launches a kernel on a GPU (see :func:`_launch`), in order.
     """
 
     def __init__(self):
         self.syncs: list[str] = []
         self.uploads: list[str] = []
+        self.launches: list[str] = []
 
 
 _local = threading.local()    # .allowed: what cupyx.allow_synchronize put in force
@@ -145,6 +148,20 @@ def _upload(what: str) -> None:
         rec.uploads.append(event)
 
 
+def _launch(what: str) -> None:
+    """A kernel launch: one per operation that would run a kernel on a GPU (a ufunc or
+    operator, a reduction, a matrix product, an ``ElementwiseKernel`` call, a copy or fill,
+    a gather / scatter, a random draw, ``erf``). Views (reshape, transpose, basic
+    indexing), allocations without a fill (``empty``) and no-op casts are not launches.
+    The count is one per CuPy call: a CuPy routine that runs two kernels (``var``,
+    ``linalg.norm``) counts once, a cuBLAS product counts once."""
+    if not _recorders:
+        return
+    event = f"{what} at {_caller()}"
+    for rec in _recorders:
+        rec.launches.append(event)
+
+
 # ------------------------------------------------------------------ the array type
 
 def _unwrap(x, host: str = "refuse"):
@@ -184,10 +201,13 @@ def _wrap(x):
     return x
 
 
-def _call(fn, args, kwargs, host: str = "refuse"):
+def _call(fn, args, kwargs, host: str = "refuse", launch: str | None = None):
     """``fn`` on the host arrays behind ``args``; the result as device arrays. With
-    ``out=``, the device array(s) given are returned, as NumPy returns its ``out``."""
+    ``out=``, the device array(s) given are returned, as NumPy returns its ``out``.
+    ``launch``: the name of the kernel launch to record (None: no launch, a view)."""
     result = fn(*_unwrap(args, host), **_unwrap(kwargs, host))
+    if launch is not None:
+        _launch(launch)
     out = kwargs.get("out")
     if out is not None:
         outs = out if isinstance(out, tuple) else (out,)
@@ -331,15 +351,19 @@ class ndarray(NDArrayOperatorsMixin):
 
     # -- copies on the device (no sync) -------------------------------------------------
     def __copy__(self):
+        _launch("ndarray.__copy__")
         return _wrap(self._a.copy())
 
     def __deepcopy__(self, memo):
+        _launch("ndarray.__deepcopy__")
         return _wrap(self._a.copy())
 
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, key):
         key = _index(key)
         out = self._a[key]
+        if not _is_basic(key):
+            _launch("ndarray.__getitem__ (gather)")
         if not isinstance(out, np.ndarray):       # one element: CuPy gives a 0-d view
             out = self._a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
         return _wrap(out)
@@ -350,10 +374,12 @@ class ndarray(NDArrayOperatorsMixin):
             # CuPy (gh-2079) refuses a host array through basic indexing
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         self._a[key] = _unwrap(value, "upload")
+        _launch("ndarray.__setitem__ (copy or fill)")
 
     # -- NumPy's protocols ----------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return _call(getattr(ufunc, method), inputs, kwargs)
+        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        return _call(getattr(ufunc, method), inputs, kwargs, launch=name)
 
     def __array_function__(self, func, types, args, kwargs):
         numpy_space, mine = {"numpy": (np, cupy), "numpy.linalg": (np.linalg, cupy.linalg)
@@ -365,12 +391,23 @@ class ndarray(NDArrayOperatorsMixin):
         return vars(mine)[func.__name__](*args, **kwargs)
 
 
+_VIEWS = frozenset("reshape ravel squeeze swapaxes transpose view expand_dims broadcast_to "
+                   "empty empty_like".split())
+"""Methods and functions that make a view or an uninitialised array: no kernel launch
+(``reshape`` / ``ravel`` of a non-contiguous array copy on a GPU; minibert's do not)."""
+
+
 def _method(name: str, syncs: bool = False):
     """The ndarray method ``name``: NumPy's, on the host arrays, returning device arrays."""
     def method(self, *args, **kwargs):
         if syncs:
             _sync(f"ndarray.{name}()")
-        return _call(getattr(self._a, name), args, kwargs)
+        launch = None if name in _VIEWS else f"ndarray.{name}"
+        if name == "astype":
+            dtype = np.dtype(args[0] if args else kwargs["dtype"])
+            if dtype == self.dtype and not kwargs.get("copy", True):
+                launch = None                            # no-op cast: the array itself
+        return _call(getattr(self._a, name), args, kwargs, launch=launch)
     method.__name__ = name
     return method
 
@@ -395,12 +432,13 @@ class _Ufunc:
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
     def __call__(self, *args, **kwargs):
-        return _call(self._ufunc, args, kwargs)
+        return _call(self._ufunc, args, kwargs, launch=self.__name__)
 
     def __getattr__(self, method):
         if method not in ("reduce", "accumulate", "outer", "at"):
             raise AttributeError(method)
-        return lambda *args, **kwargs: _call(getattr(self._ufunc, method), args, kwargs)
+        return lambda *args, **kwargs: _call(getattr(self._ufunc, method), args, kwargs,
+                                             launch=f"{self.__name__}.{method}")
 
 
 def _function(name: str):
@@ -414,7 +452,8 @@ def _function(name: str):
     def function(*args, **kwargs):
         if syncs or (name == "where" and len(args) == 1):
             _sync(f"cupy.{name}()")          # the output's size is read back
-        return _call(fn, args, kwargs, host)
+        launch = None if name in _VIEWS else f"cupy.{name}"
+        return _call(fn, args, kwargs, host, launch=launch)
     function.__name__ = name
     return function
 
@@ -423,6 +462,8 @@ def asarray(a, dtype=None, order=None):
     """A device array of ``a``: the same array if it is one (and of ``dtype``), else a
     copy of host data (an upload)."""
     if isinstance(a, ndarray):
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            _launch("cupy.asarray (cast)")
         return _wrap(np.asarray(a._a, dtype=dtype, order=order))
     return array(a, dtype=dtype, order=order or "K")
 
@@ -433,6 +474,8 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     host = _unwrap(obj, "upload")
     if not isinstance(obj, (ndarray, np.ndarray)) and not _only_device(obj):
         _upload(f"host data {type(obj).__name__}")
+    elif _only_device(obj):
+        _launch("cupy.array (device copy)")
     return _wrap(np.array(host, dtype=dtype, copy=True if copy is None else copy,
                           order=order, ndmin=ndmin))
 
@@ -445,7 +488,9 @@ def _only_device(obj) -> bool:
 
 
 def ascontiguousarray(a, dtype=None):
-    return _call(np.ascontiguousarray, (a,), {"dtype": dtype})
+    copies = not a._a.flags.c_contiguous or (dtype is not None and np.dtype(dtype) != a.dtype)
+    return _call(np.ascontiguousarray, (a,), {"dtype": dtype},
+                 launch="cupy.ascontiguousarray" if copies else None)
 
 
 def asnumpy(a, stream=None, order="C", out=None, blocking=True):
@@ -469,11 +514,13 @@ def scatter_add(a, slices, value):
                         "uint32, uint64 as data type")
     value = np.asarray(_unwrap(value, "upload"), dtype=a.dtype)   # CuPy casts it to a's
     np.add.at(a._a, _index(slices), value)
+    _launch("cupyx.scatter_add")
 
 
 def erf(x, out=None):
     """``cupyx.scipy.special.erf`` (SciPy's, on the host arrays)."""
-    return _call(scipy.special.erf, (x,), {} if out is None else {"out": out})
+    return _call(scipy.special.erf, (x,), {} if out is None else {"out": out},
+                 launch="cupyx.scipy.special.erf")
 
 
 # ------------------------------------------------------------------ ElementwiseKernel
@@ -665,6 +712,7 @@ class ElementwiseKernel:
                 env[target] = value
         for p, a in zip(self.out_params, outs):
             a._a[...] = env[p.name]
+        _launch(f"ElementwiseKernel {self.name}")
         if self.no_return:
             return None
         return outs[0] if nout == 1 and not self.return_tuple else tuple(outs)
@@ -716,6 +764,7 @@ class RandomState:
         dtype = np.dtype(dtype)
         if dtype.char not in "fd":
             raise TypeError(f"cupy.random only supports float32 and float64, got {dtype}")
+        _launch("RandomState.random_sample")
         return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
 
 
@@ -726,6 +775,7 @@ class Generator:
         self._rng = np.random.default_rng(seed)
 
     def random(self, size=None, dtype=np.float64):
+        _launch("Generator.random")
         return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
 
 
@@ -813,7 +863,8 @@ cupy = _module(
     random=_module("cupy.random", RandomState=RandomState,
                    default_rng=lambda seed=None: Generator(seed)),
     linalg=_module("cupy.linalg", norm=lambda x, ord=None, axis=None, keepdims=False: _call(
-        np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims})),
+        np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims},
+        launch="cupy.linalg.norm")),
     cuda=_module("cupy.cuda", Device=Device, runtime=_runtime, curand=_curand,
                  nvrtc=types.SimpleNamespace(getVersion=lambda: (0, 0)),
                  get_current_stream=lambda: _Stream()),

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from ..fast import fast_path
 from .module import Module
 
 
@@ -44,8 +45,13 @@ def dropout_forward(x, p: float, rng):
         rng: the generator of :func:`keep_mask`, on the same device as ``x``.
     Returns:
         out (same shape) and the cache of :func:`dropout_backward`: (keep, scale), the
-        boolean mask of kept elements (shape of x, one byte each) and 1 / (1 - p).
+        boolean mask of kept elements (shape of x, one byte each) and 1 / (1 - p). With
+        the fast paths on (:func:`minibert.fast.set_fast_paths`), CuPy arrays run
+        :func:`minibert.gpu_kernels.dropout_forward` instead (the draw and one kernel).
     """
+    fast = fast_path("dropout_forward", x)
+    if fast is not None:
+        return fast(x, p, rng)
     keep = keep_mask(rng, x.shape, p)
     scale = 1.0 / (1.0 - p)
     out = x * keep
@@ -54,7 +60,11 @@ def dropout_forward(x, p: float, rng):
 
 
 def dropout_backward(dout, cache):
-    """dx (shape of dout) from dout and the cache of :func:`dropout_forward`."""
+    """dx (shape of dout) from dout and the cache of :func:`dropout_forward`. With the fast
+    paths on, CuPy arrays run :func:`minibert.gpu_kernels.dropout_backward` (one kernel)."""
+    fast = fast_path("dropout_backward", dout)
+    if fast is not None:
+        return fast(dout, cache)
     keep, scale = cache
     # forward: out = x * keep * scale
     dx = dout * keep

@@ -1,0 +1,132 @@
+"""The fused GPU kernels of minibert/gpu_kernels.py against the formulas of minibert/nn/,
+and the kernel launches of one training step (issue 43, item 3).
+
+Marked ``gpu``: on a real GPU the kernels compile with NVRTC and run there; without one,
+the ``cuda`` fixture runs them through the NumPy stand-in (tests/fakecupy.py), which
+interprets their C bodies and counts every launch. Each kernel is reached the way a job
+reaches it: the nn/ function with the fast paths switched on (:func:`minibert.fast.
+fast_paths`), compared with the same function with them off.
+"""
+import numpy as np
+import pytest
+
+from minibert import BertConfig, backend
+from minibert.fast import fast_paths
+from minibert.modeling import BertForPreTraining
+from minibert.nn import activations, dropout, layernorm
+from minibert.optim import AdamW
+from minibert.training import TrainingConfig, train_step
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
+
+# (dtype, rtol, atol): float32 on a GPU may differ by FMA contraction and CUDA's erf / exp
+TOLERANCES = [(np.float64, 1e-12, 1e-14), (np.float32, 2e-6, 1e-6), (np.float16, 2e-3, 2e-3)]
+
+
+def both(fn, *args):
+    """fn(*args) with the fast paths off (the formula) and on (the kernel)."""
+    with fast_paths(False):
+        formula = fn(*args)
+    with fast_paths(True):
+        fast = fn(*args)
+    return formula, fast
+
+
+def close(a, b, rtol, atol):
+    import cupy
+    if isinstance(a, (tuple, list)):
+        for x, y in zip(a, b):
+            close(x, y, rtol, atol)
+    elif hasattr(a, "shape"):
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+        np.testing.assert_allclose(cupy.asnumpy(a).astype(np.float64),
+                                   cupy.asnumpy(b).astype(np.float64), rtol=rtol, atol=atol)
+    else:
+        assert a == b
+
+
+def data(shape, dtype, seed=0, scale=2.0):
+    import cupy
+    rng = np.random.default_rng(seed)
+    return cupy.asarray((rng.standard_normal(shape) * scale).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_gelu_kernels_equal_the_formula(dtype, rtol, atol):
+    x, dout = data((3, 5, 8), dtype), data((3, 5, 8), dtype, 1)
+    (out0, cache0), (out1, cache1) = both(activations.gelu_forward, x)
+    close(out0, out1, rtol, atol)
+    close(cache0[1], cache1[1], rtol, atol)
+    close(*both(activations.gelu_backward, dout, cache0), rtol, atol)
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_layernorm_kernels_equal_the_formula(dtype, rtol, atol):
+    x, dout = data((4, 6, 16), dtype) + 3, data((4, 6, 16), dtype, 1)
+    w, b = data((16,), dtype, 2), data((16,), dtype, 3)
+    (out0, cache0), (out1, cache1) = both(layernorm.layernorm_forward, x, w, b, 1e-5)
+    close(out0, out1, rtol, atol)
+    close(cache0[:2], cache1[:2], rtol, atol)               # xhat, rstd: compute dtype
+    dx0, dx1 = both(layernorm.layernorm_backward, dout, cache0)
+    close(dx0, dx1, rtol * 10, atol * 10)                   # sums of C products
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_softmax_kernels_equal_the_formula_and_work_in_place(dtype, rtol, atol):
+    x, dp = data((2, 3, 7, 7), dtype), data((2, 3, 7, 7), dtype, 1)
+    (p0, cache0), (p1, _) = both(activations.softmax_forward, x, -1)
+    close(p0, p1, rtol, atol)
+    with fast_paths(True):
+        scores = x.copy()
+        p2, _ = activations.softmax_forward(scores, -1, scores)   # attention's in-place call
+        close(p0, p2, rtol, atol)
+        if dtype != np.float16:                                 # float16 needs a new buffer
+            assert p2.data.ptr == scores.data.ptr
+        (p3, _) = activations.softmax_forward(x, 0)                # another axis
+    with fast_paths(False):
+        close(activations.softmax_forward(x, 0)[0], p3, rtol, atol)
+    close(*both(activations.softmax_backward, dp, cache0), rtol, atol)
+    with fast_paths(True):
+        d = dp.copy()
+        assert activations.softmax_backward(d, cache0, d).data.ptr == d.data.ptr
+
+
+class Uniforms:
+    """A device generator replaying the same float32 uniforms on every call."""
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def random(self, shape, dtype=np.float32):
+        import cupy
+        return cupy.asarray(np.random.default_rng(self.seed).random(shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_dropout_kernels_equal_the_formula(dtype, rtol, atol):
+    import cupy
+    x, dout = data((4, 9), dtype), data((4, 9), dtype, 1)
+    (out0, (keep0, s0)), (out1, (keep1, s1)) = both(dropout.dropout_forward, x, 0.3, Uniforms(5))
+    assert keep1.dtype == np.bool_ and s0 == s1
+    np.testing.assert_array_equal(cupy.asnumpy(keep0), cupy.asnumpy(keep1))
+    assert 0 < int(keep1.sum()) < keep1.size
+    close(out0, out1, rtol, atol)
+    close(*both(dropout.dropout_backward, dout, (keep0, s0)), rtol, atol)
+
+
+def test_each_kernel_is_one_launch(cuda):
+    """The nn/ functions reach the kernels (fewer launches with the fast paths on)."""
+    if not cuda.stand_in:
+        pytest.skip("launches are counted by the NumPy stand-in (tests/fakecupy.py)")
+    x, w, b = data((2, 4, 8), np.float32), data((8,), np.float32), data((8,), np.float32)
+    calls = {"gelu_forward": (activations.gelu_forward, (x,), 1),
+             "dropout_forward": (dropout.dropout_forward, (x, 0.1, Uniforms(0)), 1),  # + the draw
+             "layernorm_forward": (layernorm.layernorm_forward, (x, w, b), 5),
+             "softmax_forward": (activations.softmax_forward, (x,), 4)}
+    for name, (fn, args, expected) in calls.items():
+        counts = {}
+        for on in (False, True):
+            with fast_paths(on), cuda.record() as seen:
+                fn(*args)
+            counts[on] = len(seen.launches)
+        assert counts[True] == expected and counts[True] < counts[False], (name, counts)
