@@ -72,6 +72,37 @@ def fast_paths(enabled: bool = True):
         set_fast_paths(previous)
 
 
+_frozen = None          # an object() while a frozen_parameters() block is running
+
+
+@contextlib.contextmanager
+def frozen_parameters():
+    """A block in which the caller promises that no parameter is written: what
+    :func:`minibert.training.train_step` wraps around its forward and backward passes
+    (they write gradients only; the optimizer step comes after the block).
+
+    With the fast paths on, a layer may keep a value derived from its parameters for the
+    rest of the block: each self-attention layer stacks its query / key / value weights
+    into one (3C, C) matrix on the first forward of the block and reuses it for every
+    later micro-batch, so the stack is built once per optimizer step instead of once per
+    forward. The kept value is tied to this block (a new block, or code outside any
+    block, builds it again) and to the identity of the parameter arrays, so an optimizer
+    step, a loaded checkpoint or a move to another device is never missed. Blocks nest.
+    """
+    global _frozen
+    previous, _frozen = _frozen, object()
+    try:
+        yield
+    finally:
+        _frozen = previous
+
+
+def frozen_block():
+    """The token of the :func:`frozen_parameters` block in force while the fast paths are
+    on, else None (a layer then derives everything from its parameters on each call)."""
+    return _frozen if _fast_paths else None
+
+
 def fast_path(name: str, x):
     """The fast implementation of the formula ``name`` for the device of ``x``, or None.
 

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .backend import get_array_module
+from .fast import frozen_block
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
                  cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
@@ -244,10 +245,7 @@ class BertSelfAttention(Module):
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
-        xp = get_array_module(x)
-        projections = (self.query, self.key, self.value)
-        w = xp.concatenate([m.weight.data for m in projections])         # (3C, C)
-        b = xp.concatenate([m.bias.data for m in projections])           # (3C,)
+        w, b = self._stacked_weights(x)                                  # (3C, C), (3C,)
         qkv, linear_cache = linear_forward(x, w, b)                      # (B, T, 3C)
         p = self.dropout.p if self.dropout.training else 0.0
         ctx, attention_cache = attention_forward(qkv, mask_add, self.num_attention_heads, p,
@@ -256,6 +254,24 @@ class BertSelfAttention(Module):
         self._dprobs = None
         self.attention_probs = attention_cache.probs if output_attentions else None
         return ctx
+
+    def _stacked_weights(self, x):
+        """[Wq; Wk; Wv] (3C, C) and [bq; bk; bv] (3C,), concatenated from the parameters;
+        inside a :func:`minibert.fast.frozen_parameters` block with the fast paths on,
+        once per block (the stack is kept with the block's token and the six arrays it
+        was made from, and made again when either changes)."""
+        arrays = tuple(a for m in (self.query, self.key, self.value)
+                       for a in (m.weight.data, m.bias.data))
+        block = frozen_block()
+        kept = getattr(self, "_stack", None)
+        if (block is not None and kept is not None and kept[0] is block
+                and all(a is k for a, k in zip(arrays, kept[1]))):
+            return kept[2], kept[3]
+        xp = get_array_module(x)
+        w = xp.concatenate(arrays[0::2])                                 # (3C, C)
+        b = xp.concatenate(arrays[1::2])                                 # (3C,)
+        self._stack = (block, arrays, w, b) if block is not None else None
+        return w, b
 
     def add_probs_grad(self, dprobs) -> None:
         """Give an upstream gradient of the attention probabilities of the last forward

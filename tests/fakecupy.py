@@ -55,7 +55,6 @@ import contextlib
 import re
 import sys
 import threading
-import traceback
 import types
 from pathlib import Path
 
@@ -121,9 +120,12 @@ def allow_synchronize(allow: bool):
 
 def _caller() -> str:
     """Where the innermost frame outside this file and NumPy is."""
-    for frame in reversed(traceback.extract_stack()):
-        if frame.filename != __file__ and "numpy" not in Path(frame.filename).parts:
-            return f"{'/'.join(Path(frame.filename).parts[-2:])}:{frame.lineno} ({frame.name})"
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != __file__ and "numpy" not in Path(name).parts:
+            return f"{'/'.join(Path(name).parts[-2:])}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
     return "?"
 
 

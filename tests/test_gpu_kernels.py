@@ -130,3 +130,89 @@ def test_each_kernel_is_one_launch(cuda):
                 fn(*args)
             counts[on] = len(seen.launches)
         assert counts[True] == expected and counts[True] < counts[False], (name, counts)
+
+
+# ------------------------------------------------------------- launches of a training step
+
+LAUNCHES_BEFORE = 767     # one mini step, fast paths off (the formulas; issue 43's "today")
+LAUNCHES_FAST_BEFORE = 749  # fast paths on before issue 43 (fused AdamW only)
+LAUNCHES_FAST = 558       # fast paths on: the kernels of minibert/gpu_kernels.py
+
+
+def mini_step(micro_batches: int, fast: bool, cuda):
+    """One train_step of the mini preset (4 layers, C=256; vocabulary 50, T=10, B=3) on
+    the device, after a first step (which a GPU spends compiling); returns what the stand-in
+    recorded during the second."""
+    from test_gpu import PretrainingTask, host_batches
+    with fast_paths(fast):
+        config = BertConfig.from_preset("mini", vocab_size=50, max_position_embeddings=16)
+        model = BertForPreTraining(config, seed=1).to("cuda")
+        opt = AdamW(model.named_parameters(), lr=1e-3, correct_bias=True)
+        cfg = TrainingConfig(max_steps=2, lr=1e-3, max_grad_norm=1.0)
+        rng = backend.DropoutRNG("cuda")
+        micro = host_batches("pretraining")[:micro_batches]
+        train_step(model, opt, PretrainingTask(), micro, 0, 1e-3, cfg, device="cuda",
+                   dropout_rng=rng)
+        with cuda.record() as seen:
+            train_step(model, opt, PretrainingTask(), micro, 1, 1e-3, cfg, device="cuda",
+                       dropout_rng=rng)
+    return seen
+
+
+def test_launches_and_syncs_of_one_mini_step_are_pinned(cuda):
+    """The kernel launches of one mini training step (one micro-batch, dropout, clipping,
+    fused AdamW), counted by the stand-in: a change that adds launches to the step shows
+    here. Host syncs stay zero either way."""
+    if not cuda.stand_in:
+        pytest.skip("launches are counted by the NumPy stand-in (tests/fakecupy.py)")
+    formula, fast = mini_step(1, False, cuda), mini_step(1, True, cuda)
+    assert (len(formula.launches), len(fast.launches)) == (LAUNCHES_BEFORE, LAUNCHES_FAST), \
+        "\n".join(fast.launches)
+    assert formula.syncs == fast.syncs == []
+
+
+def test_the_qkv_stack_is_made_once_per_optimizer_step(cuda):
+    """Two micro-batches: with the fast paths on, each of the 4 layers concatenates its
+    query / key / value weights and biases once in the step (8 launches), not per forward."""
+    if not cuda.stand_in:
+        pytest.skip("launches are counted by the NumPy stand-in (tests/fakecupy.py)")
+    counts = [sum("cupy.concatenate at minibert/modeling.py" in l for l in
+                  mini_step(2, fast, cuda).launches) for fast in (False, True)]
+    assert counts == [16, 8]
+
+
+def test_the_qkv_stack_never_misses_a_parameter_update():
+    """The kept stack lives for one frozen_parameters() block: a weight written after it
+    (in place, as AdamW does, or rebound, as .to() and a checkpoint load do) is seen by the
+    next block and by any forward outside a block; the result always equals the formula's."""
+    import cupy
+    from minibert.fast import frozen_parameters
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=4, intermediate_size=32,
+                        max_position_embeddings=16, attention_probs_dropout_prob=0.0)
+    from minibert.modeling import BertSelfAttention
+    layer = BertSelfAttention(config, np.random.default_rng(0)).to("cuda")
+    x = data((2, 5, 16), np.float32)
+
+    def formula():
+        with fast_paths(False):
+            return cupy.asnumpy(layer(x, None))
+
+    with fast_paths(True):
+        with frozen_parameters():
+            first = cupy.asnumpy(layer(x, None))
+            np.testing.assert_array_equal(first, formula())
+            again = cupy.asnumpy(layer(x, None))                 # the kept stack
+            np.testing.assert_array_equal(first, again)
+        layer.key.weight.data[...] += 0.5                        # in place, between steps
+        with frozen_parameters():
+            moved = cupy.asnumpy(layer(x, None))
+        assert not np.array_equal(moved, first)
+        np.testing.assert_array_equal(moved, formula())
+        layer.value.bias.data = layer.value.bias.data + 1.0      # rebound inside a block
+        with frozen_parameters():
+            layer(x, None)
+            layer.value.bias.data = layer.value.bias.data + 1.0
+            np.testing.assert_array_equal(cupy.asnumpy(layer(x, None)), formula())
+        layer.query.weight.data[...] *= 2                        # outside any block
+        np.testing.assert_array_equal(cupy.asnumpy(layer(x, None)), formula())
