@@ -9,6 +9,7 @@ the two through the NumPy stand-in of CuPy (tests/fakecupy.py).
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy
 
@@ -157,6 +158,37 @@ def _kernel(kind: str, ctype: str):
             {c} xv = x;
             {c} mv = m;
             e = exp(xv - mv);
+            """),
+        # q = q_in * scale, k = k_in, v = v_in: three strided head views made contiguous
+        "split_heads": ("T qi, T ki, T vi, T scale", "T q, T k, T v", f"""
+            {c} a = qi;
+            {c} sv = scale;
+            q = a * sv;
+            k = ki;
+            v = vi;
+            """),
+        # out = dropout(x + b) + residual, each step rounded to T as the formula rounds it
+        "bias_dropout_add": (f"T x, T b, float32 u, T residual, float32 p, {np_name} scale",
+                             "bool keep, T out", f"""
+            {c} xv = x;
+            {c} bv = b;
+            T y = xv + bv;
+            keep = u >= p;
+            {c} yv = y;
+            {c} kv = keep;
+            T d = yv * kv * scale;
+            {c} dv = d;
+            {c} rv = residual;
+            out = dv + rv;
+            """),
+        # out = (x + b) + residual (no dropout: evaluation, or p = 0)
+        "bias_add_add": ("T x, T b, T residual", "T out", f"""
+            {c} xv = x;
+            {c} bv = b;
+            T y = xv + bv;
+            {c} yv = y;
+            {c} rv = residual;
+            out = yv + rv;
             """),
         # dx = (dp - row) p
         "softmax_dx": ("T dp, T row, T p", "T dx", f"""
@@ -310,7 +342,48 @@ def softmax_backward(dprobs, cache, out=None):
     return out
 
 
+def split_heads(qkv, num_heads: int):
+    """:func:`minibert.nn.attention.split_heads` in one kernel: the three strided head
+    views of qkv copied into contiguous arrays, q times ``1 / sqrt(HS)`` on the way.
+
+    Args:
+        qkv: (B, T, 3C) CuPy float array; num_heads: NH.
+    Returns:
+        q * scale, k, v ((B, NH, T, HS) each, C-contiguous, qkv's dtype) and scale.
+    """
+    B, T, C3 = qkv.shape
+    NH, HS = num_heads, C3 // 3 // num_heads
+    scale = 1.0 / math.sqrt(HS)
+    heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
+    q, k, v = (cupy.empty((B, NH, T, HS), qkv.dtype) for _ in range(3))
+    _kernel("split_heads", _ctype(qkv.dtype)[0])(heads[0], heads[1], heads[2], scale, q, k, v)
+    return q, k, v, scale
+
+
+def bias_dropout_add_forward(x, b, residual, p: float, rng):
+    """``dropout(x + b) + residual`` in one kernel after the draw
+    (:func:`minibert.nn.dropout.bias_dropout_add_forward`): the bias of a Linear layer, the
+    dropout of its output and the residual sum of a BERT sub-layer.
+
+    Args:
+        x: (..., C) CuPy float array (the product x W^T); b: (C,); residual: x's shape;
+            p: drop probability in [0, 1) (0: no dropout, no draw); rng: the device
+            generator (used when p > 0).
+    Returns:
+        out (x's shape and dtype) and the dropout cache ``(keep, scale)``, or None when
+        p == 0.
+    """
+    ctype = _ctype(x.dtype)[0]
+    if p == 0.0:
+        return _kernel("bias_add_add", ctype)(x, b, residual), None
+    u = rng.random(x.shape, dtype=numpy.float32)
+    scale = 1.0 / (1.0 - p)
+    keep, out = _kernel("bias_dropout_add", ctype)(x, b, u, residual, p, scale)
+    return out, (keep, scale)
+
+
 FAST_PATHS.update({
+    "split_heads": split_heads, "bias_dropout_add_forward": bias_dropout_add_forward,
     "gelu_forward": gelu_forward, "gelu_backward": gelu_backward,
     "dropout_forward": dropout_forward, "dropout_backward": dropout_backward,
     "layernorm_forward": layernorm_forward, "layernorm_backward": layernorm_backward,

@@ -32,6 +32,7 @@ import numpy as np
 
 from .backend import get_array_module
 from .fast import frozen_block
+from .nn.dropout import bias_dropout_add_forward
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
                  cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
@@ -328,7 +329,14 @@ class BertOutput(Module):
 
     def forward(self, h, residual):
         """h: (B, T, in_features); residual: (B, T, C) -> (B, T, C)."""
-        y = self.dropout(self.dense(h)) + residual                       # (B, T, C)
+        d = self.dropout
+        p = d.p if d.training else 0.0
+        if p > 0.0 and d.rng is None:
+            return d(h)          # Dropout's own error: the generator was never set
+        # y = dropout(h W^T + b) + residual: the bias, the dropout and the sum in one
+        # function (one kernel on the GPU); dense.backward and dropout.backward undo them
+        y, d._mask = bias_dropout_add_forward(self.dense.forward_without_bias(h),
+                                              self.dense.bias.data, residual, p, d.rng)
         return self.LayerNorm(y) if hasattr(self, "LayerNorm") else y
 
     def backward(self, dout):

@@ -114,6 +114,31 @@ def test_dropout_kernels_equal_the_formula(dtype, rtol, atol):
     close(*both(dropout.dropout_backward, dout, (keep0, s0)), rtol, atol)
 
 
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_split_heads_kernel_equals_the_formula(dtype, rtol, atol):
+    from minibert.nn.attention import split_heads
+    qkv = data((2, 5, 3 * 16), dtype)
+    (q0, k0, v0, s0), (q1, k1, v1, s1) = both(split_heads, qkv, 4)
+    assert s0 == s1 == 0.5 and q1.shape == (2, 4, 5, 4) and q1.flags.c_contiguous
+    close((q0, k0, v0), (q1, k1, v1), rtol, atol)
+    close((k0, v0), (k1, v1), 0, 0)                          # copies are exact
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_bias_dropout_add_kernel_equals_the_formula(dtype, rtol, atol, p):
+    import cupy
+    from minibert.nn.dropout import bias_dropout_add_forward
+    x, b, r = data((3, 4, 8), dtype), data((8,), dtype, 1), data((3, 4, 8), dtype, 2)
+    (out0, cache0), (out1, cache1) = both(bias_dropout_add_forward, x, b, r, p, Uniforms(4))
+    close(out0, out1, rtol, atol)
+    if p == 0.0:
+        assert cache0 is None and cache1 is None
+    else:
+        np.testing.assert_array_equal(cupy.asnumpy(cache0[0]), cupy.asnumpy(cache1[0]))
+        assert cache0[1] == cache1[1]
+
+
 def test_each_kernel_is_one_launch(cuda):
     """The nn/ functions reach the kernels (fewer launches with the fast paths on)."""
     if not cuda.stand_in:
@@ -136,7 +161,7 @@ def test_each_kernel_is_one_launch(cuda):
 
 LAUNCHES_BEFORE = 767     # one mini step, fast paths off (the formulas; issue 43's "today")
 LAUNCHES_FAST_BEFORE = 749  # fast paths on before issue 43 (fused AdamW only)
-LAUNCHES_FAST = 558       # fast paths on: the kernels of minibert/gpu_kernels.py
+LAUNCHES_FAST = 534       # fast paths on: the kernels of minibert/gpu_kernels.py
 
 
 def mini_step(micro_batches: int, fast: bool, cuda):

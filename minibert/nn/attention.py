@@ -11,6 +11,7 @@ import math
 from typing import Any, NamedTuple
 
 from ..backend import get_array_module
+from ..fast import fast_path
 from .activations import softmax_backward, softmax_forward
 from .dropout import dropout_backward, dropout_forward
 
@@ -50,6 +51,31 @@ class AttentionCache(NamedTuple):
         return self.softmax[0]
 
 
+def split_heads(qkv, num_heads: int):
+    """The packed projections split into contiguous heads, the scale folded into q.
+
+    Args:
+        qkv: (B, T, 3C) float, [q | k | v] along the last axis; num_heads: NH.
+    Returns:
+        q * scale, k, v (each (B, NH, T, HS), C-contiguous, qkv's dtype) and
+        scale = 1 / sqrt(HS). With the fast paths on
+        (:func:`minibert.fast.set_fast_paths`), CuPy arrays run
+        :func:`minibert.gpu_kernels.split_heads` instead (one kernel for the three copies).
+    """
+    B, T, C3 = qkv.shape
+    NH, HS = num_heads, C3 // 3 // num_heads
+    scale = 1.0 / math.sqrt(HS)
+    fast = fast_path("split_heads", qkv)
+    if fast is not None:
+        return fast(qkv, num_heads)
+    xp = get_array_module(qkv)
+    heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
+    q = heads[0] * scale                                        # (B, NH, T, HS), contiguous
+    k = xp.ascontiguousarray(heads[1])                          # (B, NH, T, HS)
+    v = xp.ascontiguousarray(heads[2])                          # (B, NH, T, HS)
+    return q, k, v, scale
+
+
 def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None):
     """softmax(q k^T / sqrt(HS) + mask) v over each head (Vaswani et al. 2017, eq. 1).
 
@@ -68,14 +94,7 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
         ctx (B, T, C) and an :class:`AttentionCache` (``cache.probs`` (B, NH, T, T) are
         the probabilities before dropout).
     """
-    xp = get_array_module(qkv)
-    B, T, C3 = qkv.shape
-    NH, HS = num_heads, C3 // 3 // num_heads
-    heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
-    scale = 1.0 / math.sqrt(HS)
-    q = heads[0] * scale                                        # (B, NH, T, HS), contiguous
-    k = xp.ascontiguousarray(heads[1])                          # (B, NH, T, HS)
-    v = xp.ascontiguousarray(heads[2])                          # (B, NH, T, HS)
+    q, k, v, scale = split_heads(qkv, num_heads)               # (B, NH, T, HS) each
     scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
     if mask_add is not None:
         scores += mask_add

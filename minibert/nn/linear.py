@@ -72,6 +72,15 @@ class Linear(Module):
         out, self._cache = linear_forward(x, self.weight.data, b)
         return out
 
+    def forward_without_bias(self, x):
+        """x @ W^T, (..., in_features) -> (..., out_features), for a caller that adds the
+        bias itself (in a fused kernel: :func:`minibert.nn.dropout.bias_dropout_add_forward`);
+        :meth:`backward` still accumulates the bias gradient (the sum of dout over the
+        leading dims), as after :meth:`forward`."""
+        out, (x, w, _) = linear_forward(x, self.weight.data, None)
+        self._cache = (x, w, self.bias is not None)
+        return out
+
     def backward(self, dout):
         """dout: (..., out_features) -> dx (..., in_features); accumulates weight/bias grads."""
         dx, dw, db = linear_backward(dout, self.take_cache())
