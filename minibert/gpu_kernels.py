@@ -140,11 +140,13 @@ def _kernel(kind: str, ctype: str):
             {c} bv = b;
             out = h * wv + bv;
             """),
-        # g = dout w (d out / d xhat), and the products whose sums give dw and mean(g xhat)
-        "layernorm_grads": ("T dout, C xhat, W w", "C dxh, C g, C gx", f"""
+        # g = dout w (d out / d xhat), dout in the compute dtype, and the products whose
+        # sums give dw and mean(g xhat)
+        "layernorm_grads": ("T dout, C xhat, W w", "C dxh, C dc, C g, C gx", f"""
             {c} d = dout;
             {c} wv = w;
             dxh = d * xhat;
+            dc = d;
             g = d * wv;
             gx = (d * wv) * xhat;
             """),
@@ -166,6 +168,14 @@ def _kernel(kind: str, ctype: str):
             q = a * sv;
             k = ki;
             v = vi;
+            """),
+        # the inverse: dq = dq_scaled * scale, dk, dv written into strided views of dqkv
+        "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv", f"""
+            {c} a = dqs;
+            {c} sv = scale;
+            dq = a * sv;
+            dk = dki;
+            dv = dvi;
             """),
         # out = dropout(x + b) + residual, each step rounded to T as the formula rounds it
         "bias_dropout_add": (f"T x, T b, float32 u, T residual, float32 p, {np_name} scale",
@@ -276,9 +286,11 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
 
 
 def layernorm_backward(dout, cache):
-    """Gradients of LayerNorm in six launches instead of eleven: one kernel for ``dout
-    xhat``, ``g = dout w`` and ``g xhat``; the column sums dw, db; the row means of ``g
-    xhat`` and ``g``; one kernel for ``dx = (g - xhat mean(g xhat) - mean(g)) rstd``
+    """Gradients of LayerNorm in four launches instead of eleven: one kernel writing
+    ``dout xhat`` and ``dout`` (in the compute dtype) into one (2, ..., C) buffer and
+    ``g = dout w`` and ``g xhat`` into another; one column sum of the first (dw and db
+    together), one row mean of the second (mean(g) and mean(g xhat) together); one kernel
+    for ``dx = (g - xhat mean(g xhat) - mean(g)) rstd``
     (:func:`minibert.nn.layernorm.layernorm_backward`).
 
     Args:
@@ -289,14 +301,14 @@ def layernorm_backward(dout, cache):
     xhat, rstd, w = cache
     ctype, _, _ = _ctype(xhat.dtype)
     C = xhat.shape[-1]
-    dxh, g, gx = _kernel("layernorm_grads", ctype)(dout, xhat, w)     # (..., C)
-    dw = dxh.reshape(-1, C).sum(axis=0)                                # (C,)
-    db = dout.reshape(-1, C).sum(axis=0, dtype=xhat.dtype)             # (C,)
-    mean_gx = gx.mean(axis=-1, keepdims=True)                          # (..., 1)
-    mean_g = g.mean(axis=-1, keepdims=True)                            # (..., 1)
+    cols = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [dout xhat, dout]
+    rows = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [g, g xhat]
+    _kernel("layernorm_grads", ctype)(dout, xhat, w, cols[0], cols[1], rows[0], rows[1])
+    sums = cols.reshape(2, -1, C).sum(axis=1)                          # (2, C): dw, db
+    means = rows.mean(axis=-1, keepdims=True)                          # (2, ..., 1)
     dx = cupy.empty(dout.shape, dout.dtype)
-    _kernel("layernorm_dx", ctype)(g, xhat, mean_gx, mean_g, rstd, dx)
-    return dx, dw, db
+    _kernel("layernorm_dx", ctype)(rows[0], xhat, means[1], means[0], rstd, dx)
+    return dx, sums[0], sums[1]
 
 
 def softmax_forward(x, axis: int = -1, out=None):
@@ -360,6 +372,23 @@ def split_heads(qkv, num_heads: int):
     return q, k, v, scale
 
 
+def merge_head_grads(dq_scaled, dk, dv, scale: float):
+    """:func:`minibert.nn.attention.merge_head_grads` in one kernel: the heads' gradients
+    written into the strided views of one (B, T, 3C) array, dq times ``scale`` on the way.
+
+    Args:
+        dq_scaled, dk, dv: (B, NH, T, HS) CuPy float arrays of one dtype; scale: float.
+    Returns:
+        dqkv (B, T, 3C), [dq | dk | dv] along the last axis.
+    """
+    B, NH, T, HS = dq_scaled.shape
+    dqkv = cupy.empty((B, T, 3, NH, HS), dq_scaled.dtype)
+    dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
+    _kernel("merge_head_grads", _ctype(dq_scaled.dtype)[0])(dq_scaled, dk, dv, scale,
+                                                             dheads[0], dheads[1], dheads[2])
+    return dqkv.reshape(B, T, 3 * NH * HS)
+
+
 def bias_dropout_add_forward(x, b, residual, p: float, rng):
     """``dropout(x + b) + residual`` in one kernel after the draw
     (:func:`minibert.nn.dropout.bias_dropout_add_forward`): the bias of a Linear layer, the
@@ -383,7 +412,8 @@ def bias_dropout_add_forward(x, b, residual, p: float, rng):
 
 
 FAST_PATHS.update({
-    "split_heads": split_heads, "bias_dropout_add_forward": bias_dropout_add_forward,
+    "split_heads": split_heads, "merge_head_grads": merge_head_grads,
+    "bias_dropout_add_forward": bias_dropout_add_forward,
     "gelu_forward": gelu_forward, "gelu_backward": gelu_backward,
     "dropout_forward": dropout_forward, "dropout_backward": dropout_backward,
     "layernorm_forward": layernorm_forward, "layernorm_backward": layernorm_backward,

@@ -124,6 +124,19 @@ def test_split_heads_kernel_equals_the_formula(dtype, rtol, atol):
     close((k0, v0), (k1, v1), 0, 0)                          # copies are exact
 
 
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_merge_head_grads_kernel_equals_the_formula_and_inverts_split_heads(dtype, rtol, atol):
+    from minibert.nn.attention import merge_head_grads, split_heads
+    dq, dk, dv = (data((2, 4, 5, 4), dtype, seed) for seed in range(3))
+    out0, out1 = both(merge_head_grads, dq, dk, dv, 0.5)
+    assert out1.shape == (2, 5, 48)
+    close(out0, out1, rtol, atol)
+    with fast_paths(True):                    # split_heads undoes it: q = (dq * s) * s
+        q, k, v, s = split_heads(out1, 4)
+    close((k, v), (dk, dv), 0, 0)
+    close(q, dq * 0.25, rtol, atol)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.3])
 @pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
 def test_bias_dropout_add_kernel_equals_the_formula(dtype, rtol, atol, p):
@@ -161,7 +174,7 @@ def test_each_kernel_is_one_launch(cuda):
 
 LAUNCHES_BEFORE = 767     # one mini step, fast paths off (the formulas; issue 43's "today")
 LAUNCHES_FAST_BEFORE = 749  # fast paths on before issue 43 (fused AdamW only)
-LAUNCHES_FAST = 534       # fast paths on: the kernels of minibert/gpu_kernels.py
+LAUNCHES_FAST = 506       # fast paths on: the kernels of minibert/gpu_kernels.py
 
 
 def mini_step(micro_batches: int, fast: bool, cuda):

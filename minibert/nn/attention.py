@@ -107,6 +107,30 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
     return merge_heads(ctx), cache                              # (B, T, C)
 
 
+def merge_head_grads(dq_scaled, dk, dv, scale: float):
+    """The gradient of the packed qkv from the heads' gradients: the backward of
+    :func:`split_heads`, ``dq = d(q * scale) * scale``.
+
+    Args:
+        dq_scaled, dk, dv: (B, NH, T, HS) each, the gradients of split_heads' outputs.
+        scale: split_heads' scale.
+    Returns:
+        dqkv (B, T, 3C), [dq | dk | dv] along the last axis. With the fast paths on,
+        CuPy arrays run :func:`minibert.gpu_kernels.merge_head_grads` (one kernel).
+    """
+    fast = fast_path("merge_head_grads", dq_scaled)
+    if fast is not None:
+        return fast(dq_scaled, dk, dv, scale)
+    xp = get_array_module(dq_scaled)
+    B, NH, T, HS = dq_scaled.shape
+    dqkv = xp.empty((B, T, 3, NH, HS), dtype=dq_scaled.dtype)
+    dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
+    xp.multiply(dq_scaled, scale, out=dheads[0])
+    dheads[1] = dk
+    dheads[2] = dv
+    return dqkv.reshape(B, T, 3 * NH * HS)
+
+
 def attention_backward(dctx, cache: AttentionCache, dprobs=None):
     """Gradients of :func:`attention_forward` (docs/backprop.md, sections 6 and 7).
 
@@ -129,9 +153,7 @@ def attention_backward(dctx, cache: AttentionCache, dprobs=None):
     dctx = dctx.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)     # (B, NH, T, HS) view
     # forward: ctx = dropped @ v
     ddropped = dctx @ v.transpose(0, 1, 3, 2)                   # (B, NH, T, T)
-    dqkv = xp.empty((B, T, 3, NH, HS), dtype=q.dtype)
-    dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
-    dheads[2] = dropped.transpose(0, 1, 3, 2) @ dctx            # dv
+    dv = dropped.transpose(0, 1, 3, 2) @ dctx                   # (B, NH, T, HS)
     # forward: dropped = dropout(probs)
     d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
     # forward: probs is also an output (the attention map)  ->  its gradients add up
@@ -139,7 +161,7 @@ def attention_backward(dctx, cache: AttentionCache, dprobs=None):
     # forward: probs = softmax(scores); masked entries have probs 0, hence dscores 0
     dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
     # forward: scores = (q * scale) @ k^T (+ mask_add, a constant); cache.q holds q * scale
-    xp.multiply(dscores @ k, scale, out=dheads[0])              # dq
-    dheads[1] = dscores.transpose(0, 1, 3, 2) @ q               # dk
-    # forward: heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)
-    return dqkv.reshape(B, T, 3 * NH * HS)                      # (B, T, 3C)
+    dq_scaled = dscores @ k                                     # d(q * scale), (B, NH, T, HS)
+    dk = dscores.transpose(0, 1, 3, 2) @ q                      # (B, NH, T, HS)
+    # forward: q, k, v = split_heads(qkv)
+    return merge_head_grads(dq_scaled, dk, dv, scale)           # (B, T, 3C)
