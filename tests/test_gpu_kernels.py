@@ -254,3 +254,27 @@ def test_the_qkv_stack_never_misses_a_parameter_update():
             np.testing.assert_array_equal(cupy.asnumpy(layer(x, None)), formula())
         layer.query.weight.data[...] *= 2                        # outside any block
         np.testing.assert_array_equal(cupy.asnumpy(layer(x, None)), formula())
+
+
+@pytest.mark.parametrize("head, dtype, data_parallel", [
+    ("pretraining", np.float32, False), ("pretraining", np.float16, False),
+    ("classifier", np.float32, False), ("pretraining", np.float32, True)],
+    ids=["pretraining", "pretraining-float16", "classifier", "pretraining-data-parallel"])
+def test_a_training_step_with_the_kernels_reads_nothing_back(cuda, head, dtype, data_parallel):
+    """tests/test_gpu.py's step without host reads (two micro-batches, padding, dropout,
+    clipping, float16 master weights, the data-parallel branch), with the fast paths on:
+    the kernels add no sync."""
+    from test_gpu import TwoRanksAsOne, test_a_training_step_reads_nothing_back
+    with fast_paths(True):
+        test_a_training_step_reads_nothing_back(cuda, head, dtype,
+                                                TwoRanksAsOne() if data_parallel else None)
+
+
+@pytest.mark.parametrize("dtype, rtol, loss_atol", [(np.float64, 1e-9, 1e-10),
+                                                     (np.float32, 2e-3, 1e-3)])
+def test_gradients_with_the_kernels_match_the_cpu(dtype, rtol, loss_atol):
+    """tests/test_gpu.py's CPU/GPU gradient parity (BERT, padding, the same dropout draws)
+    with the fast paths on: the fused kernels on the device against the CPU."""
+    from test_gpu import CONFIG, test_pretraining_gradients_match_the_cpu_with_padding_and_the_same_dropout as parity
+    with fast_paths(True):
+        parity(BertForPreTraining, CONFIG, dtype, rtol, loss_atol)
