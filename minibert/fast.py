@@ -20,7 +20,8 @@ from .backend import get_array_module
 _fast_paths = False
 
 _GPU_ONLY = frozenset({"dropout_forward", "dropout_backward", "split_heads",
-                       "merge_head_grads", "bias_dropout_add_forward"})
+                       "merge_head_grads", "bias_dropout_add_forward",
+                       "linear_backward_into"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
 
 
@@ -111,7 +112,8 @@ def fast_path(name: str, x):
     formula. When on: for a NumPy array ``minibert.fast_cpu.FAST_PATHS[name]``; for a CuPy
     array ``minibert.gpu_kernels.FAST_PATHS.get(name)`` (None where the GPU has no fused
     kernel for it and runs the formula); None on NumPy arrays for the GPU-only names
-    (dropout, split_heads, merge_head_grads, bias_dropout_add_forward).
+    (dropout, split_heads, merge_head_grads, bias_dropout_add_forward,
+    linear_backward_into).
 
     Raises:
         KeyError: ``name`` has no CPU fast path (on NumPy arrays, with the fast paths on).

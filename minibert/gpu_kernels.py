@@ -411,7 +411,54 @@ def bias_dropout_add_forward(x, b, residual, p: float, rng):
     return out, (keep, scale)
 
 
+_ONES = {}      # (device, n, dtype) -> a (1, n) row of ones on that device, made once
+
+
+def _gemm_ready(a) -> bool:
+    """Whether cuBLAS reads ``a`` (2-D) in place: C- or F-contiguous (else
+    ``cupy.cublas.gemm`` copies it first, one more launch)."""
+    return a.flags.c_contiguous or a.flags.f_contiguous
+
+
+def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
+    """:func:`minibert.nn.linear.linear_backward_into` with the accumulations inside the
+    products: ``dw_acc += dout2^T x2`` and ``db_acc += 1^T dout2`` each one cuBLAS gemm with
+    ``beta = 1`` (``cupy.cublas.gemm``), instead of a product or a sum and an addition.
+
+    Float16 (cuBLAS gemm through ``cupy.cublas`` takes float32 / float64 only) and an
+    accumulator that is not contiguous run the formula's operations.
+
+    Args:
+        dout: (..., O) CuPy float array; cache: from :func:`minibert.nn.linear_forward`;
+            dw_acc: (O, I) or None; db_acc: (O,) or None.
+    Returns:
+        dx (..., I).
+    """
+    import cupy.cublas
+    x, w, has_bias = cache
+    O = dout.shape[-1]
+    d2 = dout.reshape(-1, O)                             # (N, O)
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    dx = (d2 @ w).reshape(x.shape)
+    gemm = dout.dtype.char in "fd" and x.dtype == dout.dtype
+    if dw_acc is not None:
+        if gemm and dw_acc.dtype == dout.dtype and dw_acc.flags.c_contiguous:
+            cupy.cublas.gemm("T", "N", d2, x2, out=dw_acc, beta=1.0)
+        else:
+            dw_acc += d2.T @ x2
+    if has_bias and db_acc is not None:
+        if gemm and db_acc.dtype == dout.dtype and db_acc.flags.c_contiguous and _gemm_ready(d2):
+            key = (cupy.cuda.runtime.getDevice(), d2.shape[0], dout.dtype.char)
+            if key not in _ONES:
+                _ONES[key] = cupy.ones((1, d2.shape[0]), dout.dtype)
+            cupy.cublas.gemm("N", "N", _ONES[key], d2, out=db_acc.reshape(1, O), beta=1.0)
+        else:
+            db_acc += d2.sum(axis=0)
+    return dx
+
+
 FAST_PATHS.update({
+    "linear_backward_into": linear_backward_into,
     "split_heads": split_heads, "merge_head_grads": merge_head_grads,
     "bias_dropout_add_forward": bias_dropout_add_forward,
     "gelu_forward": gelu_forward, "gelu_backward": gelu_backward,

@@ -742,6 +742,39 @@ class ElementwiseKernel:
         return _C_FUNCTIONS[node.func.value](*args)
 
 
+# ------------------------------------------------------------------ cuBLAS
+
+def gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
+    """``cupy.cublas.gemm``: ``out = alpha op(a) @ op(b) + beta out`` (op: 'N' as is, 'T'
+    transposed), with CuPy's checks (2-D operands of one dtype, float32 / float64 only,
+    ``out`` of the product's shape and dtype). One launch when a, b and out are C- or
+    F-contiguous; CuPy copies a strided operand first (one more launch each) and a strided
+    ``out`` into an F-ordered buffer and back (two more)."""
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype:
+        raise AssertionError("gemm: a and b must be 2-D arrays of one dtype")
+    if a.dtype.char not in "fdFD":
+        raise TypeError("invalid dtype")
+    op = {"N": lambda m: m, "T": lambda m: m.T}
+    if transa not in op or transb not in op:
+        raise TypeError(f"invalid trans {transa!r} / {transb!r}")
+    product = op[transa](a._a) @ op[transb](b._a)
+    for operand in (a, b):
+        if not (operand.flags.c_contiguous or operand.flags.f_contiguous):
+            _launch("cupy.cublas.gemm (copy of a strided operand)")
+    if out is None:
+        out = _wrap(np.asfortranarray(product * a.dtype.type(alpha)))
+    else:
+        if out.ndim != 2 or out.shape != product.shape or out.dtype != a.dtype:
+            raise AssertionError("gemm: out must be 2-D, of the product's shape and dtype")
+        if not (out.flags.c_contiguous or out.flags.f_contiguous):
+            _launch("cupy.cublas.gemm (copy of a strided out)")
+            _launch("cupy.cublas.gemm (copy back into out)")
+        t = a.dtype.type
+        out._a[...] = t(alpha) * product + t(beta) * out._a
+    _launch("cupy.cublas.gemm")
+    return out
+
+
 # ------------------------------------------------------------------ random, cuda, linalg
 
 class RandomState:
@@ -867,6 +900,7 @@ cupy = _module(
     linalg=_module("cupy.linalg", norm=lambda x, ord=None, axis=None, keepdims=False: _call(
         np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims},
         launch="cupy.linalg.norm")),
+    cublas=_module("cupy.cublas", gemm=gemm),
     cuda=_module("cupy.cuda", Device=Device, runtime=_runtime, curand=_curand,
                  nvrtc=types.SimpleNamespace(getVersion=lambda: (0, 0)),
                  get_current_stream=lambda: _Stream()),
@@ -875,7 +909,7 @@ _special = _module("cupyx.scipy.special", erf=erf)
 _scipy = _module("cupyx.scipy", special=_special)
 cupyx = _module("cupyx", allow_synchronize=allow_synchronize,
                 DeviceSynchronized=DeviceSynchronized, scatter_add=scatter_add, scipy=_scipy)
-MODULES = {"cupy": cupy, "cupyx": cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}
+MODULES = {"cupy": cupy, "cupy.cublas": cupy.cublas, "cupyx": cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}
 
 
 # ------------------------------------------------------------------ installing it
