@@ -285,6 +285,21 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
     return out, (xhat, rstd, w)
 
 
+def _layernorm_grads(dout, cache):
+    """The kernels of LayerNorm's backward: (dx, cols) with cols (2, N, C) holding
+    ``dout xhat`` and ``dout`` (compute dtype), whose column sums are dw and db."""
+    xhat, rstd, w = cache
+    ctype, _, _ = _ctype(xhat.dtype)
+    C = xhat.shape[-1]
+    cols = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [dout xhat, dout]
+    rows = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [g, g xhat]
+    _kernel("layernorm_grads", ctype)(dout, xhat, w, cols[0], cols[1], rows[0], rows[1])
+    means = rows.mean(axis=-1, keepdims=True)                          # (2, ..., 1)
+    dx = cupy.empty(dout.shape, dout.dtype)
+    _kernel("layernorm_dx", ctype)(rows[0], xhat, means[1], means[0], rstd, dx)
+    return dx, cols.reshape(2, -1, C)
+
+
 def layernorm_backward(dout, cache):
     """Gradients of LayerNorm in four launches instead of eleven: one kernel writing
     ``dout xhat`` and ``dout`` (in the compute dtype) into one (2, ..., C) buffer and
@@ -298,17 +313,37 @@ def layernorm_backward(dout, cache):
     Returns:
         dx (..., C) in dout's dtype, dw (C,) and db (C,) in the compute dtype.
     """
-    xhat, rstd, w = cache
-    ctype, _, _ = _ctype(xhat.dtype)
-    C = xhat.shape[-1]
-    cols = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [dout xhat, dout]
-    rows = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [g, g xhat]
-    _kernel("layernorm_grads", ctype)(dout, xhat, w, cols[0], cols[1], rows[0], rows[1])
-    sums = cols.reshape(2, -1, C).sum(axis=1)                          # (2, C): dw, db
-    means = rows.mean(axis=-1, keepdims=True)                          # (2, ..., 1)
-    dx = cupy.empty(dout.shape, dout.dtype)
-    _kernel("layernorm_dx", ctype)(rows[0], xhat, means[1], means[0], rstd, dx)
+    dx, cols = _layernorm_grads(dout, cache)
+    sums = cols.sum(axis=1)                                            # (2, C): dw, db
     return dx, sums[0], sums[1]
+
+
+def layernorm_backward_into(dout, cache, dw_acc=None, db_acc=None):
+    """:func:`minibert.nn.layernorm.layernorm_backward_into`: the kernels of
+    :func:`layernorm_backward`, then ``dw_acc += 1^T (dout xhat)`` and ``db_acc += 1^T
+    dout``, each one cuBLAS gemm with ``beta = 1`` (two launches where the formula's route
+    takes a sum and two additions). Accumulators of another dtype than the compute dtype
+    (float16 parameters) or not contiguous take the sums and additions.
+
+    Args:
+        dout: (..., C); cache: ``(xhat, rstd, w)``; dw_acc, db_acc: (C,) or None.
+    Returns:
+        dx (..., C) in dout's dtype.
+    """
+    import cupy.cublas
+    dx, cols = _layernorm_grads(dout, cache)
+    N, C = cols.shape[1], cols.shape[2]
+    key = (cupy.cuda.runtime.getDevice(), N, cols.dtype.char)
+    for i, acc in enumerate((dw_acc, db_acc)):
+        if acc is None:
+            continue
+        if cols.dtype.char in "fd" and acc.dtype == cols.dtype and acc.flags.c_contiguous:
+            if key not in _ONES:
+                _ONES[key] = cupy.ones((1, N), cols.dtype)
+            cupy.cublas.gemm("N", "N", _ONES[key], cols[i], out=acc.reshape(1, C), beta=1.0)
+        else:
+            acc += cols[i].sum(axis=0)
+    return dx
 
 
 def softmax_forward(x, axis: int = -1, out=None):
@@ -459,6 +494,7 @@ def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
 
 FAST_PATHS.update({
     "linear_backward_into": linear_backward_into,
+    "layernorm_backward_into": layernorm_backward_into,
     "split_heads": split_heads, "merge_head_grads": merge_head_grads,
     "bias_dropout_add_forward": bias_dropout_add_forward,
     "gelu_forward": gelu_forward, "gelu_backward": gelu_backward,
