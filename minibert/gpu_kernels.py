@@ -169,6 +169,12 @@ def _kernel(kind: str, ctype: str):
             k = ki;
             v = vi;
             """),
+        # three gradients added into three accumulators
+        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", """
+            ga = ga + a;
+            gb = gb + b;
+            gc = gc + c;
+            """),
         # the inverse: dq = dq_scaled * scale, dk, dv written into strided views of dqkv
         "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv", f"""
             {c} a = dqs;
@@ -492,7 +498,26 @@ def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
     return dx
 
 
+def add_grads(params, grads) -> None:
+    """:func:`minibert.nn.module.add_grads` for three parameters of one shape and dtype
+    (query / key / value), all trainable: ``grad_i = grad_i + g_i`` in one kernel. Any
+    other case runs ``p.add_grad(g)`` for each pair.
+
+    Args:
+        params: Parameters; grads: CuPy arrays of their shapes.
+    """
+    if (len(params) == 3 and all(p.requires_grad for p in params)
+            and len({(p.grad.shape, p.grad.dtype) for p in params}) == 1
+            and all(g.shape == params[0].grad.shape and g.dtype == params[0].grad.dtype
+                    for g in grads)):
+        _kernel("add_grads", "float")(*grads, *(p.grad for p in params))
+        return
+    for p, g in zip(params, grads):
+        p.add_grad(g)
+
+
 FAST_PATHS.update({
+    "add_grads": add_grads,
     "linear_backward_into": linear_backward_into,
     "layernorm_backward_into": layernorm_backward_into,
     "split_heads": split_heads, "merge_head_grads": merge_head_grads,

@@ -33,6 +33,7 @@ import numpy as np
 from .backend import get_array_module
 from .fast import frozen_block
 from .nn.dropout import bias_dropout_add_forward
+from .nn.module import add_grads
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
                  cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
@@ -303,9 +304,9 @@ class BertSelfAttention(Module):
         # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
         dx, dw, db = linear_backward(dqkv, linear_cache)                 # (B,T,C), (3C,C), (3C,)
         C = dx.shape[-1]
-        for i, m in enumerate((self.query, self.key, self.value)):
-            m.weight.add_grad(dw[i * C:(i + 1) * C])
-            m.bias.add_grad(db[i * C:(i + 1) * C])
+        projections = (self.query, self.key, self.value)
+        add_grads([m.weight for m in projections], [dw[i * C:(i + 1) * C] for i in range(3)])
+        add_grads([m.bias for m in projections], [db[i * C:(i + 1) * C] for i in range(3)])
         return dx
 
 

@@ -176,6 +176,28 @@ def test_layernorm_backward_into_accumulates_as_the_formula(dtype, rtol, atol):
     close(results[0], results[1], rtol * 10, atol * 10)
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_add_grads_kernel_adds_as_add_grad(dtype, frozen):
+    import cupy
+    from minibert.nn import Parameter
+    from minibert.nn.module import add_grads
+    gs = [data((4, 3), dtype, seed) for seed in range(3)]
+    results = []
+    for on in (False, True):
+        params = [Parameter(data((4, 3), dtype, 9)) for _ in range(3)]
+        for p in params:
+            p.grad[...] = data((4, 3), dtype, 7)
+        params[1].requires_grad = not frozen
+        with fast_paths(on):
+            add_grads(params, gs)
+        results.append([cupy.asnumpy(p.grad) for p in params])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    if frozen:
+        np.testing.assert_array_equal(results[1][1], cupy.asnumpy(data((4, 3), dtype, 7)))
+
+
 @pytest.mark.parametrize("p", [0.0, 0.3])
 @pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
 def test_bias_dropout_add_kernel_equals_the_formula(dtype, rtol, atol, p):
@@ -213,7 +235,7 @@ def test_each_kernel_is_one_launch(cuda):
 
 LAUNCHES_BEFORE = 767     # one mini step, fast paths off (the formulas; issue 43's "today")
 LAUNCHES_FAST_BEFORE = 749  # fast paths on before issue 43 (fused AdamW only)
-LAUNCHES_FAST = 465       # fast paths on: the kernels of minibert/gpu_kernels.py
+LAUNCHES_FAST = 449       # fast paths on: the kernels of minibert/gpu_kernels.py
 
 
 def mini_step(micro_batches: int, fast: bool, cuda):
