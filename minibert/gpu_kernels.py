@@ -169,6 +169,27 @@ def _kernel(kind: str, ctype: str):
             k = ki;
             v = vi;
             """),
+        # the cross-entropy: nll = lse - (x[label] - max), lse = log(sum exp(x - max)),
+        # with label smoothing (1 - eps) nll + eps (lse - (mean(x) - max))
+        "softmax_nll": ("T xl, T m, T s, T xmean, T eps", "T nll", f"""
+            T lse = log(s);
+            T picked = xl - m;
+            T plain = lse - picked;
+            nll = plain;
+            if (eps != 0) nll = (1 - eps) * plain + eps * (lse - (xmean - m));
+            """),
+        # its backward: (p - (1 - eps) onehot(label) - eps / K) * valid / denom * dloss
+        "cross_entropy_backward": ("T p, L lab, int64 col, bool valid, T denom, "
+                                   "float64 dloss, T c1, T epsk", "T d", f"""
+            T one = col == lab;
+            T v = p - one * c1;
+            v = v - epsk;
+            {c} vv = valid;
+            {c} w32 = vv / denom;
+            double wd = w32 * dloss;
+            T w = wd;
+            d = v * w;
+            """),
         # three gradients added into three accumulators
         "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", """
             ga = ga + a;
@@ -498,6 +519,64 @@ def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
     return dx
 
 
+_ARANGE = {}    # (device, n) -> cupy.arange(n) (int64), made once
+
+
+def _arange(n: int):
+    key = (cupy.cuda.runtime.getDevice(), n)
+    if key not in _ARANGE:
+        _ARANGE[key] = cupy.arange(n)
+    return _ARANGE[key]
+
+
+def softmax_nll(logits, labels, label_smoothing: float = 0.0):
+    """:func:`minibert.nn.losses.softmax_nll` in six launches instead of nine: the row max,
+    ``e = exp(x - max)`` (one kernel, into probs), the row sum, the division in place, the
+    gather of ``x[row, label]``, and one kernel for ``nll = log(sum) - (x[label] - max)``
+    (with label smoothing eps: ``(1 - eps) nll + eps (log(sum) - (mean(x) - max))``, one
+    more launch for the row mean).
+
+    Args:
+        logits: (N, K) float32 / float64 CuPy array (the formula's caller casts float16);
+        labels: (N,) int in [0, K); label_smoothing: eps in [0, 1).
+    Returns:
+        probs (N, K) and nll (N,), in the logits' dtype.
+    """
+    ctype = _ctype(logits.dtype)[0]
+    N = logits.shape[0]
+    m = logits.max(axis=-1, keepdims=True)                             # (N, 1)
+    probs = cupy.empty(logits.shape, logits.dtype)
+    _kernel("softmax_exp", ctype)(logits, m, probs)
+    s = probs.sum(axis=-1, keepdims=True)                              # (N, 1)
+    cupy.divide(probs, s, out=probs)
+    picked = logits[_arange(N), labels]                                # (N,)
+    xmean = logits.mean(axis=-1) if label_smoothing else m[:, 0]
+    nll = _kernel("softmax_nll", ctype)(picked, m[:, 0], s[:, 0], xmean, label_smoothing)
+    return probs, nll
+
+
+def cross_entropy_backward(dloss, cache):
+    """:func:`minibert.nn.losses.cross_entropy_backward` in one kernel (instead of eight
+    launches): ``(probs - (1 - eps) one_hot(label) - eps / K) * valid / denom * dloss``,
+    the row weight computed in double as the formula's NumPy promotion does, written into
+    the cache's softmax.
+
+    Args:
+        dloss: a float or a 0-d CuPy array; cache: from the cross-entropy forward.
+    Returns:
+        dlogits (N, K), in the dtype of the forward's logits.
+    """
+    probs, safe, valid, denom, eps, out_dtype = cache
+    N, K = probs.shape
+    if isinstance(dloss, cupy.ndarray) and dloss.dtype != numpy.float64:
+        dloss = dloss.astype(numpy.float64)
+    denom = denom.astype(probs.dtype, copy=False)
+    _kernel("cross_entropy_backward", _ctype(probs.dtype)[0])(
+        probs, safe[:, None], _arange(K)[None, :], valid[:, None], denom, dloss,
+        1.0 - eps, eps / K if eps else 0.0, probs)
+    return probs.astype(out_dtype, copy=False)
+
+
 def add_grads(params, grads) -> None:
     """:func:`minibert.nn.module.add_grads` for three parameters of one shape and dtype
     (query / key / value), all trainable: ``grad_i = grad_i + g_i`` in one kernel. Any
@@ -517,6 +596,7 @@ def add_grads(params, grads) -> None:
 
 
 FAST_PATHS.update({
+    "softmax_nll": softmax_nll, "cross_entropy_backward": cross_entropy_backward,
     "add_grads": add_grads,
     "linear_backward_into": linear_backward_into,
     "layernorm_backward_into": layernorm_backward_into,
