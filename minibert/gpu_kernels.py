@@ -102,6 +102,17 @@ def _kernel(kind: str, ctype: str):
             {c} cdf_r = cdf;
             y = xv * cdf_r;
             """),
+        # h = x + b, then GELU of h (the feed-forward's bias and activation)
+        "bias_gelu_forward": ("T x, T b", "T h, T y, T cdf", f"""
+            {c} xv0 = x;
+            {c} bv = b;
+            h = xv0 + bv;
+            {c} xv = h;
+            {c} cdf_v = 0.5{s} * (1.0{s} + erf(xv * {_SQRT_HALF}{s}));
+            cdf = cdf_v;
+            {c} cdf_r = cdf;
+            y = xv * cdf_r;
+            """),
         # dout (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
         "gelu_backward": ("T dout, T x, T cdf", "T dx", f"""
             {c} xv = x;
@@ -248,6 +259,19 @@ def gelu_forward(x):
     """
     out, cdf = _kernel("gelu_forward", _ctype(x.dtype)[0])(x)
     return out, (x, cdf)
+
+
+def bias_gelu_forward(x, b):
+    """:func:`minibert.nn.activations.bias_gelu_forward` in one kernel: ``h = x + b``
+    (rounded to x's dtype), ``cdf = 0.5 (1 + erf(h / sqrt 2))``, ``out = h cdf``.
+
+    Args:
+        x: (..., I) CuPy float array; b: (I,) of x's dtype.
+    Returns:
+        out (shape and dtype of x) and the GELU cache ``(h, cdf)``.
+    """
+    h, out, cdf = _kernel("bias_gelu_forward", _ctype(x.dtype)[0])(x, b)
+    return out, (h, cdf)
 
 
 def gelu_backward(dout, cache):
@@ -596,7 +620,7 @@ def add_grads(params, grads) -> None:
 
 
 FAST_PATHS.update({
-    "softmax_nll": softmax_nll, "cross_entropy_backward": cross_entropy_backward,
+    "bias_gelu_forward": bias_gelu_forward, "softmax_nll": softmax_nll, "cross_entropy_backward": cross_entropy_backward,
     "add_grads": add_grads,
     "linear_backward_into": linear_backward_into,
     "layernorm_backward_into": layernorm_backward_into,

@@ -386,7 +386,9 @@ class BertIntermediate(Module):
 
     def forward(self, x):
         """(B, T, C) -> (B, T, I)."""
-        return self.intermediate_act_fn(self.dense(x))
+        # act(x W^T + b): the bias added with the activation (one kernel for GELU on the GPU)
+        return self.intermediate_act_fn.forward_with_bias(self.dense.forward_without_bias(x),
+                                                          self.dense.bias.data)
 
     def backward(self, dout):
         """dout: (B, T, I) -> dx (B, T, C)."""
@@ -735,7 +737,9 @@ class BertPredictionHeadTransform(Module):
 
     def forward(self, h):
         """(N, C) -> (N, width)."""
-        return self.LayerNorm(self.transform_act_fn(self.dense(h)))
+        a = self.transform_act_fn.forward_with_bias(self.dense.forward_without_bias(h),
+                                                    self.dense.bias.data)
+        return self.LayerNorm(a)
 
     def backward(self, dout):
         """dout: (N, width) -> dh (N, C)."""

@@ -61,6 +61,14 @@ def test_gelu_kernels_equal_the_formula(dtype, rtol, atol):
 
 
 @pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_bias_gelu_kernel_equals_the_formula(dtype, rtol, atol):
+    x, b = data((3, 5, 8), dtype), data((8,), dtype, 1)
+    (out0, cache0), (out1, cache1) = both(activations.bias_gelu_forward, x, b)
+    close(out0, out1, rtol, atol)
+    close(cache0, cache1, rtol, atol)                     # (x + b, Phi(x + b))
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
 def test_layernorm_kernels_equal_the_formula(dtype, rtol, atol):
     x, dout = data((4, 6, 16), dtype) + 3, data((4, 6, 16), dtype, 1)
     w, b = data((16,), dtype, 2), data((16,), dtype, 3)
@@ -256,7 +264,7 @@ def test_each_kernel_is_one_launch(cuda):
 
 LAUNCHES_BEFORE = 767     # one mini step, fast paths off (the formulas; issue 43's "today")
 LAUNCHES_FAST_BEFORE = 749  # fast paths on before issue 43 (fused AdamW only)
-LAUNCHES_FAST = 429       # fast paths on: the kernels of minibert/gpu_kernels.py
+LAUNCHES_FAST = 424       # fast paths on: the kernels of minibert/gpu_kernels.py
 
 
 def mini_step(micro_batches: int, fast: bool, cuda):
