@@ -32,6 +32,10 @@ What it models
   subset). A body outside the subset raises NotImplementedError when the kernel is made:
   a kernel the stand-in cannot read never passes silently. There is no ``fuse``,
   ``RawKernel`` or ``ReductionKernel``: minibert uses none, and asking for one raises.
+- Kernel launches: one per CuPy call that would launch on a GPU (see :func:`_launch`),
+  recorded beside the syncs by :func:`record`.
+- ``cupy.cublas.gemm`` (``out = alpha op(a) @ op(b) + beta out``, with CuPy's checks; its
+  copies of strided operands counted as launches).
 - ``cupyx.scatter_add`` (``numpy.add.at``), ``cupyx.scipy.special.erf`` (SciPy's),
   ``cupy.random.RandomState`` (``seed``, ``random_sample``) and ``default_rng``
   (``random``), ``cupy.linalg.norm``, and the ``cupy.cuda`` queries of minibert's
