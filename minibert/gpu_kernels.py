@@ -202,10 +202,16 @@ def _kernel(kind: str, ctype: str):
             d = v * w;
             """),
         # three gradients added into three accumulators
-        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", """
-            ga = ga + a;
-            gb = gb + b;
-            gc = gc + c;
+        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", f"""
+            {c} a0 = ga;
+            {c} a1 = a;
+            ga = a0 + a1;
+            {c} b0 = gb;
+            {c} b1 = b;
+            gb = b0 + b1;
+            {c} c0 = gc;
+            {c} c1 = c;
+            gc = c0 + c1;
             """),
         # the inverse: dq = dq_scaled * scale, dk, dv written into strided views of dqkv
         "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv", f"""
@@ -240,7 +246,12 @@ def _kernel(kind: str, ctype: str):
             """),
         # dx = (dp - row) p
         "softmax_dx": ("T dp, T row, T p", "T dx", f"""
-            dx = (dp - row) * p;
+            {c} d = dp;
+            {c} r = row;
+            T t = d - r;
+            {c} tv = t;
+            {c} pv = p;
+            dx = tv * pv;
             """),
     }
     ins, outs, body = specs[kind]
@@ -613,7 +624,7 @@ def add_grads(params, grads) -> None:
             and len({(p.grad.shape, p.grad.dtype) for p in params}) == 1
             and all(g.shape == params[0].grad.shape and g.dtype == params[0].grad.dtype
                     for g in grads)):
-        _kernel("add_grads", "float")(*grads, *(p.grad for p in params))
+        _kernel("add_grads", _ctype(grads[0].dtype)[0])(*grads, *(p.grad for p in params))
         return
     for p, g in zip(params, grads):
         p.add_grad(g)
