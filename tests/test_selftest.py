@@ -115,3 +115,19 @@ def test_main_runs_only_the_steps_asked_for(monkeypatch, capsys):
                                                                        io.StringIO()))
     assert selftest.main(["--only", "env/tf32", "speed", "--gpus", "1"]) == 0
     assert ran == ["env/tf32", "speed/mini-vs-torch", "speed/small-vs-torch"]
+
+
+def test_the_parity_checks_run_through_the_stand_in(cuda, capsys):
+    """The parity steps' own code (one mini step on the CPU and the device; float16 against
+    float32; the tiny preset and 2 steps here, mini and 50 on a GPU) runs and reports ok: on the stand-in the device is
+    NumPy, so this checks the plumbing, not cuBLAS."""
+    import json
+    from minibert import backend
+    try:
+        assert selftest._check_parity_one_step("tiny") == 0
+        assert selftest._check_parity_float16(2, "tiny") == 0
+    finally:
+        backend.set_device("cpu")
+    lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    assert lines[0]["ok"], lines[0]
+    assert "last5_loss_float16" in lines[1]
