@@ -166,6 +166,16 @@ def _kernel(kind: str, ctype: str):
             {c} v = (g - xhat * mean_gx - mean_g) * rstd;
             dx = v;
             """),
+        # xhat = (x - mean) rstd, out = xhat w + b (x in the compute dtype)
+        "layernorm_normalise": ("T x, T mean, T rstd, T w, T b", "T xhat, T out", """
+            T h = (x - mean) * rstd;
+            xhat = h;
+            out = h * w + b;
+            """),
+        # p = exp(x - max) / sum
+        "softmax_normalise": ("T x, T m, T s", "T p", """
+            p = exp(x - m) / s;
+            """),
         # e = exp(x - max)
         "softmax_exp": ("T x, T m", "C e", f"""
             {c} xv = x;
@@ -258,6 +268,25 @@ def _kernel(kind: str, ctype: str):
     return cupy.ElementwiseKernel(ins, outs, body, f"minibert_{kind}_{ctype}")
 
 
+@functools.lru_cache(maxsize=None)
+def _reduction(kind: str, ctype: str):
+    """The ReductionKernel ``kind`` computing in ``ctype`` ("float" or "double"): a map,
+    a sum along the axis of the call, a post-map of the sum ``a`` and scalar inputs."""
+    s = "f" if ctype == "float" else ""
+    specs = {
+        # rstd = (mean((x - mean)^2) + eps)^-1/2, n the row length
+        "layernorm_rstd": ("T x, T mean, T n, T eps", "T rstd", "(x - mean) * (x - mean)",
+                           f"rstd = pow(a / n + eps, -0.5{s})"),
+        # s = sum(exp(x - max))
+        "softmax_sum": ("T x, T m", "T s", "exp(x - m)", "s = a"),
+        # row = sum(dp p)
+        "softmax_row": ("T dp, T p", "T row", "dp * p", "row = a"),
+    }
+    ins, out, map_expr, post = specs[kind]
+    return cupy.ReductionKernel(ins, out, map_expr, "a + b", post, "0",
+                                f"minibert_{kind}_{ctype}")
+
+
 def gelu_forward(x):
     """Exact GELU in one kernel: the formula of :func:`minibert.nn.activations.gelu_forward`,
     ``cdf = 0.5 (1 + erf(x / sqrt 2))``, ``out = x cdf``, computed in float (float16 and
@@ -337,6 +366,12 @@ def layernorm_forward(x, w, b, eps: float = 1e-12):
     """
     cdt = _compute(x.dtype)
     ctype, _, _ = _ctype(cdt)
+    if x.dtype == cdt and w.dtype == cdt and b.dtype == cdt:   # three launches
+        mean = x.mean(axis=-1, keepdims=True)                             # (..., 1)
+        rstd = _reduction("layernorm_rstd", ctype)(x, mean, x.shape[-1], eps, axis=-1,
+                                                   keepdims=True)          # (..., 1)
+        xhat, out = _kernel("layernorm_normalise", ctype)(x, mean, rstd, w, b)
+        return out, (xhat, rstd, w)
     mean = x.mean(axis=-1, keepdims=True, dtype=cdt)                 # (..., 1)
     xc, sq = _kernel("layernorm_centre", ctype)(x, mean)             # (..., C)
     var = sq.mean(axis=-1, keepdims=True)                            # (..., 1)
@@ -424,6 +459,10 @@ def softmax_forward(x, axis: int = -1, out=None):
     if cdt != dtype or out is None:
         out = cupy.empty(x.shape, cdt)
     m = x.max(axis=axis, keepdims=True)
+    if cdt == dtype:                                           # three launches
+        s = _reduction("softmax_sum", _ctype(cdt)[0])(x, m, axis=axis, keepdims=True)
+        _kernel("softmax_normalise", _ctype(cdt)[0])(x, m, s, out)
+        return out, (out, axis)
     _kernel("softmax_exp", _ctype(cdt)[0])(x, m, out)
     probs = cupy.divide(out, out.sum(axis=axis, keepdims=True), out=out)
     probs = probs.astype(dtype, copy=False)
@@ -442,6 +481,13 @@ def softmax_backward(dprobs, cache, out=None):
         dx, the shape and dtype of probs.
     """
     probs, axis = cache
+    if out is None:
+        out = cupy.empty(probs.shape, probs.dtype)
+    if _compute(probs.dtype) == probs.dtype and dprobs.dtype == probs.dtype:   # two launches
+        row = _reduction("softmax_row", _ctype(probs.dtype)[0])(dprobs, probs, axis=axis,
+                                                                keepdims=True)
+        _kernel("softmax_dx", _ctype(probs.dtype)[0])(dprobs, row, probs, out)
+        return out
     row = cupy.multiply(dprobs, probs).sum(axis=axis, keepdims=True,
                                            dtype=_compute(probs.dtype)).astype(probs.dtype,
                                                                                copy=False)

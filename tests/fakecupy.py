@@ -30,8 +30,9 @@ What it models
   C's types (``T``, declared ``float`` / ``double`` / ``int`` locals, a ``double``
   literal widening a ``float`` expression; see :class:`ElementwiseKernel` for the
   subset). A body outside the subset raises NotImplementedError when the kernel is made:
-  a kernel the stand-in cannot read never passes silently. There is no ``fuse``,
-  ``RawKernel`` or ``ReductionKernel``: minibert uses none, and asking for one raises.
+  a kernel the stand-in cannot read never passes silently. ``ReductionKernel``: the map,
+  a sum or max along the axis, and the post-map with the scalar inputs (see its class).
+  There is no ``fuse`` or ``RawKernel``: minibert uses neither, and asking for one raises.
 - Kernel launches: one per CuPy call that would launch on a GPU (see :func:`_launch`),
   recorded beside the syncs by :func:`record`.
 - ``cupy.cublas.gemm`` (``out = alpha op(a) @ op(b) + beta out``, with CuPy's checks; its
@@ -154,6 +155,18 @@ def _upload(what: str) -> None:
         rec.uploads.append(event)
 
 
+@contextlib.contextmanager
+def _one_launch():
+    """Inside the block, launches are not recorded (a kernel the stand-in runs in several
+    NumPy passes, such as a ReductionKernel, records its one launch itself)."""
+    old = getattr(_local, "silent", False)
+    _local.silent = True
+    try:
+        yield
+    finally:
+        _local.silent = old
+
+
 def _launch(what: str) -> None:
     """A kernel launch: one per operation that would run a kernel on a GPU (a ufunc or
     operator, a reduction, a matrix product, an ``ElementwiseKernel`` call, a copy or fill,
@@ -161,7 +174,7 @@ def _launch(what: str) -> None:
     indexing), allocations without a fill (``empty``) and no-op casts are not launches.
     The count is one per CuPy call: a CuPy routine that runs two kernels (``var``,
     ``linalg.norm``) counts once, a cuBLAS product counts once."""
-    if not _recorders:
+    if not _recorders or getattr(_local, "silent", False):
         return
     event = f"{what} at {_caller()}"
     for rec in _recorders:
@@ -779,6 +792,57 @@ def gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
     return out
 
 
+class ReductionKernel:
+    """``cupy.ReductionKernel`` run as ElementwiseKernel passes over NumPy arrays: the map
+    expression (ElementwiseKernel's C subset) on the broadcast inputs, a reduction along
+    ``axis`` (``reduce_expr`` ``a + b`` or ``max(a, b)`` only), and ``post_map_expr`` (one
+    or more statements of the subset) with ``a``, the output and the *scalar* inputs only:
+    in CuPy an array input is not defined outside the map. One output; no
+    ``reduce_type``, preamble or options. Anything else raises NotImplementedError when the
+    kernel is made. One launch per call.
+    """
+
+    def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str,
+                 post_map_expr: str, identity, name: str = "reduce_kernel",
+                 reduce_type=None, reduce_dims: bool = True, preamble: str = "",
+                 options=()):
+        self.name = name
+        if reduce_type is not None or preamble.strip() or options:
+            raise NotImplementedError(f"{name}: reduce_type, a preamble or options are "
+                                      "outside what the stand-in interprets")
+        reduce = re.sub(r"\s", "", reduce_expr)
+        if reduce not in ("a+b", "max(a,b)"):
+            raise NotImplementedError(f"{name}: reduce_expr {reduce_expr!r} is outside what "
+                                      "the stand-in interprets ('a + b', 'max(a, b)')")
+        self._reduce = np.add if reduce == "a+b" else np.fmax
+        float(str(identity))                       # a number literal
+        outs = [p for p in out_params.split(",") if p.strip()]
+        if len(outs) != 1:
+            raise NotImplementedError(f"{name}: one output parameter")
+        self._out = _Param(outs[0], name)
+        self._map = ElementwiseKernel(in_params, f"{self._out.type} _mapped",
+                                      f"_mapped = {map_expr}", name)
+        self._post = post_map_expr
+        ElementwiseKernel(f"{in_params}, {self._out.type} a", out_params, post_map_expr,
+                          name)                   # the post-map must be readable
+
+    def __call__(self, *args, axis=None, keepdims=False, stream=None):
+        params = self._map.in_params
+        if len(args) != len(params):
+            raise TypeError(f"Wrong number of arguments for {self.name!r}")
+        with _one_launch():
+            mapped = self._map(*args)
+            reduced = self._reduce.reduce(mapped._a, axis=axis, keepdims=keepdims)
+            a = _wrap(np.asarray(reduced, dtype=mapped.dtype))
+            scalars = [(p, v) for p, v in zip(params, args) if not isinstance(v, ndarray)]
+            post = ElementwiseKernel(
+                ", ".join([f"{p.type} {p.name}" for p, _ in scalars] + [f"{self._out.type} a"]),
+                f"{self._out.type} {self._out.name}", self._post, self.name)
+            out = post(*[v for _, v in scalars], a)
+        _launch(f"ReductionKernel {self.name}")
+        return out
+
+
 # ------------------------------------------------------------------ random, cuda, linalg
 
 class RandomState:
@@ -897,7 +961,7 @@ _PASSED_THROUGH = ("bool_ int8 int16 int32 int64 uint8 uint32 uint64 float16 flo
 cupy = _module(
     "cupy", __version__="0+fakecupy", ndarray=ndarray, asarray=asarray, array=array,
     ascontiguousarray=ascontiguousarray, asnumpy=asnumpy, get_array_module=get_array_module,
-    ElementwiseKernel=ElementwiseKernel,
+    ElementwiseKernel=ElementwiseKernel, ReductionKernel=ReductionKernel,
     **{n: _function(n) for n in _NUMPY_NAMES}, **{n: getattr(np, n) for n in _PASSED_THROUGH},
     random=_module("cupy.random", RandomState=RandomState,
                    default_rng=lambda seed=None: Generator(seed)),
