@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from . import backend
@@ -256,9 +257,13 @@ def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr:
                 model.backward(dloss=scale * weight / k)
             else:
                 backward(model, scale * weight / k)
-            loss_sum = loss_sum + loss * weight / k
+            # on the GPU the first term is kept as it is: 0 + v would be a kernel launch
+            first = i == 0 and xp is not np
+            term = loss * weight / k
+            loss_sum = term if first else loss_sum + term
             for key, v in batch_sums.items():   # a stand-in row (weight 0) counts nothing
-                sums[key] = sums.get(key, 0) + (v if weight else 0 * v)
+                v = v if weight else 0 * v
+                sums[key] = v if first else sums.get(key, 0) + v
     if world > 1:
         comm.allreduce_(flat.grad)
         loss_sum = comm.allreduce_(xp.array(loss_sum, ndmin=1))[0]
