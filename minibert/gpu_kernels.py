@@ -223,6 +223,22 @@ def _kernel(kind: str, ctype: str):
             {c} c1 = c;
             gc = c0 + c1;
             """),
+        # the same with the projections' bias added first
+        "split_heads_bias": ("T qi, T ki, T vi, T bq, T bk, T bv, T scale", "T q, T k, T v",
+                             f"""
+            {c} a = qi;
+            {c} ba = bq;
+            T hq = a + ba;
+            {c} hqv = hq;
+            {c} sv = scale;
+            q = hqv * sv;
+            {c} kv0 = ki;
+            {c} bkv = bk;
+            k = kv0 + bkv;
+            {c} vv0 = vi;
+            {c} bvv = bv;
+            v = vv0 + bvv;
+            """),
         # the inverse: dq = dq_scaled * scale, dk, dv written into strided views of dqkv
         "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv", f"""
             {c} a = dqs;
@@ -497,12 +513,13 @@ def softmax_backward(dprobs, cache, out=None):
     return out
 
 
-def split_heads(qkv, num_heads: int):
+def split_heads(qkv, num_heads: int, bias=None):
     """:func:`minibert.nn.attention.split_heads` in one kernel: the three strided head
-    views of qkv copied into contiguous arrays, q times ``1 / sqrt(HS)`` on the way.
+    views of qkv copied into contiguous arrays (plus their part of ``bias``, rounded to
+    qkv's dtype as the formula's ``qkv + bias``), q times ``1 / sqrt(HS)`` on the way.
 
     Args:
-        qkv: (B, T, 3C) CuPy float array; num_heads: NH.
+        qkv: (B, T, 3C) CuPy float array; num_heads: NH; bias: (3C,) or None.
     Returns:
         q * scale, k, v ((B, NH, T, HS) each, C-contiguous, qkv's dtype) and scale.
     """
@@ -511,7 +528,13 @@ def split_heads(qkv, num_heads: int):
     scale = 1.0 / math.sqrt(HS)
     heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
     q, k, v = (cupy.empty((B, NH, T, HS), qkv.dtype) for _ in range(3))
-    _kernel("split_heads", _ctype(qkv.dtype)[0])(heads[0], heads[1], heads[2], scale, q, k, v)
+    ctype = _ctype(qkv.dtype)[0]
+    if bias is None:
+        _kernel("split_heads", ctype)(heads[0], heads[1], heads[2], scale, q, k, v)
+    else:
+        b = bias.reshape(3, NH, 1, HS)                             # broadcast over B, T
+        _kernel("split_heads_bias", ctype)(heads[0], heads[1], heads[2], b[0], b[1], b[2],
+                                           scale, q, k, v)
     return q, k, v, scale
 
 

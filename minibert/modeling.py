@@ -248,10 +248,12 @@ class BertSelfAttention(Module):
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
         w, b = self._stacked_weights(x)                                  # (3C, C), (3C,)
-        qkv, linear_cache = linear_forward(x, w, b)                      # (B, T, 3C)
+        # qkv = x [Wq; Wk; Wv]^T + [bq; bk; bv], the bias added where the heads are split
+        qkv, (x_, w_, _) = linear_forward(x, w, None)                    # (B, T, 3C)
+        linear_cache = (x_, w_, True)            # linear_backward still gives db
         p = self.dropout.p if self.dropout.training else 0.0
         ctx, attention_cache = attention_forward(qkv, mask_add, self.num_attention_heads, p,
-                                                 self.dropout.rng)       # (B, T, C)
+                                                 self.dropout.rng, qkv_bias=b)  # (B, T, C)
         self._cache = (linear_cache, attention_cache)
         self._dprobs = None
         self.attention_probs = attention_cache.probs if output_attentions else None

@@ -51,11 +51,13 @@ class AttentionCache(NamedTuple):
         return self.softmax[0]
 
 
-def split_heads(qkv, num_heads: int):
+def split_heads(qkv, num_heads: int, bias=None):
     """The packed projections split into contiguous heads, the scale folded into q.
 
     Args:
         qkv: (B, T, 3C) float, [q | k | v] along the last axis; num_heads: NH.
+        bias: optional (3C,) [bq | bk | bv], added to qkv first (for a caller whose
+            projection left its bias out: ``linear_forward(x, w, None)``).
     Returns:
         q * scale, k, v (each (B, NH, T, HS), C-contiguous, qkv's dtype) and
         scale = 1 / sqrt(HS). With the fast paths on
@@ -67,8 +69,10 @@ def split_heads(qkv, num_heads: int):
     scale = 1.0 / math.sqrt(HS)
     fast = fast_path("split_heads", qkv)
     if fast is not None:
-        return fast(qkv, num_heads)
+        return fast(qkv, num_heads, bias)
     xp = get_array_module(qkv)
+    if bias is not None:
+        qkv = qkv + bias                                        # (B, T, 3C)
     heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
     q = heads[0] * scale                                        # (B, NH, T, HS), contiguous
     k = xp.ascontiguousarray(heads[1])                          # (B, NH, T, HS)
@@ -76,7 +80,8 @@ def split_heads(qkv, num_heads: int):
     return q, k, v, scale
 
 
-def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None):
+def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None,
+                      qkv_bias=None):
     """softmax(q k^T / sqrt(HS) + mask) v over each head (Vaswani et al. 2017, eq. 1).
 
     The three projections arrive packed, as one fused matmul makes them; the heads are
@@ -90,11 +95,12 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
         num_heads: NH; C must be divisible by it.
         dropout_p: dropout on the attention probabilities (training only; 0 disables).
         rng: generator for the dropout mask (needed when dropout_p > 0).
+        qkv_bias: optional (3C,) bias to add to qkv (see :func:`split_heads`).
     Returns:
         ctx (B, T, C) and an :class:`AttentionCache` (``cache.probs`` (B, NH, T, T) are
         the probabilities before dropout).
     """
-    q, k, v, scale = split_heads(qkv, num_heads)               # (B, NH, T, HS) each
+    q, k, v, scale = split_heads(qkv, num_heads, qkv_bias)     # (B, NH, T, HS) each
     scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
     if mask_add is not None:
         scores += mask_add
