@@ -22,7 +22,7 @@ _fast_paths = False
 _GPU_ONLY = frozenset({"dropout_forward", "dropout_backward", "split_heads",
                        "merge_head_grads", "bias_dropout_add_forward",
                        "linear_backward_into", "layernorm_backward_into", "add_grads",
-                       "bias_gelu_forward"})
+                       "bias_gelu_forward", "clip_grad_norm"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
 
 
@@ -114,7 +114,8 @@ def fast_path(name: str, x):
     array ``minibert.gpu_kernels.FAST_PATHS.get(name)`` (None where the GPU has no fused
     kernel for it and runs the formula); None on NumPy arrays for the GPU-only names
     (dropout, split_heads, merge_head_grads, bias_dropout_add_forward,
-    linear_backward_into, layernorm_backward_into, add_grads, bias_gelu_forward).
+    linear_backward_into, layernorm_backward_into, add_grads, bias_gelu_forward,
+    clip_grad_norm).
 
     Raises:
         KeyError: ``name`` has no CPU fast path (on NumPy arrays, with the fast paths on).

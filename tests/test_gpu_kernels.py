@@ -245,6 +245,19 @@ def test_bias_dropout_add_kernel_equals_the_formula(dtype, rtol, atol, p):
         assert cache0[1] == cache1[1]
 
 
+@pytest.mark.parametrize("max_norm", [0.5, float("inf")])
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES[:2], ids=["f64", "f32"])
+def test_clip_kernel_equals_the_formula(dtype, rtol, atol, max_norm):
+    from minibert.optim import clip_grad_norm
+    results = []
+    for on in (False, True):
+        g = data((50,), dtype)
+        with fast_paths(on):
+            norm = clip_grad_norm([g], max_norm)
+        results.append((norm, g))
+    close(results[0], results[1], rtol, atol)
+
+
 def test_the_stand_in_reduction_kernel(cuda):
     """The stand-in's ReductionKernel: map, sum or max along the axis, a post-map of the
     sum and the scalar inputs, one launch; what it cannot read raises when made."""
@@ -289,7 +302,7 @@ def test_each_kernel_is_one_launch(cuda):
 LAUNCHES_BEFORE = 760     # fast paths off: the formulas (767 before issue 43; the loop now
 #                           keeps the first micro-batch's loss and sums instead of adding 0)
 LAUNCHES_FAST_BEFORE = 749  # fast paths on before issue 43 (fused AdamW only)
-LAUNCHES_FAST = 385       # fast paths on: the kernels of minibert/gpu_kernels.py
+LAUNCHES_FAST = 380       # fast paths on: the kernels of minibert/gpu_kernels.py
 
 
 def mini_step(micro_batches: int, fast: bool, cuda):
