@@ -22,7 +22,8 @@ _fast_paths = False
 _GPU_ONLY = frozenset({"dropout_forward", "dropout_backward", "split_heads",
                        "merge_head_grads", "bias_dropout_add_forward",
                        "linear_backward_into", "layernorm_backward_into", "add_grads",
-                       "bias_gelu_forward", "clip_grad_norm"})
+                       "bias_gelu_forward", "clip_grad_norm", "masked_softmax_forward",
+                       "dropout_softmax_backward"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
 
 
@@ -115,7 +116,7 @@ def fast_path(name: str, x):
     kernel for it and runs the formula); None on NumPy arrays for the GPU-only names
     (dropout, split_heads, merge_head_grads, bias_dropout_add_forward,
     linear_backward_into, layernorm_backward_into, add_grads, bias_gelu_forward,
-    clip_grad_norm).
+    clip_grad_norm, masked_softmax_forward, dropout_softmax_backward).
 
     Raises:
         KeyError: ``name`` has no CPU fast path (on NumPy arrays, with the fast paths on).

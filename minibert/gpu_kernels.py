@@ -176,6 +176,16 @@ def _kernel(kind: str, ctype: str):
         "softmax_normalise": ("T x, T m, T s", "T p", """
             p = exp(x - m) / s;
             """),
+        # p = exp(x + mask - max) / sum
+        "masked_softmax_normalise": ("T x, T mask, T m, T s", "T p", """
+            T xm = x + mask;
+            p = exp(xm - m) / s;
+            """),
+        # dx = (dd keep scale - row) p
+        "dropout_softmax_dx": ("T dd, bool keep, T scale, T row, T p", "T dx", """
+            T d = dd * keep * scale;
+            dx = (d - row) * p;
+            """),
         # e = exp(x - max)
         "softmax_exp": ("T x, T m", "C e", f"""
             {c} xv = x;
@@ -304,8 +314,18 @@ def _reduction(kind: str, ctype: str):
         "softmax_sum": ("T x, T m", "T s", "exp(x - m)", "s = a"),
         # row = sum(dp p)
         "softmax_row": ("T dp, T p", "T row", "dp * p", "row = a"),
+        # the masked row max and sum of exp(x + mask - max)
+        "masked_max": ("T x, T mask", "T m", "x + mask", "m = a"),
+        "masked_sum": ("T x, T mask, T m", "T s", "exp(x + mask - m)", "s = a"),
+        # row = sum(dd keep scale p): the dropout's backward inside the softmax's
+        "dropout_softmax_row": ("T dd, bool keep, T scale, T p", "T row",
+                                "dd * keep * scale * p", "row = a"),
     }
     ins, out, map_expr, post = specs[kind]
+    if kind == "masked_max":
+        lowest = "-3.4028234663852886e+38" if ctype == "float" else "-1.7976931348623157e+308"
+        return cupy.ReductionKernel(ins, out, map_expr, "max(a, b)", post, lowest,
+                                    f"minibert_{kind}_{ctype}")
     return cupy.ReductionKernel(ins, out, map_expr, "a + b", post, "0",
                                 f"minibert_{kind}_{ctype}")
 
@@ -688,6 +708,53 @@ def cross_entropy_backward(dloss, cache):
     return probs.astype(out_dtype, copy=False)
 
 
+def masked_softmax_forward(scores, mask_add):
+    """:func:`minibert.nn.attention.masked_softmax_forward`: for float32 / float64 scores
+    and a mask, three launches (the row max of ``scores + mask``, the row sum of
+    ``exp(scores + mask - max)``, and the normalisation into ``scores``) instead of four;
+    otherwise the formula's steps with the kernels of :func:`softmax_forward`.
+
+    Args:
+        scores: (B, NH, T, T) CuPy float array (overwritten); mask_add: (B, 1, 1, T) or None.
+    Returns:
+        probs (``scores`` itself when float32 / float64) and the softmax cache.
+    """
+    if mask_add is None or _compute(scores.dtype) != scores.dtype \
+            or mask_add.dtype != scores.dtype:
+        if mask_add is not None:
+            scores += mask_add
+        return softmax_forward(scores, -1, scores)
+    ctype = _ctype(scores.dtype)[0]
+    m = _reduction("masked_max", ctype)(scores, mask_add, axis=-1, keepdims=True)
+    s = _reduction("masked_sum", ctype)(scores, mask_add, m, axis=-1, keepdims=True)
+    _kernel("masked_softmax_normalise", ctype)(scores, mask_add, m, s, scores)
+    return scores, (scores, -1)
+
+
+def dropout_softmax_backward(ddropped, dropout_cache, softmax_cache):
+    """:func:`minibert.nn.attention.dropout_softmax_backward`: for float32 / float64, two
+    launches, ``row = sum(dd keep scale p)`` and ``dx = (dd keep scale - row) p`` into
+    ddropped, instead of three; otherwise the dropout's and the softmax's kernels.
+
+    Args:
+        ddropped: (..., T) CuPy float array (overwritten); dropout_cache: ``(keep, scale)``
+            or None; softmax_cache: ``(probs, axis)``.
+    Returns:
+        dscores, the shape of ddropped.
+    """
+    probs, axis = softmax_cache
+    if (dropout_cache is None or _compute(probs.dtype) != probs.dtype
+            or ddropped.dtype != probs.dtype):
+        d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+        return softmax_backward(d, softmax_cache, d)
+    keep, scale = dropout_cache
+    ctype = _ctype(probs.dtype)[0]
+    row = _reduction("dropout_softmax_row", ctype)(ddropped, keep, scale, probs, axis=axis,
+                                                   keepdims=True)
+    _kernel("dropout_softmax_dx", ctype)(ddropped, keep, scale, row, probs, ddropped)
+    return ddropped
+
+
 def clip_grad_norm(grads, max_norm: float):
     """:func:`minibert.optim.clip_grad_norm` in three launches for one gradient buffer
     instead of eight: the squared norm (``vdot``, summed over the buffers), one kernel for ``norm = sqrt(sq)`` and ``coef = min(max_norm / (norm +
@@ -729,6 +796,8 @@ def add_grads(params, grads) -> None:
 FAST_PATHS.update({
     "bias_gelu_forward": bias_gelu_forward, "softmax_nll": softmax_nll, "cross_entropy_backward": cross_entropy_backward,
     "add_grads": add_grads, "clip_grad_norm": clip_grad_norm,
+    "masked_softmax_forward": masked_softmax_forward,
+    "dropout_softmax_backward": dropout_softmax_backward,
     "linear_backward_into": linear_backward_into,
     "layernorm_backward_into": layernorm_backward_into,
     "split_heads": split_heads, "merge_head_grads": merge_head_grads,

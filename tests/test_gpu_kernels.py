@@ -258,6 +258,33 @@ def test_clip_kernel_equals_the_formula(dtype, rtol, atol, max_norm):
     close(results[0], results[1], rtol, atol)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype, rtol, atol", TOLERANCES, ids=["f64", "f32", "f16"])
+def test_attention_softmax_kernels_equal_the_formula(dtype, rtol, atol, masked):
+    """masked_softmax_forward (a padded key column) and dropout_softmax_backward (with and
+    without dropout), in place as attention calls them."""
+    import cupy
+    from minibert.nn.attention import (dropout_softmax_backward, extended_attention_mask,
+                                       masked_softmax_forward)
+    x, dd = data((2, 3, 5, 5), dtype), data((2, 3, 5, 5), dtype, 1)
+    mask = None
+    if masked:
+        m = np.ones((2, 5), dtype=np.int64)
+        m[1, 3:] = 0
+        mask = extended_attention_mask(cupy.asarray(m), np.dtype(dtype))
+    keep = cupy.asarray(np.random.default_rng(3).random((2, 3, 5, 5)) >= 0.2)
+    results = []
+    for on in (False, True):
+        with fast_paths(on):
+            probs, cache = masked_softmax_forward(x.copy(), mask)
+            d1 = dropout_softmax_backward(dd.copy(), (keep, 1.25), cache)
+            d2 = dropout_softmax_backward(dd.copy(), None, cache)
+        results.append((probs, d1, d2))
+    close(results[0], results[1], rtol, atol)
+    if masked:
+        assert float(abs(results[1][0][1, :, :, 3:]).max()) == 0.0     # padded keys
+
+
 def test_the_stand_in_reduction_kernel(cuda):
     """The stand-in's ReductionKernel: map, sum or max along the axis, a post-map of the
     sum and the scalar inputs, one launch; what it cannot read raises when made."""
@@ -302,7 +329,7 @@ def test_each_kernel_is_one_launch(cuda):
 LAUNCHES_BEFORE = 760     # fast paths off: the formulas (767 before issue 43; the loop now
 #                           keeps the first micro-batch's loss and sums instead of adding 0)
 LAUNCHES_FAST_BEFORE = 749  # fast paths on before issue 43 (fused AdamW only)
-LAUNCHES_FAST = 380       # fast paths on: the kernels of minibert/gpu_kernels.py
+LAUNCHES_FAST = 372       # fast paths on: the kernels of minibert/gpu_kernels.py
 
 
 def mini_step(micro_batches: int, fast: bool, cuda):

@@ -51,6 +51,40 @@ class AttentionCache(NamedTuple):
         return self.softmax[0]
 
 
+def masked_softmax_forward(scores, mask_add):
+    """softmax(scores + mask_add) along the last axis, in place in ``scores`` (which
+    nothing else reads).
+
+    Args:
+        scores: (B, NH, T, T) float; mask_add: (B, 1, 1, T) additive mask or None.
+    Returns:
+        probs and the cache of :func:`softmax_forward`. With the fast paths on, CuPy
+        arrays run :func:`minibert.gpu_kernels.masked_softmax_forward` (the mask added
+        inside the row max, the row sum and the normalisation: three launches).
+    """
+    fast = fast_path("masked_softmax_forward", scores)
+    if fast is not None:
+        return fast(scores, mask_add)
+    if mask_add is not None:
+        scores += mask_add
+    return softmax_forward(scores, axis=-1, out=scores)
+
+
+def dropout_softmax_backward(ddropped, dropout_cache, softmax_cache):
+    """The gradient of the scores from that of the dropped probabilities: the backward of
+    the dropout (if any, ``dropout_cache`` None otherwise), then of the softmax, in place.
+
+    Returns:
+        dscores, the shape of ddropped. With the fast paths on, CuPy arrays run
+        :func:`minibert.gpu_kernels.dropout_softmax_backward` (two launches).
+    """
+    fast = fast_path("dropout_softmax_backward", ddropped)
+    if fast is not None:
+        return fast(ddropped, dropout_cache, softmax_cache)
+    d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+    return softmax_backward(d, softmax_cache, out=d)
+
+
 def split_heads(qkv, num_heads: int, bias=None):
     """The packed projections split into contiguous heads, the scale folded into q.
 
@@ -102,9 +136,7 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
     """
     q, k, v, scale = split_heads(qkv, num_heads, qkv_bias)     # (B, NH, T, HS) each
     scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
-    if mask_add is not None:
-        scores += mask_add
-    probs, softmax_cache = softmax_forward(scores, axis=-1, out=scores)  # (B, NH, T, T)
+    probs, softmax_cache = masked_softmax_forward(scores, mask_add)  # (B, NH, T, T)
     dropped, dropout_cache = probs, None
     if dropout_p > 0.0:
         dropped, dropout_cache = dropout_forward(probs, dropout_p, rng)
@@ -160,12 +192,17 @@ def attention_backward(dctx, cache: AttentionCache, dprobs=None):
     # forward: ctx = dropped @ v
     ddropped = dctx @ v.transpose(0, 1, 3, 2)                   # (B, NH, T, T)
     dv = dropped.transpose(0, 1, 3, 2) @ dctx                   # (B, NH, T, HS)
-    # forward: dropped = dropout(probs)
-    d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
-    # forward: probs is also an output (the attention map)  ->  its gradients add up
-    dprobs = d if dprobs is None else d + dprobs.astype(d.dtype, copy=False)  # (B, NH, T, T)
-    # forward: probs = softmax(scores); masked entries have probs 0, hence dscores 0
-    dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
+    if dprobs is None:
+        # forward: dropped = dropout(probs), probs = softmax(scores); masked entries have
+        # probs 0, hence dscores 0
+        dscores = dropout_softmax_backward(ddropped, dropout_cache, softmax_cache)
+    else:
+        # forward: dropped = dropout(probs)
+        d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+        # forward: probs is also an output (the attention map)  ->  its gradients add up
+        dprobs = d + dprobs.astype(d.dtype, copy=False)                  # (B, NH, T, T)
+        # forward: probs = softmax(scores)
+        dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
     # forward: scores = (q * scale) @ k^T (+ mask_add, a constant); cache.q holds q * scale
     dq_scaled = dscores @ k                                     # d(q * scale), (B, NH, T, HS)
     dk = dscores.transpose(0, 1, 3, 2) @ q                      # (B, NH, T, HS)
