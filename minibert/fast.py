@@ -42,9 +42,10 @@ def set_fast_paths(enabled: bool) -> bool:
       the CPU's threads, in place, in cache-sized blocks; equal to the formula bit for bit
       except float32 GELU, within 2.5e-7: tests/test_fast_cpu.py), and glibc keeps freed
       memory for the next step (:func:`minibert.fast_cpu.keep_freed_memory`);
-    - on CuPy arrays, AdamW, GELU, dropout, LayerNorm and softmax (forward and
-      backward) run their entry of :data:`minibert.gpu_kernels.FAST_PATHS` (fused
-      element-wise kernels: fewer launches, the same formula; tests/test_gpu.py), and
+    - on CuPy arrays, AdamW, GELU, dropout, LayerNorm, softmax, the cross-entropy, the
+      clipping, attention's head split and the gradient accumulations run their entry of
+      :data:`minibert.gpu_kernels.FAST_PATHS` (fused kernels: fewer launches, the same
+      formula; tests/test_gpu_kernels.py, docs/gpu.md "Kernel launches per step"), and
       each self-attention layer concatenates its query / key / value weights once per
       optimizer step instead of once per forward (:func:`frozen_parameters`).
 
