@@ -19,6 +19,13 @@ from .backend import get_array_module
 
 _fast_paths = False
 
+_GPU_ONLY = frozenset({"dropout_forward", "dropout_backward", "split_heads",
+                       "merge_head_grads", "bias_dropout_add_forward",
+                       "linear_backward_into", "layernorm_backward_into", "add_grads",
+                       "bias_gelu_forward", "clip_grad_norm", "masked_softmax_forward",
+                       "dropout_softmax_backward"})
+"""Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
+
 
 def set_fast_paths(enabled: bool) -> bool:
     """Switch the fast implementations of the formulas on or off, for the whole process.
@@ -35,7 +42,12 @@ def set_fast_paths(enabled: bool) -> bool:
       the CPU's threads, in place, in cache-sized blocks; equal to the formula bit for bit
       except float32 GELU, within 2.5e-7: tests/test_fast_cpu.py), and glibc keeps freed
       memory for the next step (:func:`minibert.fast_cpu.keep_freed_memory`);
-    - on CuPy arrays, AdamW runs the fused kernel of :mod:`minibert.gpu_kernels`.
+    - on CuPy arrays, AdamW, GELU, dropout, LayerNorm, softmax, the cross-entropy, the
+      clipping, attention's head split and the gradient accumulations run their entry of
+      :data:`minibert.gpu_kernels.FAST_PATHS` (fused kernels: fewer launches, the same
+      formula; tests/test_gpu_kernels.py, docs/gpu.md "Kernel launches per step"), and
+      each self-attention layer concatenates its query / key / value weights once per
+      optimizer step instead of once per forward (:func:`frozen_parameters`).
 
     Returns:
         The setting before this call (so a caller can restore it).
@@ -65,13 +77,47 @@ def fast_paths(enabled: bool = True):
         set_fast_paths(previous)
 
 
+_frozen = None          # an object() while a frozen_parameters() block is running
+
+
+@contextlib.contextmanager
+def frozen_parameters():
+    """A block in which the caller promises that no parameter is written: what
+    :func:`minibert.training.train_step` wraps around its forward and backward passes
+    (they write gradients only; the optimizer step comes after the block).
+
+    With the fast paths on, a layer may keep a value derived from its parameters for the
+    rest of the block: each self-attention layer stacks its query / key / value weights
+    into one (3C, C) matrix on the first forward of the block and reuses it for every
+    later micro-batch, so the stack is built once per optimizer step instead of once per
+    forward. The kept value is tied to this block (a new block, or code outside any
+    block, builds it again) and to the identity of the parameter arrays, so an optimizer
+    step, a loaded checkpoint or a move to another device is never missed. Blocks nest.
+    """
+    global _frozen
+    previous, _frozen = _frozen, object()
+    try:
+        yield
+    finally:
+        _frozen = previous
+
+
+def frozen_block():
+    """The token of the :func:`frozen_parameters` block in force while the fast paths are
+    on, else None (a layer then derives everything from its parameters on each call)."""
+    return _frozen if _fast_paths else None
+
+
 def fast_path(name: str, x):
     """The fast implementation of the formula ``name`` for the device of ``x``, or None.
 
     None while the fast paths are off (:func:`set_fast_paths`): the caller then runs its
     formula. When on: for a NumPy array ``minibert.fast_cpu.FAST_PATHS[name]``; for a CuPy
     array ``minibert.gpu_kernels.FAST_PATHS.get(name)`` (None where the GPU has no fused
-    kernel for it and runs the formula).
+    kernel for it and runs the formula); None on NumPy arrays for the GPU-only names
+    (dropout, split_heads, merge_head_grads, bias_dropout_add_forward,
+    linear_backward_into, layernorm_backward_into, add_grads, bias_gelu_forward,
+    clip_grad_norm, masked_softmax_forward, dropout_softmax_backward).
 
     Raises:
         KeyError: ``name`` has no CPU fast path (on NumPy arrays, with the fast paths on).
@@ -79,6 +125,8 @@ def fast_path(name: str, x):
     if not _fast_paths:
         return None
     if get_array_module(x) is np:
+        if name in _GPU_ONLY:
+            return None
         from .fast_cpu import FAST_PATHS
         return FAST_PATHS[name]
     from .gpu_kernels import FAST_PATHS as GPU_FAST_PATHS

@@ -9,6 +9,9 @@ the two through the NumPy stand-in of CuPy (tests/fakecupy.py).
 from __future__ import annotations
 
 import functools
+import math
+
+import numpy
 
 import cupy
 
@@ -55,3 +58,752 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 FAST_PATHS = {"adamw_update": adamw_update}
 """The name of a formula -> its fused GPU kernel, where the GPU has one (see
 :func:`minibert.fast.fast_path`); the other formulas run as written on the GPU."""
+
+
+# ------------------------------------------------------------------ the layers' kernels
+#
+# Each kernel below is one launch for a chain of element-wise operations of a formula of
+# minibert/nn/. A kernel is built once per compute type: "float" (float32 arrays, and
+# float16 arrays, which the formulas reduce or evaluate in float32 where they say so) or
+# "double" (float64: gradient checks). Constants are literals of that type, so a float32
+# kernel rounds them as NumPy rounds a Python float against a float32 array. The reductions
+# (row max, row sums and means, column sums for dw / db) stay CuPy reductions: one launch
+# each.
+
+_SQRT_HALF = 0.7071067811865476          # 1 / sqrt(2), as nn/activations.py
+_INV_SQRT_2PI = 0.3989422804014327       # 1 / sqrt(2 pi)
+
+
+def _ctype(dtype) -> tuple[str, str, str]:
+    """(C type, literal suffix, NumPy dtype name) of the arithmetic for arrays of dtype."""
+    if numpy.dtype(dtype) == numpy.float64:
+        return "double", "", "float64"
+    return "float", "f", "float32"
+
+
+def _compute(dtype):
+    """The dtype of the row statistics for activations of ``dtype`` (float16 -> float32,
+    as :func:`minibert.backend.compute_dtype`)."""
+    return numpy.dtype(numpy.float32) if numpy.dtype(dtype) == numpy.float16 else numpy.dtype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(kind: str, ctype: str):
+    """The ElementwiseKernel ``kind`` computing in ``ctype`` ("float" or "double")."""
+    s = "f" if ctype == "float" else ""
+    np_name = "float32" if ctype == "float" else "float64"
+    c = ctype
+    specs = {
+        # x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2))
+        "gelu_forward": ("T x", "T y, T cdf", f"""
+            {c} xv = x;
+            {c} cdf_v = 0.5{s} * (1.0{s} + erf(xv * {_SQRT_HALF}{s}));
+            cdf = cdf_v;
+            {c} cdf_r = cdf;
+            y = xv * cdf_r;
+            """),
+        # h = x + b, then GELU of h (the feed-forward's bias and activation)
+        "bias_gelu_forward": ("T x, T b", "T h, T y, T cdf", f"""
+            {c} xv0 = x;
+            {c} bv = b;
+            h = xv0 + bv;
+            {c} xv = h;
+            {c} cdf_v = 0.5{s} * (1.0{s} + erf(xv * {_SQRT_HALF}{s}));
+            cdf = cdf_v;
+            {c} cdf_r = cdf;
+            y = xv * cdf_r;
+            """),
+        # dout (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+        "gelu_backward": ("T dout, T x, T cdf", "T dx", f"""
+            {c} xv = x;
+            {c} d = dout;
+            {c} cv = cdf;
+            {c} pdf = exp(xv * xv * -0.5{s}) * {_INV_SQRT_2PI}{s};
+            dx = d * (cv + xv * pdf);
+            """),
+        # keep = u >= p, out = x keep scale (inverted dropout)
+        "dropout_forward": (f"T x, float32 u, float32 p, {np_name} scale", "bool keep, T out", f"""
+            keep = u >= p;
+            {c} xv = x;
+            {c} kv = keep;
+            out = xv * kv * scale;
+            """),
+        "dropout_backward": (f"T dout, bool keep, {np_name} scale", "T dx", f"""
+            {c} d = dout;
+            {c} kv = keep;
+            dx = d * kv * scale;
+            """),
+        # centred x and its square (LayerNorm's variance is the row mean of sq)
+        "layernorm_centre": ("T x, C mean", "C xc, C sq", f"""
+            {c} xv = x;
+            xc = xv - mean;
+            sq = (xv - mean) * (xv - mean);
+            """),
+        # rstd = (var + eps)^-1/2
+        "layernorm_rstd": (f"C var, {np_name} eps", "C rstd", f"""
+            rstd = pow(var + eps, -0.5{s});
+            """),
+        # xhat = xc rstd, out = xhat w + b
+        "layernorm_affine": ("C xc, C rstd, W w, W b", "C xhat, T out", f"""
+            {c} h = xc * rstd;
+            xhat = h;
+            {c} wv = w;
+            {c} bv = b;
+            out = h * wv + bv;
+            """),
+        # g = dout w (d out / d xhat), dout in the compute dtype, and the products whose
+        # sums give dw and mean(g xhat)
+        "layernorm_grads": ("T dout, C xhat, W w", "C dxh, C dc, C g, C gx", f"""
+            {c} d = dout;
+            {c} wv = w;
+            dxh = d * xhat;
+            dc = d;
+            g = d * wv;
+            gx = (d * wv) * xhat;
+            """),
+        # dx = (g - xhat mean(g xhat) - mean(g)) rstd
+        "layernorm_dx": ("C g, C xhat, C mean_gx, C mean_g, C rstd", "T dx", f"""
+            {c} v = (g - xhat * mean_gx - mean_g) * rstd;
+            dx = v;
+            """),
+        # xhat = (x - mean) rstd, out = xhat w + b (x in the compute dtype)
+        "layernorm_normalise": ("T x, T mean, T rstd, T w, T b", "T xhat, T out", """
+            T h = (x - mean) * rstd;
+            xhat = h;
+            out = h * w + b;
+            """),
+        # p = exp(x - max) / sum
+        "softmax_normalise": ("T x, T m, T s", "T p", """
+            p = exp(x - m) / s;
+            """),
+        # p = exp(x + mask - max) / sum
+        "masked_softmax_normalise": ("T x, T mask, T m, T s", "T p", """
+            T xm = x + mask;
+            p = exp(xm - m) / s;
+            """),
+        # dx = (dd keep scale - row) p
+        "dropout_softmax_dx": ("T dd, bool keep, T scale, T row, T p", "T dx", """
+            T d = dd * keep * scale;
+            dx = (d - row) * p;
+            """),
+        # e = exp(x - max)
+        "softmax_exp": ("T x, T m", "C e", f"""
+            {c} xv = x;
+            {c} mv = m;
+            e = exp(xv - mv);
+            """),
+        # q = q_in * scale, k = k_in, v = v_in: three strided head views made contiguous
+        "split_heads": ("T qi, T ki, T vi, T scale", "T q, T k, T v", f"""
+            {c} a = qi;
+            {c} sv = scale;
+            q = a * sv;
+            k = ki;
+            v = vi;
+            """),
+        # the cross-entropy: nll = lse - (x[label] - max), lse = log(sum exp(x - max)),
+        # with label smoothing (1 - eps) nll + eps (lse - (mean(x) - max))
+        "softmax_nll": ("T xl, T m, T s, T xmean, T eps", "T nll", f"""
+            T lse = log(s);
+            T picked = xl - m;
+            T plain = lse - picked;
+            nll = plain;
+            if (eps != 0) nll = (1 - eps) * plain + eps * (lse - (xmean - m));
+            """),
+        # its backward: (p - (1 - eps) onehot(label) - eps / K) * valid / denom * dloss
+        "cross_entropy_backward": ("T p, L lab, int64 col, bool valid, T denom, "
+                                   "float64 dloss, T c1, T epsk", "T d", f"""
+            T one = col == lab;
+            T v = p - one * c1;
+            v = v - epsk;
+            {c} vv = valid;
+            {c} w32 = vv / denom;
+            double wd = w32 * dloss;
+            T w = wd;
+            d = v * w;
+            """),
+        # three gradients added into three accumulators
+        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", f"""
+            {c} a0 = ga;
+            {c} a1 = a;
+            ga = a0 + a1;
+            {c} b0 = gb;
+            {c} b1 = b;
+            gb = b0 + b1;
+            {c} c0 = gc;
+            {c} c1 = c;
+            gc = c0 + c1;
+            """),
+        # the same with the projections' bias added first
+        "split_heads_bias": ("T qi, T ki, T vi, T bq, T bk, T bv, T scale", "T q, T k, T v",
+                             f"""
+            {c} a = qi;
+            {c} ba = bq;
+            T hq = a + ba;
+            {c} hqv = hq;
+            {c} sv = scale;
+            q = hqv * sv;
+            {c} kv0 = ki;
+            {c} bkv = bk;
+            k = kv0 + bkv;
+            {c} vv0 = vi;
+            {c} bvv = bv;
+            v = vv0 + bvv;
+            """),
+        # the global norm and the clipping coefficient min(max_norm / (norm + 1e-6), 1)
+        "clip_coef": ("T sq, float64 max_norm", "T total, T coef", """
+            total = sqrt(sq);
+            double t = total;
+            double c = fmin(max_norm / (t + 1e-6), 1.0);
+            coef = c;
+            """),
+        # the inverse: dq = dq_scaled * scale, dk, dv written into strided views of dqkv
+        "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv", f"""
+            {c} a = dqs;
+            {c} sv = scale;
+            dq = a * sv;
+            dk = dki;
+            dv = dvi;
+            """),
+        # out = dropout(x + b) + residual, each step rounded to T as the formula rounds it
+        "bias_dropout_add": (f"T x, T b, float32 u, T residual, float32 p, {np_name} scale",
+                             "bool keep, T out", f"""
+            {c} xv = x;
+            {c} bv = b;
+            T y = xv + bv;
+            keep = u >= p;
+            {c} yv = y;
+            {c} kv = keep;
+            T d = yv * kv * scale;
+            {c} dv = d;
+            {c} rv = residual;
+            out = dv + rv;
+            """),
+        # out = (x + b) + residual (no dropout: evaluation, or p = 0)
+        "bias_add_add": ("T x, T b, T residual", "T out", f"""
+            {c} xv = x;
+            {c} bv = b;
+            T y = xv + bv;
+            {c} yv = y;
+            {c} rv = residual;
+            out = yv + rv;
+            """),
+        # dx = (dp - row) p
+        "softmax_dx": ("T dp, T row, T p", "T dx", f"""
+            {c} d = dp;
+            {c} r = row;
+            T t = d - r;
+            {c} tv = t;
+            {c} pv = p;
+            dx = tv * pv;
+            """),
+    }
+    ins, outs, body = specs[kind]
+    return cupy.ElementwiseKernel(ins, outs, body, f"minibert_{kind}_{ctype}")
+
+
+@functools.lru_cache(maxsize=None)
+def _reduction(kind: str, ctype: str):
+    """The ReductionKernel ``kind`` computing in ``ctype`` ("float" or "double"): a map,
+    a sum along the axis of the call, a post-map of the sum ``a`` and scalar inputs."""
+    s = "f" if ctype == "float" else ""
+    specs = {
+        # rstd = (mean((x - mean)^2) + eps)^-1/2, n the row length
+        "layernorm_rstd": ("T x, T mean, T n, T eps", "T rstd", "(x - mean) * (x - mean)",
+                           f"rstd = pow(a / n + eps, -0.5{s})"),
+        # s = sum(exp(x - max))
+        "softmax_sum": ("T x, T m", "T s", "exp(x - m)", "s = a"),
+        # row = sum(dp p)
+        "softmax_row": ("T dp, T p", "T row", "dp * p", "row = a"),
+        # the masked row max and sum of exp(x + mask - max)
+        "masked_max": ("T x, T mask", "T m", "x + mask", "m = a"),
+        "masked_sum": ("T x, T mask, T m", "T s", "exp(x + mask - m)", "s = a"),
+        # row = sum(dd keep scale p): the dropout's backward inside the softmax's
+        "dropout_softmax_row": ("T dd, bool keep, T scale, T p", "T row",
+                                "dd * keep * scale * p", "row = a"),
+    }
+    ins, out, map_expr, post = specs[kind]
+    if kind == "masked_max":
+        lowest = "-3.4028234663852886e+38" if ctype == "float" else "-1.7976931348623157e+308"
+        return cupy.ReductionKernel(ins, out, map_expr, "max(a, b)", post, lowest,
+                                    f"minibert_{kind}_{ctype}")
+    return cupy.ReductionKernel(ins, out, map_expr, "a + b", post, "0",
+                                f"minibert_{kind}_{ctype}")
+
+
+def gelu_forward(x):
+    """Exact GELU in one kernel: the formula of :func:`minibert.nn.activations.gelu_forward`,
+    ``cdf = 0.5 (1 + erf(x / sqrt 2))``, ``out = x cdf``, computed in float (float16 and
+    float32 x) or double (float64 x) and rounded to x's dtype.
+
+    Args:
+        x: CuPy array, any shape, float16 / float32 / float64.
+    Returns:
+        out (shape and dtype of x) and the cache ``(x, cdf)`` of the formula.
+    """
+    out, cdf = _kernel("gelu_forward", _ctype(x.dtype)[0])(x)
+    return out, (x, cdf)
+
+
+def bias_gelu_forward(x, b):
+    """:func:`minibert.nn.activations.bias_gelu_forward` in one kernel: ``h = x + b``
+    (rounded to x's dtype), ``cdf = 0.5 (1 + erf(h / sqrt 2))``, ``out = h cdf``.
+
+    Args:
+        x: (..., I) CuPy float array; b: (I,) of x's dtype.
+    Returns:
+        out (shape and dtype of x) and the GELU cache ``(h, cdf)``.
+    """
+    h, out, cdf = _kernel("bias_gelu_forward", _ctype(x.dtype)[0])(x, b)
+    return out, (h, cdf)
+
+
+def gelu_backward(dout, cache):
+    """d/dx [x Phi(x)] in one kernel: ``dx = dout (Phi(x) + x phi(x))``, ``phi(x) =
+    exp(-x^2 / 2) / sqrt(2 pi)`` (:func:`minibert.nn.activations.gelu_backward`).
+
+    Args:
+        dout: the shape and dtype of x; cache: from :func:`gelu_forward` (or the formula).
+    Returns:
+        dx, the shape and dtype of dout.
+    """
+    x, cdf = cache
+    return _kernel("gelu_backward", _ctype(x.dtype)[0])(dout, x, cdf)
+
+
+def dropout_forward(x, p: float, rng):
+    """Inverted dropout: one cuRAND draw of float32 uniforms ``u`` and one kernel,
+    ``keep = u >= p``, ``out = x keep / (1 - p)`` (the formula of
+    :func:`minibert.nn.dropout.dropout_forward` with the mask of
+    :func:`minibert.nn.dropout.keep_mask` for a device generator).
+
+    Args:
+        x: CuPy array, float; p: drop probability in [0, 1); rng: a device generator
+            (``random(shape, dtype)``, e.g. :class:`minibert.backend.DropoutRNG`).
+    Returns:
+        out (shape and dtype of x) and the cache ``(keep, scale)`` (keep: bool, shape of x).
+    """
+    u = rng.random(x.shape, dtype=numpy.float32)
+    scale = 1.0 / (1.0 - p)
+    keep, out = _kernel("dropout_forward", _ctype(x.dtype)[0])(x, u, p, scale)
+    return out, (keep, scale)
+
+
+def dropout_backward(dout, cache):
+    """``dx = dout keep scale`` in one kernel (:func:`minibert.nn.dropout.dropout_backward`).
+    dout: any shape, float; cache: ``(keep, scale)`` of the forward. Returns dx."""
+    keep, scale = cache
+    return _kernel("dropout_backward", _ctype(dout.dtype)[0])(dout, keep, scale)
+
+
+def layernorm_forward(x, w, b, eps: float = 1e-12):
+    """LayerNorm over the last axis in five launches instead of nine: the row mean, one
+    kernel for ``xc = x - mean`` and ``xc^2``, the row mean of that (the biased variance),
+    one for ``rstd = (var + eps)^-1/2``, one for ``xhat = xc rstd`` and ``out = xhat w + b``
+    (:func:`minibert.nn.layernorm.layernorm_forward`; float16 x is normalised in float32).
+
+    Args:
+        x: (..., C) CuPy float array; w, b: (C,).
+    Returns:
+        out (..., C) in x's dtype and the cache ``(xhat, rstd, w)`` of the formula (xhat
+        (..., C) and rstd (..., 1) in the compute dtype).
+    """
+    cdt = _compute(x.dtype)
+    ctype, _, _ = _ctype(cdt)
+    if x.dtype == cdt and w.dtype == cdt and b.dtype == cdt:   # three launches
+        mean = x.mean(axis=-1, keepdims=True)                             # (..., 1)
+        rstd = _reduction("layernorm_rstd", ctype)(x, mean, x.shape[-1], eps, axis=-1,
+                                                   keepdims=True)          # (..., 1)
+        xhat, out = _kernel("layernorm_normalise", ctype)(x, mean, rstd, w, b)
+        return out, (xhat, rstd, w)
+    mean = x.mean(axis=-1, keepdims=True, dtype=cdt)                 # (..., 1)
+    xc, sq = _kernel("layernorm_centre", ctype)(x, mean)             # (..., C)
+    var = sq.mean(axis=-1, keepdims=True)                            # (..., 1)
+    rstd = _kernel("layernorm_rstd", ctype)(var, eps)                # (..., 1)
+    xhat = cupy.empty(x.shape, cdt)
+    out = cupy.empty(x.shape, x.dtype)
+    _kernel("layernorm_affine", ctype)(xc, rstd, w, b, xhat, out)
+    return out, (xhat, rstd, w)
+
+
+def _layernorm_grads(dout, cache):
+    """The kernels of LayerNorm's backward: (dx, cols) with cols (2, N, C) holding
+    ``dout xhat`` and ``dout`` (compute dtype), whose column sums are dw and db."""
+    xhat, rstd, w = cache
+    ctype, _, _ = _ctype(xhat.dtype)
+    C = xhat.shape[-1]
+    cols = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [dout xhat, dout]
+    rows = cupy.empty((2,) + xhat.shape, xhat.dtype)        # [g, g xhat]
+    _kernel("layernorm_grads", ctype)(dout, xhat, w, cols[0], cols[1], rows[0], rows[1])
+    means = rows.mean(axis=-1, keepdims=True)                          # (2, ..., 1)
+    dx = cupy.empty(dout.shape, dout.dtype)
+    _kernel("layernorm_dx", ctype)(rows[0], xhat, means[1], means[0], rstd, dx)
+    return dx, cols.reshape(2, -1, C)
+
+
+def layernorm_backward(dout, cache):
+    """Gradients of LayerNorm in four launches instead of eleven: one kernel writing
+    ``dout xhat`` and ``dout`` (in the compute dtype) into one (2, ..., C) buffer and
+    ``g = dout w`` and ``g xhat`` into another; one column sum of the first (dw and db
+    together), one row mean of the second (mean(g) and mean(g xhat) together); one kernel
+    for ``dx = (g - xhat mean(g xhat) - mean(g)) rstd``
+    (:func:`minibert.nn.layernorm.layernorm_backward`).
+
+    Args:
+        dout: (..., C); cache: ``(xhat, rstd, w)`` of the forward.
+    Returns:
+        dx (..., C) in dout's dtype, dw (C,) and db (C,) in the compute dtype.
+    """
+    dx, cols = _layernorm_grads(dout, cache)
+    sums = cols.sum(axis=1)                                            # (2, C): dw, db
+    return dx, sums[0], sums[1]
+
+
+def layernorm_backward_into(dout, cache, dw_acc=None, db_acc=None):
+    """:func:`minibert.nn.layernorm.layernorm_backward_into`: the kernels of
+    :func:`layernorm_backward`, then ``dw_acc += 1^T (dout xhat)`` and ``db_acc += 1^T
+    dout``, each one cuBLAS gemm with ``beta = 1`` (two launches where the formula's route
+    takes a sum and two additions). Accumulators of another dtype than the compute dtype
+    (float16 parameters) or not contiguous take the sums and additions.
+
+    Args:
+        dout: (..., C); cache: ``(xhat, rstd, w)``; dw_acc, db_acc: (C,) or None.
+    Returns:
+        dx (..., C) in dout's dtype.
+    """
+    import cupy.cublas
+    dx, cols = _layernorm_grads(dout, cache)
+    N, C = cols.shape[1], cols.shape[2]
+    key = (cupy.cuda.runtime.getDevice(), N, cols.dtype.char)
+    for i, acc in enumerate((dw_acc, db_acc)):
+        if acc is None:
+            continue
+        if cols.dtype.char in "fd" and acc.dtype == cols.dtype and acc.flags.c_contiguous:
+            if key not in _ONES:
+                _ONES[key] = cupy.ones((1, N), cols.dtype)
+            cupy.cublas.gemm("N", "N", _ONES[key], cols[i], out=acc.reshape(1, C), beta=1.0)
+        else:
+            acc += cols[i].sum(axis=0)
+    return dx
+
+
+def softmax_forward(x, axis: int = -1, out=None):
+    """Softmax along ``axis`` in four launches instead of five: the row max, one kernel
+    for ``e = exp(x - max)`` (into ``out``, in place when ``out is x``), the row sum, the
+    division in place (:func:`minibert.nn.activations.softmax_forward`; float16 is
+    normalised in float32 and returned as float16).
+
+    Args:
+        x: any shape, float CuPy array; axis: the axis normalised over; out: optional
+            array of x's shape and dtype for the result (ignored for float16).
+    Returns:
+        probs (shape of x, x's dtype) and the cache ``(probs, axis)``.
+    """
+    dtype, cdt = x.dtype, _compute(x.dtype)
+    if cdt != dtype or out is None:
+        out = cupy.empty(x.shape, cdt)
+    m = x.max(axis=axis, keepdims=True)
+    if cdt == dtype:                                           # three launches
+        s = _reduction("softmax_sum", _ctype(cdt)[0])(x, m, axis=axis, keepdims=True)
+        _kernel("softmax_normalise", _ctype(cdt)[0])(x, m, s, out)
+        return out, (out, axis)
+    _kernel("softmax_exp", _ctype(cdt)[0])(x, m, out)
+    probs = cupy.divide(out, out.sum(axis=axis, keepdims=True), out=out)
+    probs = probs.astype(dtype, copy=False)
+    return probs, (probs, axis)
+
+
+def softmax_backward(dprobs, cache, out=None):
+    """``dx = p (dp - sum(dp p))`` along the forward's axis in three launches instead of
+    four: the product, its row sum (in the compute dtype), one kernel for ``(dp - row) p``
+    (:func:`minibert.nn.activations.softmax_backward`).
+
+    Args:
+        dprobs: the shape of probs; cache: from :func:`softmax_forward`; out: optional
+            array for the result (``out=dprobs`` works in place).
+    Returns:
+        dx, the shape and dtype of probs.
+    """
+    probs, axis = cache
+    if out is None:
+        out = cupy.empty(probs.shape, probs.dtype)
+    if _compute(probs.dtype) == probs.dtype and dprobs.dtype == probs.dtype:   # two launches
+        row = _reduction("softmax_row", _ctype(probs.dtype)[0])(dprobs, probs, axis=axis,
+                                                                keepdims=True)
+        _kernel("softmax_dx", _ctype(probs.dtype)[0])(dprobs, row, probs, out)
+        return out
+    row = cupy.multiply(dprobs, probs).sum(axis=axis, keepdims=True,
+                                           dtype=_compute(probs.dtype)).astype(probs.dtype,
+                                                                               copy=False)
+    if out is None:
+        out = cupy.empty(probs.shape, probs.dtype)
+    _kernel("softmax_dx", _ctype(probs.dtype)[0])(dprobs, row, probs, out)
+    return out
+
+
+def split_heads(qkv, num_heads: int, bias=None):
+    """:func:`minibert.nn.attention.split_heads` in one kernel: the three strided head
+    views of qkv copied into contiguous arrays (plus their part of ``bias``, rounded to
+    qkv's dtype as the formula's ``qkv + bias``), q times ``1 / sqrt(HS)`` on the way.
+
+    Args:
+        qkv: (B, T, 3C) CuPy float array; num_heads: NH; bias: (3C,) or None.
+    Returns:
+        q * scale, k, v ((B, NH, T, HS) each, C-contiguous, qkv's dtype) and scale.
+    """
+    B, T, C3 = qkv.shape
+    NH, HS = num_heads, C3 // 3 // num_heads
+    scale = 1.0 / math.sqrt(HS)
+    heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
+    q, k, v = (cupy.empty((B, NH, T, HS), qkv.dtype) for _ in range(3))
+    ctype = _ctype(qkv.dtype)[0]
+    if bias is None:
+        _kernel("split_heads", ctype)(heads[0], heads[1], heads[2], scale, q, k, v)
+    else:
+        b = bias.reshape(3, NH, 1, HS)                             # broadcast over B, T
+        _kernel("split_heads_bias", ctype)(heads[0], heads[1], heads[2], b[0], b[1], b[2],
+                                           scale, q, k, v)
+    return q, k, v, scale
+
+
+def merge_head_grads(dq_scaled, dk, dv, scale: float):
+    """:func:`minibert.nn.attention.merge_head_grads` in one kernel: the heads' gradients
+    written into the strided views of one (B, T, 3C) array, dq times ``scale`` on the way.
+
+    Args:
+        dq_scaled, dk, dv: (B, NH, T, HS) CuPy float arrays of one dtype; scale: float.
+    Returns:
+        dqkv (B, T, 3C), [dq | dk | dv] along the last axis.
+    """
+    B, NH, T, HS = dq_scaled.shape
+    dqkv = cupy.empty((B, T, 3, NH, HS), dq_scaled.dtype)
+    dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
+    _kernel("merge_head_grads", _ctype(dq_scaled.dtype)[0])(dq_scaled, dk, dv, scale,
+                                                             dheads[0], dheads[1], dheads[2])
+    return dqkv.reshape(B, T, 3 * NH * HS)
+
+
+def bias_dropout_add_forward(x, b, residual, p: float, rng):
+    """``dropout(x + b) + residual`` in one kernel after the draw
+    (:func:`minibert.nn.dropout.bias_dropout_add_forward`): the bias of a Linear layer, the
+    dropout of its output and the residual sum of a BERT sub-layer.
+
+    Args:
+        x: (..., C) CuPy float array (the product x W^T); b: (C,); residual: x's shape;
+            p: drop probability in [0, 1) (0: no dropout, no draw); rng: the device
+            generator (used when p > 0).
+    Returns:
+        out (x's shape and dtype) and the dropout cache ``(keep, scale)``, or None when
+        p == 0.
+    """
+    ctype = _ctype(x.dtype)[0]
+    if p == 0.0:
+        return _kernel("bias_add_add", ctype)(x, b, residual), None
+    u = rng.random(x.shape, dtype=numpy.float32)
+    scale = 1.0 / (1.0 - p)
+    keep, out = _kernel("bias_dropout_add", ctype)(x, b, u, residual, p, scale)
+    return out, (keep, scale)
+
+
+_ONES = {}      # (device, n, dtype) -> a (1, n) row of ones on that device, made once
+
+
+def _gemm_ready(a) -> bool:
+    """Whether cuBLAS reads ``a`` (2-D) in place: C- or F-contiguous (else
+    ``cupy.cublas.gemm`` copies it first, one more launch)."""
+    return a.flags.c_contiguous or a.flags.f_contiguous
+
+
+def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
+    """:func:`minibert.nn.linear.linear_backward_into` with the accumulations inside the
+    products: ``dw_acc += dout2^T x2`` and ``db_acc += 1^T dout2`` each one cuBLAS gemm with
+    ``beta = 1`` (``cupy.cublas.gemm``), instead of a product or a sum and an addition.
+
+    Float16 (cuBLAS gemm through ``cupy.cublas`` takes float32 / float64 only) and an
+    accumulator that is not contiguous run the formula's operations.
+
+    Args:
+        dout: (..., O) CuPy float array; cache: from :func:`minibert.nn.linear_forward`;
+            dw_acc: (O, I) or None; db_acc: (O,) or None.
+    Returns:
+        dx (..., I).
+    """
+    import cupy.cublas
+    x, w, has_bias = cache
+    O = dout.shape[-1]
+    d2 = dout.reshape(-1, O)                             # (N, O)
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    dx = (d2 @ w).reshape(x.shape)
+    gemm = dout.dtype.char in "fd" and x.dtype == dout.dtype
+    if dw_acc is not None:
+        if gemm and dw_acc.dtype == dout.dtype and dw_acc.flags.c_contiguous:
+            cupy.cublas.gemm("T", "N", d2, x2, out=dw_acc, beta=1.0)
+        else:
+            dw_acc += d2.T @ x2
+    if has_bias and db_acc is not None:
+        if gemm and db_acc.dtype == dout.dtype and db_acc.flags.c_contiguous and _gemm_ready(d2):
+            key = (cupy.cuda.runtime.getDevice(), d2.shape[0], dout.dtype.char)
+            if key not in _ONES:
+                _ONES[key] = cupy.ones((1, d2.shape[0]), dout.dtype)
+            cupy.cublas.gemm("N", "N", _ONES[key], d2, out=db_acc.reshape(1, O), beta=1.0)
+        else:
+            db_acc += d2.sum(axis=0)
+    return dx
+
+
+_ARANGE = {}    # (device, n) -> cupy.arange(n) (int64), made once
+
+
+def _arange(n: int):
+    key = (cupy.cuda.runtime.getDevice(), n)
+    if key not in _ARANGE:
+        _ARANGE[key] = cupy.arange(n)
+    return _ARANGE[key]
+
+
+def softmax_nll(logits, labels, label_smoothing: float = 0.0):
+    """:func:`minibert.nn.losses.softmax_nll` in six launches instead of nine: the row max,
+    ``e = exp(x - max)`` (one kernel, into probs), the row sum, the division in place, the
+    gather of ``x[row, label]``, and one kernel for ``nll = log(sum) - (x[label] - max)``
+    (with label smoothing eps: ``(1 - eps) nll + eps (log(sum) - (mean(x) - max))``, one
+    more launch for the row mean).
+
+    Args:
+        logits: (N, K) float32 / float64 CuPy array (the formula's caller casts float16);
+        labels: (N,) int in [0, K); label_smoothing: eps in [0, 1).
+    Returns:
+        probs (N, K) and nll (N,), in the logits' dtype.
+    """
+    ctype = _ctype(logits.dtype)[0]
+    N = logits.shape[0]
+    m = logits.max(axis=-1, keepdims=True)                             # (N, 1)
+    probs = cupy.empty(logits.shape, logits.dtype)
+    _kernel("softmax_exp", ctype)(logits, m, probs)
+    s = probs.sum(axis=-1, keepdims=True)                              # (N, 1)
+    cupy.divide(probs, s, out=probs)
+    picked = logits[_arange(N), labels]                                # (N,)
+    xmean = logits.mean(axis=-1) if label_smoothing else m[:, 0]
+    nll = _kernel("softmax_nll", ctype)(picked, m[:, 0], s[:, 0], xmean, label_smoothing)
+    return probs, nll
+
+
+def cross_entropy_backward(dloss, cache):
+    """:func:`minibert.nn.losses.cross_entropy_backward` in one kernel (instead of eight
+    launches): ``(probs - (1 - eps) one_hot(label) - eps / K) * valid / denom * dloss``,
+    the row weight computed in double as the formula's NumPy promotion does, written into
+    the cache's softmax.
+
+    Args:
+        dloss: a float or a 0-d CuPy array; cache: from the cross-entropy forward.
+    Returns:
+        dlogits (N, K), in the dtype of the forward's logits.
+    """
+    probs, safe, valid, denom, eps, out_dtype = cache
+    N, K = probs.shape
+    if isinstance(dloss, cupy.ndarray) and dloss.dtype != numpy.float64:
+        dloss = dloss.astype(numpy.float64)
+    denom = denom.astype(probs.dtype, copy=False)
+    _kernel("cross_entropy_backward", _ctype(probs.dtype)[0])(
+        probs, safe[:, None], _arange(K)[None, :], valid[:, None], denom, dloss,
+        1.0 - eps, eps / K if eps else 0.0, probs)
+    return probs.astype(out_dtype, copy=False)
+
+
+def masked_softmax_forward(scores, mask_add):
+    """:func:`minibert.nn.attention.masked_softmax_forward`: for float32 / float64 scores
+    and a mask, three launches (the row max of ``scores + mask``, the row sum of
+    ``exp(scores + mask - max)``, and the normalisation into ``scores``) instead of four;
+    otherwise the formula's steps with the kernels of :func:`softmax_forward`.
+
+    Args:
+        scores: (B, NH, T, T) CuPy float array (overwritten); mask_add: (B, 1, 1, T) or None.
+    Returns:
+        probs (``scores`` itself when float32 / float64) and the softmax cache.
+    """
+    if mask_add is None or _compute(scores.dtype) != scores.dtype \
+            or mask_add.dtype != scores.dtype:
+        if mask_add is not None:
+            scores += mask_add
+        return softmax_forward(scores, -1, scores)
+    ctype = _ctype(scores.dtype)[0]
+    m = _reduction("masked_max", ctype)(scores, mask_add, axis=-1, keepdims=True)
+    s = _reduction("masked_sum", ctype)(scores, mask_add, m, axis=-1, keepdims=True)
+    _kernel("masked_softmax_normalise", ctype)(scores, mask_add, m, s, scores)
+    return scores, (scores, -1)
+
+
+def dropout_softmax_backward(ddropped, dropout_cache, softmax_cache):
+    """:func:`minibert.nn.attention.dropout_softmax_backward`: for float32 / float64, two
+    launches, ``row = sum(dd keep scale p)`` and ``dx = (dd keep scale - row) p`` into
+    ddropped, instead of three; otherwise the dropout's and the softmax's kernels.
+
+    Args:
+        ddropped: (..., T) CuPy float array (overwritten); dropout_cache: ``(keep, scale)``
+            or None; softmax_cache: ``(probs, axis)``.
+    Returns:
+        dscores, the shape of ddropped.
+    """
+    probs, axis = softmax_cache
+    if (dropout_cache is None or _compute(probs.dtype) != probs.dtype
+            or ddropped.dtype != probs.dtype):
+        d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+        return softmax_backward(d, softmax_cache, d)
+    keep, scale = dropout_cache
+    ctype = _ctype(probs.dtype)[0]
+    row = _reduction("dropout_softmax_row", ctype)(ddropped, keep, scale, probs, axis=axis,
+                                                   keepdims=True)
+    _kernel("dropout_softmax_dx", ctype)(ddropped, keep, scale, row, probs, ddropped)
+    return ddropped
+
+
+def clip_grad_norm(grads, max_norm: float):
+    """:func:`minibert.optim.clip_grad_norm` in three launches for one gradient buffer
+    instead of eight: the squared norm (``vdot``, summed over the buffers), one kernel for ``norm = sqrt(sq)`` and ``coef = min(max_norm / (norm +
+    1e-6), 1)`` (in double), and ``g *= coef``.
+
+    Args:
+        grads: CuPy float arrays of one dtype (a flat buffer: one); max_norm: float (inf:
+            no clipping).
+    Returns:
+        the norm before clipping, a 0-d array (no sync).
+    """
+    sq = cupy.vdot(grads[0].ravel(), grads[0].ravel())
+    for g in grads[1:]:
+        sq = sq + cupy.vdot(g.ravel(), g.ravel())
+    total, coef = _kernel("clip_coef", _ctype(sq.dtype)[0])(sq, float(max_norm))
+    for g in grads:
+        g *= coef.astype(g.dtype, copy=False)
+    return total
+
+
+def add_grads(params, grads) -> None:
+    """:func:`minibert.nn.module.add_grads` for three parameters of one shape and dtype
+    (query / key / value), all trainable: ``grad_i = grad_i + g_i`` in one kernel. Any
+    other case runs ``p.add_grad(g)`` for each pair.
+
+    Args:
+        params: Parameters; grads: CuPy arrays of their shapes.
+    """
+    if (len(params) == 3 and all(p.requires_grad for p in params)
+            and len({(p.grad.shape, p.grad.dtype) for p in params}) == 1
+            and all(g.shape == params[0].grad.shape and g.dtype == params[0].grad.dtype
+                    for g in grads)):
+        _kernel("add_grads", _ctype(grads[0].dtype)[0])(*grads, *(p.grad for p in params))
+        return
+    for p, g in zip(params, grads):
+        p.add_grad(g)
+
+
+FAST_PATHS.update({
+    "bias_gelu_forward": bias_gelu_forward, "softmax_nll": softmax_nll, "cross_entropy_backward": cross_entropy_backward,
+    "add_grads": add_grads, "clip_grad_norm": clip_grad_norm,
+    "masked_softmax_forward": masked_softmax_forward,
+    "dropout_softmax_backward": dropout_softmax_backward,
+    "linear_backward_into": linear_backward_into,
+    "layernorm_backward_into": layernorm_backward_into,
+    "split_heads": split_heads, "merge_head_grads": merge_head_grads,
+    "bias_dropout_add_forward": bias_dropout_add_forward,
+    "gelu_forward": gelu_forward, "gelu_backward": gelu_backward,
+    "dropout_forward": dropout_forward, "dropout_backward": dropout_backward,
+    "layernorm_forward": layernorm_forward, "layernorm_backward": layernorm_backward,
+    "softmax_forward": softmax_forward, "softmax_backward": softmax_backward,
+})

@@ -31,6 +31,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .backend import get_array_module
+from .fast import frozen_block
+from .nn.dropout import bias_dropout_add_forward
+from .nn.module import add_grads
 from .nn import (IGNORE_INDEX, ACTIVATIONS, Activation, Dropout, Embedding, LayerNorm, Linear,
                  Module, ModuleList, Parameter, attention_backward, attention_forward,
                  cross_entropy_backward, cross_entropy_forward, extended_attention_mask,
@@ -244,18 +247,35 @@ class BertSelfAttention(Module):
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
-        xp = get_array_module(x)
-        projections = (self.query, self.key, self.value)
-        w = xp.concatenate([m.weight.data for m in projections])         # (3C, C)
-        b = xp.concatenate([m.bias.data for m in projections])           # (3C,)
-        qkv, linear_cache = linear_forward(x, w, b)                      # (B, T, 3C)
+        w, b = self._stacked_weights(x)                                  # (3C, C), (3C,)
+        # qkv = x [Wq; Wk; Wv]^T + [bq; bk; bv], the bias added where the heads are split
+        qkv, (x_, w_, _) = linear_forward(x, w, None)                    # (B, T, 3C)
+        linear_cache = (x_, w_, True)            # linear_backward still gives db
         p = self.dropout.p if self.dropout.training else 0.0
         ctx, attention_cache = attention_forward(qkv, mask_add, self.num_attention_heads, p,
-                                                 self.dropout.rng)       # (B, T, C)
+                                                 self.dropout.rng, qkv_bias=b)  # (B, T, C)
         self._cache = (linear_cache, attention_cache)
         self._dprobs = None
         self.attention_probs = attention_cache.probs if output_attentions else None
         return ctx
+
+    def _stacked_weights(self, x):
+        """[Wq; Wk; Wv] (3C, C) and [bq; bk; bv] (3C,), concatenated from the parameters;
+        inside a :func:`minibert.fast.frozen_parameters` block with the fast paths on,
+        once per block (the stack is kept with the block's token and the six arrays it
+        was made from, and made again when either changes)."""
+        arrays = tuple(a for m in (self.query, self.key, self.value)
+                       for a in (m.weight.data, m.bias.data))
+        block = frozen_block()
+        kept = getattr(self, "_stack", None)
+        if (block is not None and kept is not None and kept[0] is block
+                and all(a is k for a, k in zip(arrays, kept[1]))):
+            return kept[2], kept[3]
+        xp = get_array_module(x)
+        w = xp.concatenate(arrays[0::2])                                 # (3C, C)
+        b = xp.concatenate(arrays[1::2])                                 # (3C,)
+        self._stack = (block, arrays, w, b) if block is not None else None
+        return w, b
 
     def add_probs_grad(self, dprobs) -> None:
         """Give an upstream gradient of the attention probabilities of the last forward
@@ -286,9 +306,9 @@ class BertSelfAttention(Module):
         # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
         dx, dw, db = linear_backward(dqkv, linear_cache)                 # (B,T,C), (3C,C), (3C,)
         C = dx.shape[-1]
-        for i, m in enumerate((self.query, self.key, self.value)):
-            m.weight.add_grad(dw[i * C:(i + 1) * C])
-            m.bias.add_grad(db[i * C:(i + 1) * C])
+        projections = (self.query, self.key, self.value)
+        add_grads([m.weight for m in projections], [dw[i * C:(i + 1) * C] for i in range(3)])
+        add_grads([m.bias for m in projections], [db[i * C:(i + 1) * C] for i in range(3)])
         return dx
 
 
@@ -312,7 +332,14 @@ class BertOutput(Module):
 
     def forward(self, h, residual):
         """h: (B, T, in_features); residual: (B, T, C) -> (B, T, C)."""
-        y = self.dropout(self.dense(h)) + residual                       # (B, T, C)
+        d = self.dropout
+        p = d.p if d.training else 0.0
+        if p > 0.0 and d.rng is None:
+            return d(h)          # Dropout's own error: the generator was never set
+        # y = dropout(h W^T + b) + residual: the bias, the dropout and the sum in one
+        # function (one kernel on the GPU); dense.backward and dropout.backward undo them
+        y, d._mask = bias_dropout_add_forward(self.dense.forward_without_bias(h),
+                                              self.dense.bias.data, residual, p, d.rng)
         return self.LayerNorm(y) if hasattr(self, "LayerNorm") else y
 
     def backward(self, dout):
@@ -361,7 +388,9 @@ class BertIntermediate(Module):
 
     def forward(self, x):
         """(B, T, C) -> (B, T, I)."""
-        return self.intermediate_act_fn(self.dense(x))
+        # act(x W^T + b): the bias added with the activation (one kernel for GELU on the GPU)
+        return self.intermediate_act_fn.forward_with_bias(self.dense.forward_without_bias(x),
+                                                          self.dense.bias.data)
 
     def backward(self, dout):
         """dout: (B, T, I) -> dx (B, T, C)."""
@@ -710,7 +739,9 @@ class BertPredictionHeadTransform(Module):
 
     def forward(self, h):
         """(N, C) -> (N, width)."""
-        return self.LayerNorm(self.transform_act_fn(self.dense(h)))
+        a = self.transform_act_fn.forward_with_bias(self.dense.forward_without_bias(h),
+                                                    self.dense.bias.data)
+        return self.LayerNorm(a)
 
     def backward(self, dout):
         """dout: (N, width) -> dh (N, C)."""

@@ -290,8 +290,13 @@ def clip_grad_norm(parameters: Iterable, max_norm: float):
         parameters: Parameters (their ``grad`` is scaled) or gradient arrays themselves,
             e.g. ``[optimizer.unscaled_grad()]``: one flat buffer is one pass.
     Returns the norm before clipping as a 0-d array on the parameters' device (no sync).
+    With the fast paths on, CuPy arrays run :func:`minibert.gpu_kernels.clip_grad_norm`
+    (the norm and the coefficient in one kernel).
     """
     grads = [getattr(p, "grad", p) for p in parameters]
+    fast = fast_path("clip_grad_norm", grads[0])
+    if fast is not None:
+        return fast(grads, max_norm)
     xp = get_array_module(grads[0])
     total = xp.sqrt(sum(xp.vdot(g.ravel(), g.ravel()) for g in grads))
     coef = xp.minimum(max_norm / (total + 1e-6), 1.0).astype(grads[0].dtype)

@@ -45,12 +45,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from . import backend
 from .backend import get_array_module
 from .checkpoint import save_checkpoint
 from .distributed import Communicator, shard_rows
+from .fast import frozen_parameters
 from .optim import clip_grad_norm, linear_schedule_with_warmup
 
 
@@ -246,17 +248,22 @@ def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr:
     optimizer.zero_grad()
     scale = optimizer.loss_scale()          # 1.0, or the dynamic scale of float16 training
     loss_sum, sums = 0.0, {}
-    for i, batch in enumerate(micro):
-        shard, weight = shard_rows(batch, rank, world)
-        rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
-        loss, batch_sums = workload.forward(model, shard)
-        if backward is None:
-            model.backward(dloss=scale * weight / k)
-        else:
-            backward(model, scale * weight / k)
-        loss_sum = loss_sum + loss * weight / k
-        for key, v in batch_sums.items():   # a stand-in row (weight 0) counts nothing
-            sums[key] = sums.get(key, 0) + (v if weight else 0 * v)
+    with frozen_parameters():            # no parameter changes until the optimizer step
+        for i, batch in enumerate(micro):
+            shard, weight = shard_rows(batch, rank, world)
+            rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
+            loss, batch_sums = workload.forward(model, shard)
+            if backward is None:
+                model.backward(dloss=scale * weight / k)
+            else:
+                backward(model, scale * weight / k)
+            # on the GPU the first term is kept as it is: 0 + v would be a kernel launch
+            first = i == 0 and xp is not np
+            term = loss * weight / k
+            loss_sum = term if first else loss_sum + term
+            for key, v in batch_sums.items():   # a stand-in row (weight 0) counts nothing
+                v = v if weight else 0 * v
+                sums[key] = v if first else sums.get(key, 0) + v
     if world > 1:
         comm.allreduce_(flat.grad)
         loss_sum = comm.allreduce_(xp.array(loss_sum, ndmin=1))[0]

@@ -27,15 +27,16 @@ class CudaUnderTest:
         self.stand_in = stand_in
 
     def record(self):
-        """A context manager yielding the transfers made inside it (``.syncs``,
-        ``.uploads``): counted by the stand-in; on a real GPU nothing is counted (both
-        lists stay empty) and ``cupyx.allow_synchronize(False)`` is the check."""
+        """A context manager yielding the transfers and launches made inside it
+        (``.syncs``, ``.uploads``, ``.launches``): counted by the stand-in; on a real GPU
+        nothing is counted (the lists stay empty) and ``cupyx.allow_synchronize(False)``
+        is the check."""
         if self.stand_in:
             import fakecupy
             return fakecupy.record()
         from contextlib import nullcontext
         from types import SimpleNamespace
-        return nullcontext(SimpleNamespace(syncs=[], uploads=[]))
+        return nullcontext(SimpleNamespace(syncs=[], uploads=[], launches=[]))
 
 
 @pytest.fixture(scope="session")

@@ -30,8 +30,13 @@ What it models
   C's types (``T``, declared ``float`` / ``double`` / ``int`` locals, a ``double``
   literal widening a ``float`` expression; see :class:`ElementwiseKernel` for the
   subset). A body outside the subset raises NotImplementedError when the kernel is made:
-  a kernel the stand-in cannot read never passes silently. There is no ``fuse``,
-  ``RawKernel`` or ``ReductionKernel``: minibert uses none, and asking for one raises.
+  a kernel the stand-in cannot read never passes silently. ``ReductionKernel``: the map,
+  a sum or max along the axis, and the post-map with the scalar inputs (see its class).
+  There is no ``fuse`` or ``RawKernel``: minibert uses neither, and asking for one raises.
+- Kernel launches: one per CuPy call that would launch on a GPU (see :func:`_launch`),
+  recorded beside the syncs by :func:`record`.
+- ``cupy.cublas.gemm`` (``out = alpha op(a) @ op(b) + beta out``, with CuPy's checks; its
+  copies of strided operands counted as launches).
 - ``cupyx.scatter_add`` (``numpy.add.at``), ``cupyx.scipy.special.erf`` (SciPy's),
   ``cupy.random.RandomState`` (``seed``, ``random_sample``) and ``default_rng``
   (``random``), ``cupy.linalg.norm``, and the ``cupy.cuda`` queries of minibert's
@@ -55,7 +60,6 @@ import contextlib
 import re
 import sys
 import threading
-import traceback
 import types
 from pathlib import Path
 
@@ -82,11 +86,14 @@ class Transfers:
         syncs: one ``"<what> at <folder>/<file>:<line> (<function>)"`` string per
             device-to-host read, in order.
         uploads: the same for each host-to-device copy.
+        launches: one ``"<what> at <folder>/<file>:<line> (<function>)"`` string per
+            operation that launches a kernel on a GPU (see :func:`_launch`), in order.
     """
 
     def __init__(self):
         self.syncs: list[str] = []
         self.uploads: list[str] = []
+        self.launches: list[str] = []
 
 
 _local = threading.local()    # .allowed: what cupyx.allow_synchronize put in force
@@ -118,9 +125,12 @@ def allow_synchronize(allow: bool):
 
 def _caller() -> str:
     """Where the innermost frame outside this file and NumPy is."""
-    for frame in reversed(traceback.extract_stack()):
-        if frame.filename != __file__ and "numpy" not in Path(frame.filename).parts:
-            return f"{'/'.join(Path(frame.filename).parts[-2:])}:{frame.lineno} ({frame.name})"
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != __file__ and "numpy" not in Path(name).parts:
+            return f"{'/'.join(Path(name).parts[-2:])}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
     return "?"
 
 
@@ -143,6 +153,32 @@ def _upload(what: str) -> None:
     event = f"{what} at {_caller()}"
     for rec in _recorders:
         rec.uploads.append(event)
+
+
+@contextlib.contextmanager
+def _one_launch():
+    """Inside the block, launches are not recorded (a kernel the stand-in runs in several
+    NumPy passes, such as a ReductionKernel, records its one launch itself)."""
+    old = getattr(_local, "silent", False)
+    _local.silent = True
+    try:
+        yield
+    finally:
+        _local.silent = old
+
+
+def _launch(what: str) -> None:
+    """A kernel launch: one per operation that would run a kernel on a GPU (a ufunc or
+    operator, a reduction, a matrix product, an ``ElementwiseKernel`` call, a copy or fill,
+    a gather / scatter, a random draw, ``erf``). Views (reshape, transpose, basic
+    indexing), allocations without a fill (``empty``) and no-op casts are not launches.
+    The count is one per CuPy call: a CuPy routine that runs two kernels (``var``,
+    ``linalg.norm``) counts once, a cuBLAS product counts once."""
+    if not _recorders or getattr(_local, "silent", False):
+        return
+    event = f"{what} at {_caller()}"
+    for rec in _recorders:
+        rec.launches.append(event)
 
 
 # ------------------------------------------------------------------ the array type
@@ -184,10 +220,13 @@ def _wrap(x):
     return x
 
 
-def _call(fn, args, kwargs, host: str = "refuse"):
+def _call(fn, args, kwargs, host: str = "refuse", launch: str | None = None):
     """``fn`` on the host arrays behind ``args``; the result as device arrays. With
-    ``out=``, the device array(s) given are returned, as NumPy returns its ``out``."""
+    ``out=``, the device array(s) given are returned, as NumPy returns its ``out``.
+    ``launch``: the name of the kernel launch to record (None: no launch, a view)."""
     result = fn(*_unwrap(args, host), **_unwrap(kwargs, host))
+    if launch is not None:
+        _launch(launch)
     out = kwargs.get("out")
     if out is not None:
         outs = out if isinstance(out, tuple) else (out,)
@@ -331,15 +370,19 @@ class ndarray(NDArrayOperatorsMixin):
 
     # -- copies on the device (no sync) -------------------------------------------------
     def __copy__(self):
+        _launch("ndarray.__copy__")
         return _wrap(self._a.copy())
 
     def __deepcopy__(self, memo):
+        _launch("ndarray.__deepcopy__")
         return _wrap(self._a.copy())
 
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, key):
         key = _index(key)
         out = self._a[key]
+        if not _is_basic(key):
+            _launch("ndarray.__getitem__ (gather)")
         if not isinstance(out, np.ndarray):       # one element: CuPy gives a 0-d view
             out = self._a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
         return _wrap(out)
@@ -350,10 +393,12 @@ class ndarray(NDArrayOperatorsMixin):
             # CuPy (gh-2079) refuses a host array through basic indexing
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         self._a[key] = _unwrap(value, "upload")
+        _launch("ndarray.__setitem__ (copy or fill)")
 
     # -- NumPy's protocols ----------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return _call(getattr(ufunc, method), inputs, kwargs)
+        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        return _call(getattr(ufunc, method), inputs, kwargs, launch=name)
 
     def __array_function__(self, func, types, args, kwargs):
         numpy_space, mine = {"numpy": (np, cupy), "numpy.linalg": (np.linalg, cupy.linalg)
@@ -365,12 +410,23 @@ class ndarray(NDArrayOperatorsMixin):
         return vars(mine)[func.__name__](*args, **kwargs)
 
 
+_VIEWS = frozenset("reshape ravel squeeze swapaxes transpose view expand_dims broadcast_to "
+                   "empty empty_like".split())
+"""Methods and functions that make a view or an uninitialised array: no kernel launch
+(``reshape`` / ``ravel`` of a non-contiguous array copy on a GPU; minibert's do not)."""
+
+
 def _method(name: str, syncs: bool = False):
     """The ndarray method ``name``: NumPy's, on the host arrays, returning device arrays."""
     def method(self, *args, **kwargs):
         if syncs:
             _sync(f"ndarray.{name}()")
-        return _call(getattr(self._a, name), args, kwargs)
+        launch = None if name in _VIEWS else f"ndarray.{name}"
+        if name == "astype":
+            dtype = np.dtype(args[0] if args else kwargs["dtype"])
+            if dtype == self.dtype and not kwargs.get("copy", True):
+                launch = None                            # no-op cast: the array itself
+        return _call(getattr(self._a, name), args, kwargs, launch=launch)
     method.__name__ = name
     return method
 
@@ -395,12 +451,13 @@ class _Ufunc:
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
     def __call__(self, *args, **kwargs):
-        return _call(self._ufunc, args, kwargs)
+        return _call(self._ufunc, args, kwargs, launch=self.__name__)
 
     def __getattr__(self, method):
         if method not in ("reduce", "accumulate", "outer", "at"):
             raise AttributeError(method)
-        return lambda *args, **kwargs: _call(getattr(self._ufunc, method), args, kwargs)
+        return lambda *args, **kwargs: _call(getattr(self._ufunc, method), args, kwargs,
+                                             launch=f"{self.__name__}.{method}")
 
 
 def _function(name: str):
@@ -414,7 +471,8 @@ def _function(name: str):
     def function(*args, **kwargs):
         if syncs or (name == "where" and len(args) == 1):
             _sync(f"cupy.{name}()")          # the output's size is read back
-        return _call(fn, args, kwargs, host)
+        launch = None if name in _VIEWS else f"cupy.{name}"
+        return _call(fn, args, kwargs, host, launch=launch)
     function.__name__ = name
     return function
 
@@ -423,6 +481,8 @@ def asarray(a, dtype=None, order=None):
     """A device array of ``a``: the same array if it is one (and of ``dtype``), else a
     copy of host data (an upload)."""
     if isinstance(a, ndarray):
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            _launch("cupy.asarray (cast)")
         return _wrap(np.asarray(a._a, dtype=dtype, order=order))
     return array(a, dtype=dtype, order=order or "K")
 
@@ -433,6 +493,8 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     host = _unwrap(obj, "upload")
     if not isinstance(obj, (ndarray, np.ndarray)) and not _only_device(obj):
         _upload(f"host data {type(obj).__name__}")
+    elif _only_device(obj):
+        _launch("cupy.array (device copy)")
     return _wrap(np.array(host, dtype=dtype, copy=True if copy is None else copy,
                           order=order, ndmin=ndmin))
 
@@ -445,7 +507,9 @@ def _only_device(obj) -> bool:
 
 
 def ascontiguousarray(a, dtype=None):
-    return _call(np.ascontiguousarray, (a,), {"dtype": dtype})
+    copies = not a._a.flags.c_contiguous or (dtype is not None and np.dtype(dtype) != a.dtype)
+    return _call(np.ascontiguousarray, (a,), {"dtype": dtype},
+                 launch="cupy.ascontiguousarray" if copies else None)
 
 
 def asnumpy(a, stream=None, order="C", out=None, blocking=True):
@@ -469,11 +533,13 @@ def scatter_add(a, slices, value):
                         "uint32, uint64 as data type")
     value = np.asarray(_unwrap(value, "upload"), dtype=a.dtype)   # CuPy casts it to a's
     np.add.at(a._a, _index(slices), value)
+    _launch("cupyx.scatter_add")
 
 
 def erf(x, out=None):
     """``cupyx.scipy.special.erf`` (SciPy's, on the host arrays)."""
-    return _call(scipy.special.erf, (x,), {} if out is None else {"out": out})
+    return _call(scipy.special.erf, (x,), {} if out is None else {"out": out},
+                 launch="cupyx.scipy.special.erf")
 
 
 # ------------------------------------------------------------------ ElementwiseKernel
@@ -665,6 +731,7 @@ class ElementwiseKernel:
                 env[target] = value
         for p, a in zip(self.out_params, outs):
             a._a[...] = env[p.name]
+        _launch(f"ElementwiseKernel {self.name}")
         if self.no_return:
             return None
         return outs[0] if nout == 1 and not self.return_tuple else tuple(outs)
@@ -692,6 +759,90 @@ class ElementwiseKernel:
         return _C_FUNCTIONS[node.func.value](*args)
 
 
+# ------------------------------------------------------------------ cuBLAS
+
+def gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
+    """``cupy.cublas.gemm``: ``out = alpha op(a) @ op(b) + beta out`` (op: 'N' as is, 'T'
+    transposed), with CuPy's checks (2-D operands of one dtype, float32 / float64 only,
+    ``out`` of the product's shape and dtype). One launch when a, b and out are C- or
+    F-contiguous; CuPy copies a strided operand first (one more launch each) and a strided
+    ``out`` into an F-ordered buffer and back (two more)."""
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype:
+        raise AssertionError("gemm: a and b must be 2-D arrays of one dtype")
+    if a.dtype.char not in "fdFD":
+        raise TypeError("invalid dtype")
+    op = {"N": lambda m: m, "T": lambda m: m.T}
+    if transa not in op or transb not in op:
+        raise TypeError(f"invalid trans {transa!r} / {transb!r}")
+    product = op[transa](a._a) @ op[transb](b._a)
+    for operand in (a, b):
+        if not (operand.flags.c_contiguous or operand.flags.f_contiguous):
+            _launch("cupy.cublas.gemm (copy of a strided operand)")
+    if out is None:
+        out = _wrap(np.asfortranarray(product * a.dtype.type(alpha)))
+    else:
+        if out.ndim != 2 or out.shape != product.shape or out.dtype != a.dtype:
+            raise AssertionError("gemm: out must be 2-D, of the product's shape and dtype")
+        if not (out.flags.c_contiguous or out.flags.f_contiguous):
+            _launch("cupy.cublas.gemm (copy of a strided out)")
+            _launch("cupy.cublas.gemm (copy back into out)")
+        t = a.dtype.type
+        out._a[...] = t(alpha) * product + t(beta) * out._a
+    _launch("cupy.cublas.gemm")
+    return out
+
+
+class ReductionKernel:
+    """``cupy.ReductionKernel`` run as ElementwiseKernel passes over NumPy arrays: the map
+    expression (ElementwiseKernel's C subset) on the broadcast inputs, a reduction along
+    ``axis`` (``reduce_expr`` ``a + b`` or ``max(a, b)`` only), and ``post_map_expr`` (one
+    or more statements of the subset) with ``a``, the output and the *scalar* inputs only:
+    in CuPy an array input is not defined outside the map. One output; no
+    ``reduce_type``, preamble or options. Anything else raises NotImplementedError when the
+    kernel is made. One launch per call.
+    """
+
+    def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str,
+                 post_map_expr: str, identity, name: str = "reduce_kernel",
+                 reduce_type=None, reduce_dims: bool = True, preamble: str = "",
+                 options=()):
+        self.name = name
+        if reduce_type is not None or preamble.strip() or options:
+            raise NotImplementedError(f"{name}: reduce_type, a preamble or options are "
+                                      "outside what the stand-in interprets")
+        reduce = re.sub(r"\s", "", reduce_expr)
+        if reduce not in ("a+b", "max(a,b)"):
+            raise NotImplementedError(f"{name}: reduce_expr {reduce_expr!r} is outside what "
+                                      "the stand-in interprets ('a + b', 'max(a, b)')")
+        self._reduce = np.add if reduce == "a+b" else np.fmax
+        float(str(identity))                       # a number literal
+        outs = [p for p in out_params.split(",") if p.strip()]
+        if len(outs) != 1:
+            raise NotImplementedError(f"{name}: one output parameter")
+        self._out = _Param(outs[0], name)
+        self._map = ElementwiseKernel(in_params, f"{self._out.type} _mapped",
+                                      f"_mapped = {map_expr}", name)
+        self._post = post_map_expr
+        ElementwiseKernel(f"{in_params}, {self._out.type} a", out_params, post_map_expr,
+                          name)                   # the post-map must be readable
+
+    def __call__(self, *args, axis=None, keepdims=False, stream=None):
+        params = self._map.in_params
+        if len(args) != len(params):
+            raise TypeError(f"Wrong number of arguments for {self.name!r}")
+        with _one_launch():
+            mapped = self._map(*args)
+            reduced = self._reduce.reduce(mapped._a, axis=axis, keepdims=keepdims)
+            a = _wrap(np.asarray(reduced, dtype=mapped.dtype))
+            scalars = [(p, v) for p, v in zip(params, args) if not isinstance(v, ndarray)]
+            post = ElementwiseKernel(
+                ", ".join([f"{p.type} {p.name}" for p, _ in scalars] + [f"{self._out.type} a"]),
+                f"{self._out.type} {self._out.name}", self._post, self.name)
+            out = post(*[v for _, v in scalars], a)
+        _launch(f"ReductionKernel {self.name}")
+        return out
+
+
 # ------------------------------------------------------------------ random, cuda, linalg
 
 class RandomState:
@@ -716,6 +867,7 @@ class RandomState:
         dtype = np.dtype(dtype)
         if dtype.char not in "fd":
             raise TypeError(f"cupy.random only supports float32 and float64, got {dtype}")
+        _launch("RandomState.random_sample")
         return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
 
 
@@ -726,6 +878,7 @@ class Generator:
         self._rng = np.random.default_rng(seed)
 
     def random(self, size=None, dtype=np.float64):
+        _launch("Generator.random")
         return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
 
 
@@ -808,12 +961,14 @@ _PASSED_THROUGH = ("bool_ int8 int16 int32 int64 uint8 uint32 uint64 float16 flo
 cupy = _module(
     "cupy", __version__="0+fakecupy", ndarray=ndarray, asarray=asarray, array=array,
     ascontiguousarray=ascontiguousarray, asnumpy=asnumpy, get_array_module=get_array_module,
-    ElementwiseKernel=ElementwiseKernel,
+    ElementwiseKernel=ElementwiseKernel, ReductionKernel=ReductionKernel,
     **{n: _function(n) for n in _NUMPY_NAMES}, **{n: getattr(np, n) for n in _PASSED_THROUGH},
     random=_module("cupy.random", RandomState=RandomState,
                    default_rng=lambda seed=None: Generator(seed)),
     linalg=_module("cupy.linalg", norm=lambda x, ord=None, axis=None, keepdims=False: _call(
-        np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims})),
+        np.linalg.norm, (x,), {"ord": ord, "axis": axis, "keepdims": keepdims},
+        launch="cupy.linalg.norm")),
+    cublas=_module("cupy.cublas", gemm=gemm),
     cuda=_module("cupy.cuda", Device=Device, runtime=_runtime, curand=_curand,
                  nvrtc=types.SimpleNamespace(getVersion=lambda: (0, 0)),
                  get_current_stream=lambda: _Stream()),
@@ -822,7 +977,7 @@ _special = _module("cupyx.scipy.special", erf=erf)
 _scipy = _module("cupyx.scipy", special=_special)
 cupyx = _module("cupyx", allow_synchronize=allow_synchronize,
                 DeviceSynchronized=DeviceSynchronized, scatter_add=scatter_add, scipy=_scipy)
-MODULES = {"cupy": cupy, "cupyx": cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}
+MODULES = {"cupy": cupy, "cupy.cublas": cupy.cublas, "cupyx": cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}
 
 
 # ------------------------------------------------------------------ installing it

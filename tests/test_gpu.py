@@ -409,4 +409,4 @@ def test_the_stand_in_runs_only_kernels_it_can_read(cuda):
     with pytest.raises(TypeError, match="Unsupported type"):
         cupy.ElementwiseKernel("T x", "T y", "y = x", "host")(host)
     with pytest.raises(AttributeError, match="not in the NumPy stand-in"):
-        _ = cupy.fuse                               # no fuse, RawKernel, ReductionKernel
+        _ = cupy.fuse                               # no fuse, no RawKernel

@@ -38,6 +38,18 @@ def gelu_forward(x):
     return x * cdf, (x, cdf)
 
 
+def bias_gelu_forward(x, b):
+    """:func:`gelu_forward` of ``x + b``: a Linear layer's bias and the GELU after it (BERT's
+    feed-forward expansion and MLM transform), as one function so that the GPU runs it as
+    one kernel. x: (..., I) float; b: (I,). Returns out (shape of x) and the cache of
+    :func:`gelu_forward` (x + b, Phi(x + b)). With the fast paths on, CuPy arrays run
+    :func:`minibert.gpu_kernels.bias_gelu_forward`."""
+    fast = fast_path("bias_gelu_forward", x)
+    if fast is not None:
+        return fast(x, b)
+    return gelu_forward(x + b)
+
+
 def gelu_backward(dout, cache):
     """d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density. dout: shape of
     x -> dx, same shape. With the fast paths on, NumPy arrays run
@@ -115,6 +127,16 @@ class Activation(Module):
 
     def forward(self, x):
         out, self._cache = self._fwd(x)
+        return out
+
+    def forward_with_bias(self, x, b):
+        """The activation of ``x + b`` (b: the bias a Linear layer left out,
+        :meth:`minibert.nn.Linear.forward_without_bias`); for GELU one kernel on the GPU
+        (:func:`bias_gelu_forward`)."""
+        if self.name == "gelu":
+            out, self._cache = bias_gelu_forward(x, b)
+        else:
+            out, self._cache = self._fwd(x + b)
         return out
 
     def backward(self, dout):

@@ -11,6 +11,7 @@ import math
 from typing import Any, NamedTuple
 
 from ..backend import get_array_module
+from ..fast import fast_path
 from .activations import softmax_backward, softmax_forward
 from .dropout import dropout_backward, dropout_forward
 
@@ -50,7 +51,71 @@ class AttentionCache(NamedTuple):
         return self.softmax[0]
 
 
-def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None):
+def masked_softmax_forward(scores, mask_add):
+    """softmax(scores + mask_add) along the last axis, in place in ``scores`` (which
+    nothing else reads).
+
+    Args:
+        scores: (B, NH, T, T) float; mask_add: (B, 1, 1, T) additive mask or None.
+    Returns:
+        probs and the cache of :func:`softmax_forward`. With the fast paths on, CuPy
+        arrays run :func:`minibert.gpu_kernels.masked_softmax_forward` (the mask added
+        inside the row max, the row sum and the normalisation: three launches).
+    """
+    fast = fast_path("masked_softmax_forward", scores)
+    if fast is not None:
+        return fast(scores, mask_add)
+    if mask_add is not None:
+        scores += mask_add
+    return softmax_forward(scores, axis=-1, out=scores)
+
+
+def dropout_softmax_backward(ddropped, dropout_cache, softmax_cache):
+    """The gradient of the scores from that of the dropped probabilities: the backward of
+    the dropout (if any, ``dropout_cache`` None otherwise), then of the softmax, in place.
+
+    Returns:
+        dscores, the shape of ddropped. With the fast paths on, CuPy arrays run
+        :func:`minibert.gpu_kernels.dropout_softmax_backward` (two launches).
+    """
+    fast = fast_path("dropout_softmax_backward", ddropped)
+    if fast is not None:
+        return fast(ddropped, dropout_cache, softmax_cache)
+    d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+    return softmax_backward(d, softmax_cache, out=d)
+
+
+def split_heads(qkv, num_heads: int, bias=None):
+    """The packed projections split into contiguous heads, the scale folded into q.
+
+    Args:
+        qkv: (B, T, 3C) float, [q | k | v] along the last axis; num_heads: NH.
+        bias: optional (3C,) [bq | bk | bv], added to qkv first (for a caller whose
+            projection left its bias out: ``linear_forward(x, w, None)``).
+    Returns:
+        q * scale, k, v (each (B, NH, T, HS), C-contiguous, qkv's dtype) and
+        scale = 1 / sqrt(HS). With the fast paths on
+        (:func:`minibert.fast.set_fast_paths`), CuPy arrays run
+        :func:`minibert.gpu_kernels.split_heads` instead (one kernel for the three copies).
+    """
+    B, T, C3 = qkv.shape
+    NH, HS = num_heads, C3 // 3 // num_heads
+    scale = 1.0 / math.sqrt(HS)
+    fast = fast_path("split_heads", qkv)
+    if fast is not None:
+        return fast(qkv, num_heads, bias)
+    xp = get_array_module(qkv)
+    if bias is not None:
+        qkv = qkv + bias                                        # (B, T, 3C)
+    heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
+    q = heads[0] * scale                                        # (B, NH, T, HS), contiguous
+    k = xp.ascontiguousarray(heads[1])                          # (B, NH, T, HS)
+    v = xp.ascontiguousarray(heads[2])                          # (B, NH, T, HS)
+    return q, k, v, scale
+
+
+def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None,
+                      qkv_bias=None):
     """softmax(q k^T / sqrt(HS) + mask) v over each head (Vaswani et al. 2017, eq. 1).
 
     The three projections arrive packed, as one fused matmul makes them; the heads are
@@ -64,28 +129,44 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
         num_heads: NH; C must be divisible by it.
         dropout_p: dropout on the attention probabilities (training only; 0 disables).
         rng: generator for the dropout mask (needed when dropout_p > 0).
+        qkv_bias: optional (3C,) bias to add to qkv (see :func:`split_heads`).
     Returns:
         ctx (B, T, C) and an :class:`AttentionCache` (``cache.probs`` (B, NH, T, T) are
         the probabilities before dropout).
     """
-    xp = get_array_module(qkv)
-    B, T, C3 = qkv.shape
-    NH, HS = num_heads, C3 // 3 // num_heads
-    heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)  # (3, B, NH, T, HS) view
-    scale = 1.0 / math.sqrt(HS)
-    q = heads[0] * scale                                        # (B, NH, T, HS), contiguous
-    k = xp.ascontiguousarray(heads[1])                          # (B, NH, T, HS)
-    v = xp.ascontiguousarray(heads[2])                          # (B, NH, T, HS)
+    q, k, v, scale = split_heads(qkv, num_heads, qkv_bias)     # (B, NH, T, HS) each
     scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
-    if mask_add is not None:
-        scores += mask_add
-    probs, softmax_cache = softmax_forward(scores, axis=-1, out=scores)  # (B, NH, T, T)
+    probs, softmax_cache = masked_softmax_forward(scores, mask_add)  # (B, NH, T, T)
     dropped, dropout_cache = probs, None
     if dropout_p > 0.0:
         dropped, dropout_cache = dropout_forward(probs, dropout_p, rng)
     ctx = dropped @ v                                           # (B, NH, T, HS)
     cache = AttentionCache(q, k, v, softmax_cache, dropped, dropout_cache, scale)
     return merge_heads(ctx), cache                              # (B, T, C)
+
+
+def merge_head_grads(dq_scaled, dk, dv, scale: float):
+    """The gradient of the packed qkv from the heads' gradients: the backward of
+    :func:`split_heads`, ``dq = d(q * scale) * scale``.
+
+    Args:
+        dq_scaled, dk, dv: (B, NH, T, HS) each, the gradients of split_heads' outputs.
+        scale: split_heads' scale.
+    Returns:
+        dqkv (B, T, 3C), [dq | dk | dv] along the last axis. With the fast paths on,
+        CuPy arrays run :func:`minibert.gpu_kernels.merge_head_grads` (one kernel).
+    """
+    fast = fast_path("merge_head_grads", dq_scaled)
+    if fast is not None:
+        return fast(dq_scaled, dk, dv, scale)
+    xp = get_array_module(dq_scaled)
+    B, NH, T, HS = dq_scaled.shape
+    dqkv = xp.empty((B, T, 3, NH, HS), dtype=dq_scaled.dtype)
+    dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
+    xp.multiply(dq_scaled, scale, out=dheads[0])
+    dheads[1] = dk
+    dheads[2] = dv
+    return dqkv.reshape(B, T, 3 * NH * HS)
 
 
 def attention_backward(dctx, cache: AttentionCache, dprobs=None):
@@ -110,17 +191,20 @@ def attention_backward(dctx, cache: AttentionCache, dprobs=None):
     dctx = dctx.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)     # (B, NH, T, HS) view
     # forward: ctx = dropped @ v
     ddropped = dctx @ v.transpose(0, 1, 3, 2)                   # (B, NH, T, T)
-    dqkv = xp.empty((B, T, 3, NH, HS), dtype=q.dtype)
-    dheads = dqkv.transpose(2, 0, 3, 1, 4)                      # (3, B, NH, T, HS) view
-    dheads[2] = dropped.transpose(0, 1, 3, 2) @ dctx            # dv
-    # forward: dropped = dropout(probs)
-    d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
-    # forward: probs is also an output (the attention map)  ->  its gradients add up
-    dprobs = d if dprobs is None else d + dprobs.astype(d.dtype, copy=False)  # (B, NH, T, T)
-    # forward: probs = softmax(scores); masked entries have probs 0, hence dscores 0
-    dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
+    dv = dropped.transpose(0, 1, 3, 2) @ dctx                   # (B, NH, T, HS)
+    if dprobs is None:
+        # forward: dropped = dropout(probs), probs = softmax(scores); masked entries have
+        # probs 0, hence dscores 0
+        dscores = dropout_softmax_backward(ddropped, dropout_cache, softmax_cache)
+    else:
+        # forward: dropped = dropout(probs)
+        d = ddropped if dropout_cache is None else dropout_backward(ddropped, dropout_cache)
+        # forward: probs is also an output (the attention map)  ->  its gradients add up
+        dprobs = d + dprobs.astype(d.dtype, copy=False)                  # (B, NH, T, T)
+        # forward: probs = softmax(scores)
+        dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
     # forward: scores = (q * scale) @ k^T (+ mask_add, a constant); cache.q holds q * scale
-    xp.multiply(dscores @ k, scale, out=dheads[0])              # dq
-    dheads[1] = dscores.transpose(0, 1, 3, 2) @ q               # dk
-    # forward: heads = qkv.reshape(B, T, 3, NH, HS).transpose(2, 0, 3, 1, 4)
-    return dqkv.reshape(B, T, 3 * NH * HS)                      # (B, T, 3C)
+    dq_scaled = dscores @ k                                     # d(q * scale), (B, NH, T, HS)
+    dk = dscores.transpose(0, 1, 3, 2) @ q                      # (B, NH, T, HS)
+    # forward: q, k, v = split_heads(qkv)
+    return merge_head_grads(dq_scaled, dk, dv, scale)           # (B, T, 3C)

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from ..fast import fast_path
 from .module import Module
 
 
@@ -44,8 +45,13 @@ def dropout_forward(x, p: float, rng):
         rng: the generator of :func:`keep_mask`, on the same device as ``x``.
     Returns:
         out (same shape) and the cache of :func:`dropout_backward`: (keep, scale), the
-        boolean mask of kept elements (shape of x, one byte each) and 1 / (1 - p).
+        boolean mask of kept elements (shape of x, one byte each) and 1 / (1 - p). With
+        the fast paths on (:func:`minibert.fast.set_fast_paths`), CuPy arrays run
+        :func:`minibert.gpu_kernels.dropout_forward` instead (the draw and one kernel).
     """
+    fast = fast_path("dropout_forward", x)
+    if fast is not None:
+        return fast(x, p, rng)
     keep = keep_mask(rng, x.shape, p)
     scale = 1.0 / (1.0 - p)
     out = x * keep
@@ -53,8 +59,37 @@ def dropout_forward(x, p: float, rng):
     return out, (keep, scale)
 
 
+def bias_dropout_add_forward(x, b, residual, p: float, rng):
+    """``dropout(x + b) + residual``: a Linear layer's bias, the dropout of its output and
+    the residual sum of a BERT sub-layer (``BertOutput``), as one function so that the GPU
+    can run it as one kernel.
+
+    Args:
+        x: (..., C) float, the product x W^T without its bias; b: (C,) the bias;
+            residual: x's shape; p: drop probability in [0, 1) (0 in evaluation: no
+            dropout); rng: the generator of :func:`keep_mask` (used when p > 0).
+    Returns:
+        out (x's shape) and the cache of :func:`dropout_forward`, or None when p == 0
+        (the backward of the sum is the identity for x and for the residual; the bias
+        gradient is the column sum of the gradient reaching x + b). With the fast paths
+        on, CuPy arrays run :func:`minibert.gpu_kernels.bias_dropout_add_forward`.
+    """
+    fast = fast_path("bias_dropout_add_forward", x)
+    if fast is not None:
+        return fast(x, b, residual, p, rng)
+    y = x + b
+    cache = None
+    if p > 0.0:
+        y, cache = dropout_forward(y, p, rng)
+    return y + residual, cache
+
+
 def dropout_backward(dout, cache):
-    """dx (shape of dout) from dout and the cache of :func:`dropout_forward`."""
+    """dx (shape of dout) from dout and the cache of :func:`dropout_forward`. With the fast
+    paths on, CuPy arrays run :func:`minibert.gpu_kernels.dropout_backward` (one kernel)."""
+    fast = fast_path("dropout_backward", dout)
+    if fast is not None:
+        return fast(dout, cache)
     keep, scale = cache
     # forward: out = x * keep * scale
     dx = dout * keep

@@ -61,6 +61,29 @@ def layernorm_backward(dout, cache):
     return dx.astype(dtype, copy=False), dw, db
 
 
+def layernorm_backward_into(dout, cache, dw_acc=None, db_acc=None):
+    """:func:`layernorm_backward` with dw and db added into accumulators (the parameters'
+    ``grad``), which is what :meth:`LayerNorm.backward` does with them.
+
+    Args:
+        dout: (..., C); cache: from :func:`layernorm_forward`; dw_acc, db_acc: (C,) arrays
+            to add into, or None (a frozen parameter).
+    Returns:
+        dx (..., C). With the fast paths on, CuPy arrays run
+        :func:`minibert.gpu_kernels.layernorm_backward_into` (the column sums inside
+        cuBLAS products that accumulate, ``beta = 1``).
+    """
+    fast = fast_path("layernorm_backward_into", dout)
+    if fast is not None:
+        return fast(dout, cache, dw_acc, db_acc)
+    dx, dw, db = layernorm_backward(dout, cache)
+    if dw_acc is not None:
+        dw_acc += dw
+    if db_acc is not None:
+        db_acc += db
+    return dx
+
+
 class LayerNorm(Module):
     """``nn.LayerNorm(C, eps)``: weight ones, bias zeros (HF names ``LayerNorm.weight/bias``)."""
 
@@ -77,7 +100,7 @@ class LayerNorm(Module):
 
     def backward(self, dout):
         """dout: (..., C) -> dx (..., C); accumulates weight/bias grads."""
-        dx, dw, db = layernorm_backward(dout, self.take_cache())
-        self.weight.add_grad(dw)
-        self.bias.add_grad(db)
-        return dx
+        w, b = self.weight, self.bias
+        return layernorm_backward_into(dout, self.take_cache(),
+                                       w.grad if w.requires_grad else None,
+                                       b.grad if b.requires_grad else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fast import fast_path
 from .module import Module, Parameter
 
 
@@ -44,6 +45,30 @@ def linear_backward(dout, cache):
     return dx, dw, db
 
 
+def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
+    """:func:`linear_backward` with the weight and bias gradients added into accumulators
+    (the parameters' ``grad``), which is what :meth:`Linear.backward` does with them.
+
+    Args:
+        dout: (..., O) upstream gradient; cache: from :func:`linear_forward`.
+        dw_acc: (O, I) array to add dw into, or None (a frozen weight: dw is not needed).
+        db_acc: (O,) array to add db into, or None (no bias, or a frozen one).
+    Returns:
+        dx (..., I). With the fast paths on (:func:`minibert.fast.set_fast_paths`), CuPy
+        arrays run :func:`minibert.gpu_kernels.linear_backward_into` (each accumulation in
+        its cuBLAS product, ``beta = 1``: one launch instead of two).
+    """
+    fast = fast_path("linear_backward_into", dout)
+    if fast is not None:
+        return fast(dout, cache, dw_acc, db_acc)
+    dx, dw, db = linear_backward(dout, cache)
+    if dw_acc is not None:
+        dw_acc += dw
+    if db_acc is not None and db is not None:
+        db_acc += db
+    return dx
+
+
 class Linear(Module):
     """``nn.Linear``: weight (out_features, in_features), bias (out_features,).
 
@@ -72,10 +97,18 @@ class Linear(Module):
         out, self._cache = linear_forward(x, self.weight.data, b)
         return out
 
+    def forward_without_bias(self, x):
+        """x @ W^T, (..., in_features) -> (..., out_features), for a caller that adds the
+        bias itself (in a fused kernel: :func:`minibert.nn.dropout.bias_dropout_add_forward`);
+        :meth:`backward` still accumulates the bias gradient (the sum of dout over the
+        leading dims), as after :meth:`forward`."""
+        out, (x, w, _) = linear_forward(x, self.weight.data, None)
+        self._cache = (x, w, self.bias is not None)
+        return out
+
     def backward(self, dout):
         """dout: (..., out_features) -> dx (..., in_features); accumulates weight/bias grads."""
-        dx, dw, db = linear_backward(dout, self.take_cache())
-        self.weight.add_grad(dw)
-        if db is not None:
-            self.bias.add_grad(db)
-        return dx
+        w, b = self.weight, self.bias
+        return linear_backward_into(dout, self.take_cache(),
+                                    w.grad if w.requires_grad else None,
+                                    b.grad if b is not None and b.requires_grad else None)

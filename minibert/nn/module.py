@@ -58,6 +58,23 @@ class Parameter:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
 
 
+def add_grads(params, grads) -> None:
+    """``p.add_grad(g)`` for each pair: the slices of one stacked gradient given back to
+    the parameters it was stacked from (BertSelfAttention's query / key / value).
+
+    Args:
+        params: Parameters; grads: arrays of their shapes, one per parameter.
+    With the fast paths on (:func:`minibert.fast.set_fast_paths`), CuPy arrays run
+    :func:`minibert.gpu_kernels.add_grads` (three additions in one kernel).
+    """
+    from ..fast import fast_path
+    fast = fast_path("add_grads", grads[0]) if grads else None
+    if fast is not None:
+        return fast(params, grads)
+    for p, g in zip(params, grads):
+        p.add_grad(g)
+
+
 class Module:
     """Base class of every layer and model.
 

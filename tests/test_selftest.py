@@ -1,0 +1,133 @@
+"""python -m minibert.selftest (issue 43 item 1): the plan its --dry-run prints on a machine
+without a GPU, and the step runner's verdicts, with stand-in steps."""
+import io
+import subprocess
+import sys
+
+from minibert import selftest
+from minibert.selftest import Step, exit_status, plan, run_steps, unexpected_skips
+
+# what issue 43 asks the command to cover, as words the plan's step names must contain
+REQUIRED = ["env/nvidia-smi", "env/device-summary", "env/start-up-cold", "env/start-up-warm",
+            "env/tf32", "tests/pytest", "parity/one-step-cpu-gpu",
+            "parity/float16-vs-float32-50-steps", "smoke/train-30", "smoke/resume-10",
+            "smoke/resume-exact", "smoke/float16", "smoke/tf32", "smoke/finetune",
+            "smoke/fill-mask", "smoke/pll-score", "nccl/mpirun-np-1", "nccl/mpirun-np-2",
+            "speed/mini-vs-torch", "speed/small-vs-torch"]
+
+
+def test_the_dry_run_prints_every_step_with_its_command_and_limit(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "minibert.selftest", "--device", "cuda",
+                           "--dry-run", "--workdir", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for name in REQUIRED:
+        row = next((l for l in lines if l.startswith(name + " ")), None)
+        assert row is not None, f"{name} missing from the plan:\n{done.stdout}"
+        assert " s  " in row
+    text = done.stdout
+    for piece in ("nvidia-smi", "pytest -q -rs", "tests/test_gpu.py", "tests/test_backend.py",
+                  "train_mlm.py", "--resume", "--dtype float16", "--tf32", "finetune.py",
+                  "predict fill-mask", "minibert score", "mpirun -np 1", "--distributed nccl",
+                  "bench/bench_train_step.py", "--presets mini", "--presets small",
+                  "--device cuda"):
+        assert piece in text, piece
+    assert not (tmp_path / "w").exists()                   # a dry run writes nothing
+
+
+def test_the_plan_fits_in_ten_minutes_on_one_gpu():
+    steps = plan("cuda", 1)
+    assert sum(s.timeout_s for s in steps if s.skip is None) < 600
+    assert [s.name for s in steps if s.skip] == ["nccl/mpirun-np-2"]
+    four = plan("cuda", 4)
+    np4 = next(s for s in four if s.name == "nccl/mpirun-np-4")
+    assert np4.skip is None and np4.argv[:3] == ["mpirun", "-np", "4"]
+    assert len({s.name for s in steps}) == len(steps)
+
+
+def steps_with(outcomes):
+    """Stand-in steps and a runner giving each its (exit status or None, output)."""
+    steps = [Step(name, ["true"], 5, check=check, skip=skip)
+             for name, (_, _, check, skip) in outcomes.items()]
+    return steps, lambda step: outcomes[step.name][:2]
+
+
+def table(steps, runner):
+    out = io.StringIO()
+    results = run_steps(steps, runner, out)
+    return results, out.getvalue()
+
+
+def test_a_failing_step_gives_a_fail_row_and_a_non_zero_exit():
+    steps, runner = steps_with({
+        "env/ok": (0, "fine\n", None, None),
+        "smoke/broken": (1, "Traceback ...\nRuntimeError: boom\n", None, None),
+        "smoke/hung": (None, "", None, None),
+        "nccl/np-2": (0, "", None, "1 GPU"),
+    })
+    results, text = table(steps, runner)
+    status = {r.step.name: r.status for r in results}
+    assert status == {"env/ok": "PASS", "smoke/broken": "FAIL", "smoke/hung": "FAIL",
+                      "nccl/np-2": "SKIP"}
+    assert exit_status(results) == 1
+    row = next(l for l in text.splitlines() if l.startswith("smoke/broken"))
+    assert "FAIL" in row and "exit 1: RuntimeError: boom" in row
+    assert "timed out after 5 s" in next(l for l in text.splitlines() if l.startswith("smoke/hung"))
+    ok, _ = table(*steps_with({"env/ok": (0, "", None, None), "x/skip": (0, "", None, "why")}))
+    assert exit_status(ok) == 0
+
+
+PYTEST_OUT = """\
+..s.s
+SKIPPED [1] tests/test_gpu.py:390: checks the NumPy stand-in itself (tests/fakecupy.py)
+{extra}5 passed, 2 skipped in 3.0s
+"""
+
+
+def test_an_unexpected_pytest_skip_counts_as_a_failure():
+    expected = PYTEST_OUT.format(extra="")
+    unexpected = PYTEST_OUT.format(extra="SKIPPED [1] tests/test_gpu.py:213: NCCL is not "
+                                         "available (pip install 'minibert[nccl]')\n")
+    assert unexpected_skips(expected) is None
+    assert "NCCL is not available" in unexpected_skips(unexpected)
+    results, text = table(*steps_with({
+        "tests/expected": (0, expected, unexpected_skips, None),
+        "tests/unexpected": (0, unexpected, unexpected_skips, None)}))
+    assert [r.status for r in results] == ["PASS", "FAIL"]
+    assert exit_status(results) == 1 and "1 unexpected skip(s)" in text
+
+
+def test_a_check_step_fails_on_its_result_line():
+    bad = '{"ok": false, "why": "loss differs"}\n'
+    results, _ = table(*steps_with({"parity/x": (0, bad, selftest._expect_ok, None),
+                                    "parity/y": (0, '{"ok": true}\n', selftest._expect_ok, None),
+                                    "parity/z": (0, "no json\n", selftest._expect_ok, None)}))
+    assert [(r.status, r.note) for r in results] == [
+        ("FAIL", "loss differs"), ("PASS", '{"ok": true}'), ("FAIL", "no result line")]
+
+
+def test_main_runs_only_the_steps_asked_for(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(selftest, "run_process", lambda step: (ran.append(step.name), (0, "{\"ok\": true}"))[1])
+    monkeypatch.setattr(selftest, "run_steps",
+                        lambda steps, runner=None, out=None: run_steps(steps, selftest.run_process,
+                                                                       io.StringIO()))
+    assert selftest.main(["--only", "env/tf32", "speed", "--gpus", "1"]) == 0
+    assert ran == ["env/tf32", "speed/mini-vs-torch", "speed/small-vs-torch"]
+
+
+def test_the_parity_checks_run_through_the_stand_in(cuda, capsys):
+    """The parity steps' own code (one mini step on the CPU and the device; float16 against
+    float32; the tiny preset and 2 steps here, mini and 50 on a GPU) runs and reports ok: on the stand-in the device is
+    NumPy, so this checks the plumbing, not cuBLAS."""
+    import json
+    from minibert import backend
+    try:
+        assert selftest._check_parity_one_step("tiny") == 0
+        assert selftest._check_parity_float16(2, "tiny") == 0
+    finally:
+        backend.set_device("cpu")
+    lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    assert lines[0]["ok"], lines[0]
+    assert "last5_loss_float16" in lines[1]
