@@ -16,15 +16,19 @@ from typing import Any
 
 from .albert import (AlbertConfig, AlbertForPreTraining, AlbertForQuestionAnswering,
                      AlbertForSequenceClassification, AlbertForTokenClassification, AlbertModel)
+from .distilbert import (DistilBertConfig, DistilBertForMaskedLM,
+                         DistilBertForQuestionAnswering, DistilBertForSequenceClassification,
+                         DistilBertForTokenClassification, DistilBertModel)
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .modeling import BertConfig, BertForPreTraining, BertModel, ModelConfig
 
-__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "MLM_HEAD_PREFIXES", "bert_role",
+__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "DISTILBERT_CLASSES", "MLM_HEAD_PREFIXES", "bert_role",
            "config_class", "config_from_dict", "has_mlm_head", "model_class"]
 
 # model_type -> config class
-CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig}
+CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig,
+                                                 "distilbert": DistilBertConfig}
 
 # BERT class of a role -> the ALBERT class of that role
 ALBERT_CLASSES: dict[type, type] = {
@@ -34,6 +38,20 @@ ALBERT_CLASSES: dict[type, type] = {
     BertForTokenClassification: AlbertForTokenClassification,
     BertForQuestionAnswering: AlbertForQuestionAnswering,
 }
+
+# BERT class of a role -> the DistilBERT class of that role (Sanh et al. 2019; no
+# sentence-level head: BertForPreTraining's role is the masked LM)
+DISTILBERT_CLASSES: dict[type, type] = {
+    BertModel: DistilBertModel,
+    BertForPreTraining: DistilBertForMaskedLM,
+    BertForSequenceClassification: DistilBertForSequenceClassification,
+    BertForTokenClassification: DistilBertForTokenClassification,
+    BertForQuestionAnswering: DistilBertForQuestionAnswering,
+}
+
+# config class -> its family's {BERT class of a role: the family's class}
+FAMILY_CLASSES: dict[type, dict[type, type]] = {AlbertConfig: ALBERT_CLASSES,
+                                                DistilBertConfig: DISTILBERT_CLASSES}
 
 
 def config_class(model_type: str) -> type[ModelConfig]:
@@ -63,22 +81,25 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
 def model_class(config: ModelConfig, bert_class: type) -> type:
     """The class that plays ``bert_class``'s role (a key of :data:`ALBERT_CLASSES`) for the
     family of ``config``: ``bert_class`` itself for a BERT config, its ALBERT variant for
-    an :class:`~minibert.albert.AlbertConfig`.
+    an :class:`~minibert.albert.AlbertConfig`, its DistilBERT variant
+    (:data:`DISTILBERT_CLASSES`) for a :class:`~minibert.distilbert.DistilBertConfig`.
 
     Raises:
-        ValueError: an ALBERT config and a class with no ALBERT variant.
+        ValueError: an ALBERT (DistilBERT) config and a class with no variant in that family.
     """
-    if not isinstance(config, AlbertConfig):
+    table = FAMILY_CLASSES.get(type(config))
+    if table is None:
         return bert_class
-    if bert_class not in ALBERT_CLASSES:
-        raise ValueError(f"{bert_class.__name__} has no ALBERT variant")
-    return ALBERT_CLASSES[bert_class]
+    if bert_class not in table:
+        raise ValueError(f"{bert_class.__name__} has no {config.model_type} variant")
+    return table[bert_class]
 
 
 # where each family keeps its masked-LM head in a state dict: BERT's cls.predictions.*,
 # ALBERT's predictions.* (transformers' names; the decoder weight may be absent, tied)
 MLM_HEAD_PREFIXES: dict[type[ModelConfig], str] = {BertConfig: "cls.predictions.",
-                                                   AlbertConfig: "predictions."}
+                                                   AlbertConfig: "predictions.",
+                                                   DistilBertConfig: "vocab_"}
 
 
 def has_mlm_head(state) -> bool:
@@ -94,5 +115,6 @@ def bert_role(architecture: str | None) -> str | None:
     """The name of the BERT class whose role a class name plays (an ``architectures``
     entry of ``config.json``, a checkpoint's record): ``"AlbertForTokenClassification"``
     -> ``"BertForTokenClassification"``; any other name, and None, as it is."""
-    names = {albert.__name__: bert.__name__ for bert, albert in ALBERT_CLASSES.items()}
+    names = {cls.__name__: bert.__name__ for table in FAMILY_CLASSES.values()
+             for bert, cls in table.items()}
     return names.get(architecture, architecture)

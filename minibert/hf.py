@@ -34,6 +34,7 @@ import numpy as np
 from .atomic import atomic_copy, atomic_write
 from .albert import AlbertConfig
 from .auto import CONFIG_CLASSES, config_class
+from .distilbert import DistilBertConfig
 from .modeling import BertConfig
 from .torchbin import TorchBinError, declared_storage_bytes, load_torch_state_dict
 from .untrusted import (UntrustedFileError, check_config_fields, check_finite, check_model_fits,
@@ -59,8 +60,20 @@ ALBERT_HF_CONFIG_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_h
                            "attention_probs_dropout_prob", "max_position_embeddings",
                            "type_vocab_size", "initializer_range", "layer_norm_eps",
                            "classifier_dropout_prob", "pad_token_id", "position_embedding_type")
+# DistilBertConfig fields (transformers' names) that config.json holds.
+DISTILBERT_HF_CONFIG_FIELDS = ("vocab_size", "max_position_embeddings", "sinusoidal_pos_embds",
+                               "n_layers", "n_heads", "dim", "hidden_dim", "dropout",
+                               "attention_dropout", "activation", "initializer_range",
+                               "qa_dropout", "seq_classif_dropout", "pad_token_id")
+# config class -> its transformers config.json fields, and the encoder's key prefix
+FAMILY_HF_FIELDS = {BertConfig: HF_CONFIG_FIELDS, AlbertConfig: ALBERT_HF_CONFIG_FIELDS,
+                    DistilBertConfig: DISTILBERT_HF_CONFIG_FIELDS}
+FAMILY_PREFIXES = {BertConfig: "bert.", AlbertConfig: "albert.",
+                   DistilBertConfig: "distilbert."}
 _HEAD_PREFIXES = ("bert.", "cls.", "classifier.", "qa_outputs.",
-                  "albert.", "predictions.", "sop_classifier.")
+                  "albert.", "predictions.", "sop_classifier.",
+                  "distilbert.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.",
+                  "pre_classifier.")
 
 
 class HFFormatError(ValueError):
@@ -127,7 +140,7 @@ def config_from_hf(d: dict[str, Any], source: str = "config.json"):
         cls = config_class(d.get("model_type", "bert"))
     except ValueError as e:
         raise HFFormatError(f"{source}: {e}") from None
-    fields = ALBERT_HF_CONFIG_FIELDS if cls is AlbertConfig else HF_CONFIG_FIELDS
+    fields = FAMILY_HF_FIELDS.get(cls, HF_CONFIG_FIELDS)
     kw = {k: d[k] for k in fields if k in d}
     if kw.get("position_embedding_type", "absolute") != "absolute":
         raise HFFormatError(f"{source}: position_embedding_type "
@@ -174,6 +187,10 @@ def config_to_hf(config: BertConfig | AlbertConfig, architecture: str,
     """
     if isinstance(config, AlbertConfig):
         return _with_labels(albert_config_to_hf(config, architecture), config, id2label)
+    if isinstance(config, DistilBertConfig):
+        d = {"architectures": [architecture], "model_type": "distilbert"}
+        d.update({k: getattr(config, k) for k in DISTILBERT_HF_CONFIG_FIELDS})
+        return _with_labels(d, config, id2label)
     if config.norm_position != "post" or config.position_embedding_type != "absolute":
         raise HFFormatError("cannot export to Hugging Face BERT: norm_position="
                             f"{config.norm_position!r}, position_embedding_type="
@@ -304,13 +321,35 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
     state = normalize_state_dict(read_hf_weights(directory, config),
-                                 "albert." if isinstance(config, AlbertConfig) else "bert.")
+                                 FAMILY_PREFIXES.get(type(config), "bert."))
     weights = next(directory / n for n in (SAFETENSORS_NAME, BIN_NAME)
                    if (directory / n).is_file())
+    check_family(state, config, f"{weights} and {cfg_path.name}")
     check_state_matches_config(state, config, f"{weights} and {cfg_path.name}")
     check_finite(state, str(weights))
     archs = [str(a) for a in d.get("architectures") or []]
     return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
+
+
+def check_family(state: dict[str, np.ndarray], config, source: str) -> None:
+    """Refuse weights of another model family than ``config``'s: the state has no tensor
+    under the config's encoder prefix (:data:`FAMILY_PREFIXES`, e.g. ``distilbert.``) and
+    some under another family's.
+
+    Raises:
+        HFFormatError: one line naming ``model_type``, the config's family and the one the
+            weights belong to.
+    """
+    own = FAMILY_PREFIXES.get(type(config), "bert.")
+    if any(k.startswith(own) for k in state):
+        return
+    other = next((cls for cls, p in FAMILY_PREFIXES.items()
+                  if p != own and any(k.startswith(p) for k in state)), None)
+    if other is not None:
+        raise HFFormatError(f"{source}: field model_type is {config.model_type!r} but the "
+                            f"weights are a {other.model_type!r} model's (keys "
+                            f"{FAMILY_PREFIXES[other]}*); set model_type to "
+                            f"{other.model_type!r} or use that model's config.json")
 
 
 def load_pretrained_weights(model, state: dict[str, np.ndarray],

@@ -1,0 +1,372 @@
+"""DistilBERT: parity with transformers' DistilBertForMaskedLM and task heads on the same
+weights (loss, logits and every gradient; float64 on hypothesis-drawn configurations with
+padding, float32 to round-off), float64 gradient checks of the new pieces, a directory
+saved by transformers read through minibert's loader, the family error line, and
+fine-tuning a DistilBERT start end to end with --export-hf read back by transformers."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minibert.distilbert import (DistilBertConfig, DistilBertForMaskedLM,
+                                 DistilBertForQuestionAnswering,
+                                 DistilBertForSequenceClassification,
+                                 DistilBertForTokenClassification, DistilBertModel)
+from minibert.gradcheck import rel_error
+from minibert.testing import assert_parameter_gradients, padding_masks, seeds
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@st.composite
+def distilbert_configs(draw, num_labels: int = 2, dropout: float = 0.0) -> DistilBertConfig:
+    """Small DistilBERT configs: 1-2 heads of 2-4 wide, 1-3 layers, learned or
+    sinusoidal positions, gelu or relu."""
+    heads = draw(st.integers(1, 2))
+    return DistilBertConfig(
+        vocab_size=draw(st.integers(12, 40)), max_position_embeddings=12,
+        sinusoidal_pos_embds=draw(st.booleans()), n_layers=draw(st.integers(1, 3)),
+        n_heads=heads, dim=heads * draw(st.sampled_from([2, 4])),
+        hidden_dim=draw(st.integers(3, 12)), dropout=dropout, attention_dropout=dropout,
+        activation=draw(st.sampled_from(["gelu", "relu"])), qa_dropout=dropout,
+        seq_classif_dropout=dropout, num_labels=num_labels)
+
+
+@st.composite
+def batches(draw, config: DistilBertConfig, max_batch: int = 3, max_len: int = 9):
+    """(input_ids (B, T) int64, attention_mask (B, T)) with padding at the end of rows
+    (pad id 0 there, ids >= 1 at real tokens)."""
+    B, T = draw(st.integers(1, max_batch)), draw(st.integers(1, max_len))
+    mask = draw(padding_masks(B, T))
+    rng = np.random.default_rng(draw(seeds))
+    ids = rng.integers(1, config.vocab_size, (B, T)) * mask
+    return ids.astype(np.int64), mask
+
+
+def hf_twin(cls, config: DistilBertConfig, seed: int, dtype=np.float64):
+    """transformers' class of ``cls``'s name with random weights, and ours with the same."""
+    torch.manual_seed(seed)
+    fields = {k: v for k, v in config.to_dict().items()}
+    hf = getattr(transformers, cls.__name__)(
+        transformers.DistilBertConfig(**fields, attn_implementation="eager"))
+    hf = hf.to(getattr(torch, np.dtype(dtype).name)).eval()
+    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    ours = cls(config, dtype=dtype).eval()
+    assert set(ours.state_dict()) == set(state)       # key for key
+    ours.load_state_dict(state)
+    return hf, ours
+
+
+def grad_error(ours, hf, dtype) -> tuple[float, str]:
+    """The worst relative error of a parameter gradient against transformers' (in float32
+    relative to the model's largest gradient, as round-off is), and its name."""
+    ref = {n: p.grad.numpy() for n, p in hf.named_parameters()}
+    assert set(ref) == {n for n, _ in ours.named_parameters()}
+    floor = 1e-8 if dtype == np.float64 else max(np.abs(g).max() for g in ref.values())
+    errs = {n: rel_error(p.grad, ref[n], floor) for n, p in ours.named_parameters()}
+    worst = max(errs, key=errs.get)
+    return errs[worst], worst
+
+
+def mlm_labels(ids, mask, rng):
+    """transformers' (B, T) labels: the id at about half the real tokens (at least one),
+    -100 elsewhere."""
+    labels = np.where((rng.random(ids.shape) < 0.5) & (mask > 0), ids, -100)
+    labels[0, 0] = ids[0, 0]
+    return labels
+
+
+def mlm_compare(config, ids, mask, seed, dtype=np.float64):
+    hf, ours = hf_twin(DistilBertForMaskedLM, config, seed, dtype)
+    labels = mlm_labels(ids, mask, np.random.default_rng(seed))
+    out = ours(ids, attention_mask=mask, masked_lm_ids=labels)
+    ours.zero_grad()
+    ours.backward()
+    ref = hf(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+             labels=torch.from_numpy(labels))
+    ref.loss.backward()
+    logits = rel_error(out.prediction_logits, ref.logits.detach().numpy(), 1e-8)
+    return rel_error(float(out.loss), ref.loss.item()), logits, *grad_error(ours, hf, dtype)
+
+
+# -- parity with transformers ---------------------------------------------------------------
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_masked_lm_loss_logits_and_every_gradient_match_transformers(data, seed):
+    config = data.draw(distilbert_configs())
+    ids, mask = data.draw(batches(config))
+    loss, logits, grad, name = mlm_compare(config, ids, mask, seed % 10_000)
+    assert loss < 1e-10 and logits < 1e-10
+    assert grad <= 1e-6, f"gradient of {name} differs from transformers: {grad:.2e}"
+
+
+def test_masked_lm_float32_matches_transformers_to_round_off():
+    config = DistilBertConfig(vocab_size=60, dim=32, n_layers=3, n_heads=4, hidden_dim=64,
+                              max_position_embeddings=16, dropout=0.0, attention_dropout=0.0)
+    rng = np.random.default_rng(4)
+    mask = (np.arange(12)[None] < np.array([12, 9, 5, 1])[:, None]).astype(np.int64)
+    ids = rng.integers(1, 60, (4, 12)) * mask
+    loss, logits, grad, name = mlm_compare(config, ids, mask, 4, np.float32)
+    assert loss < 1e-5 and logits < 1e-5
+    assert grad <= 1e-5, f"gradient of {name} differs from transformers: {grad:.2e}"
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), seed=seeds,
+       head=st.sampled_from(["sequence", "regression", "token", "qa"]))
+def test_task_heads_logits_loss_and_gradients_match_transformers(data, seed, head):
+    K = {"sequence": data.draw(st.integers(2, 4)), "regression": 1, "qa": 2,
+         "token": data.draw(st.integers(2, 4))}[head]
+    config = data.draw(distilbert_configs(num_labels=K))
+    ids, mask = data.draw(batches(config))
+    B, T = ids.shape
+    cls = {"sequence": DistilBertForSequenceClassification,
+           "regression": DistilBertForSequenceClassification,
+           "token": DistilBertForTokenClassification, "qa": DistilBertForQuestionAnswering}[head]
+    hf, ours = hf_twin(cls, config, seed % 10_000)
+    rng = np.random.default_rng(seed)
+    t = lambda a: torch.from_numpy(np.asarray(a))     # noqa: E731
+    if head == "qa":
+        # T (ignored) only beside a counted example: all ignored is our 0, torch's nan
+        s, e = rng.integers(0, T + 1, B), rng.integers(0, T + 1, B)
+        s[0] = e[0] = 0
+        out = ours(ids, attention_mask=mask, start_positions=s, end_positions=e)
+        ref = hf(input_ids=t(ids), attention_mask=t(mask), start_positions=t(s),
+                 end_positions=t(e))
+        pairs = [(out.start_logits, ref.start_logits), (out.end_logits, ref.end_logits)]
+    else:
+        if head == "regression":
+            labels = rng.standard_normal(B)
+        elif head == "sequence":
+            labels = rng.integers(0, K, B)
+        else:
+            labels = np.where(mask > 0, rng.integers(0, K, (B, T)), -100)
+            labels[0, 0] = 0
+        out = ours(ids, attention_mask=mask, labels=labels)
+        ref = hf(input_ids=t(ids), attention_mask=t(mask), labels=t(labels))
+        pairs = [(out.logits, ref.logits)]
+    for a, b in pairs:
+        np.testing.assert_allclose(a, b.detach().numpy(), rtol=1e-10, atol=1e-12)
+    assert rel_error(float(out.loss), ref.loss.item()) < 1e-10
+    ours.zero_grad()
+    ours.backward()
+    ref.loss.backward()
+    grad, name = grad_error(ours, hf, np.float64)
+    assert grad <= 1e-6, f"{cls.__name__}: gradient of {name} differs: {grad:.2e}"
+
+
+def test_token_type_ids_are_ignored_and_padding_changes_nothing_at_real_positions():
+    config = DistilBertConfig(vocab_size=20, dim=8, n_layers=2, n_heads=2, hidden_dim=10,
+                              max_position_embeddings=12)
+    model = DistilBertModel(config, seed=1, dtype=np.float64).eval()
+    ids = np.random.default_rng(0).integers(1, 20, (2, 6))
+    mask = np.ones_like(ids)
+    base = model(ids, attention_mask=mask).last_hidden_state
+    types = np.ones_like(ids)
+    np.testing.assert_array_equal(model(ids, types, mask).last_hidden_state, base)
+    padded = np.concatenate([ids, np.zeros((2, 3), np.int64)], axis=1)
+    pmask = np.concatenate([mask, np.zeros((2, 3), np.int64)], axis=1)
+    np.testing.assert_allclose(model(padded, attention_mask=pmask).last_hidden_state[:, :6],
+                               base, atol=1e-12)
+    assert model(ids).pooler_output is None
+    with pytest.raises(ValueError, match="token_type_ids: expected shape"):
+        model(ids, types[:, :3])
+
+
+# -- gradient checks (float64, central differences) -----------------------------------------
+
+def jitter_biases(model, rng) -> None:
+    """Non-zero biases: with zero ones a row that dropout empties reaches a LayerNorm as an
+    exact zero vector, where LayerNorm (eps 1e-12) is not smooth at the scale of a
+    central difference."""
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.data += 0.1 * rng.standard_normal(p.data.shape)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), seed=seeds, dropout=st.sampled_from([0.0, 0.3]))
+def test_model_gradients_random_upstream_fixed_dropout(data, seed, dropout):
+    """DistilBertModel with a random upstream gradient of the last hidden state; dropout
+    masks replayed from one seed for every evaluation."""
+    config = data.draw(distilbert_configs(dropout=dropout))
+    ids, mask = data.draw(batches(config, max_batch=2, max_len=5))
+    rng = np.random.default_rng(seed)
+    model = DistilBertModel(config, seed=seed % 1000, dtype=np.float64)
+    jitter_biases(model, rng)
+
+    def run():
+        model.set_dropout_rng(np.random.default_rng(seed))
+        return model(ids, attention_mask=mask).last_hidden_state
+
+    G = rng.standard_normal(run().shape) * mask[..., None]
+    model.zero_grad()
+    model.backward(G)
+    assert_parameter_gradients(model, lambda: float((run() * G).sum()), rng,
+                               f"DistilBertModel {config}", full_max_size=24)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data(), seed=seeds,
+       cls=st.sampled_from([DistilBertForMaskedLM, DistilBertForSequenceClassification,
+                            DistilBertForTokenClassification, DistilBertForQuestionAnswering]))
+def test_heads_gradients_loss_plus_random_upstream(data, seed, cls):
+    """Each model's loss plus a random upstream gradient of its logits, with dropout 0.2
+    replayed from a fixed generator (the heads' own dropouts included)."""
+    K = 2 if cls is DistilBertForQuestionAnswering else data.draw(st.integers(1, 3)) \
+        if cls is DistilBertForSequenceClassification else 3
+    config = data.draw(distilbert_configs(num_labels=K, dropout=0.2))
+    ids, mask = data.draw(batches(config, max_batch=2, max_len=5))
+    # padded positions (attention mask 0) hold a real id: the pad row of the word
+    # embeddings learns nothing by contract, yet QA's softmax over all T reads them
+    ids = np.where(mask > 0, ids, 1)
+    B, T = ids.shape
+    rng = np.random.default_rng(seed)
+    model = cls(config, seed=seed % 1000, dtype=np.float64)
+    jitter_biases(model, rng)
+    if cls is DistilBertForMaskedLM:
+        kw = dict(masked_lm_ids=mlm_labels(ids, mask, rng))
+    elif cls is DistilBertForQuestionAnswering:
+        kw = dict(start_positions=rng.integers(0, T, B), end_positions=rng.integers(0, T, B))
+    elif cls is DistilBertForTokenClassification:
+        kw = dict(labels=np.where(mask > 0, rng.integers(0, K, (B, T)), -100))
+    else:
+        kw = dict(labels=rng.standard_normal(B) if K == 1 else rng.integers(0, K, B))
+
+    def run():
+        model.set_dropout_rng(np.random.default_rng(seed))
+        return model(ids, attention_mask=mask, **kw)
+
+    def logits(o):
+        if cls is DistilBertForMaskedLM:
+            return o.prediction_logits
+        return (o.start_logits, o.end_logits) if cls is DistilBertForQuestionAnswering \
+            else o.logits
+
+    out = run()
+    L = logits(out)
+    G = tuple(rng.standard_normal(x.shape) for x in L) if isinstance(L, tuple) \
+        else rng.standard_normal(L.shape)
+    model.zero_grad()
+    if cls is DistilBertForMaskedLM:
+        model.backward(0.7, d_prediction_logits=G)
+    else:
+        model.backward(0.7, d_logits=G)
+
+    def loss():
+        o = run()
+        L = logits(o)
+        up = sum(float((a * g).sum()) for a, g in zip(L, G)) if isinstance(L, tuple) \
+            else float((L * G).sum())
+        return 0.7 * float(o.loss) + up
+
+    # the position table and the pad row: compare in full where they are small
+    assert_parameter_gradients(model, loss, rng, f"{cls.__name__} {config}", full_max_size=24)
+
+
+# -- configs, auto and Hugging Face directories -------------------------------------------
+
+def test_config_aliases_errors_and_auto_classes():
+    from minibert.auto import bert_role, config_from_dict, model_class
+    from minibert.heads import BertForSequenceClassification
+    from minibert.modeling import BertForPreTraining
+    c = DistilBertConfig(dim=16, n_heads=4, n_layers=2, hidden_dim=32)
+    assert (c.hidden_size, c.num_attention_heads, c.num_hidden_layers, c.intermediate_size,
+            c.hidden_act, c.model_type) == (16, 4, 2, 32, "gelu", "distilbert")
+    assert config_from_dict(c.to_record()) == c
+    assert model_class(c, BertForPreTraining) is DistilBertForMaskedLM
+    assert model_class(c, BertForSequenceClassification) is DistilBertForSequenceClassification
+    assert bert_role("DistilBertForMaskedLM") == "BertForPreTraining"
+    with pytest.raises(ValueError, match="divisible by num_attention_heads"):
+        DistilBertConfig(dim=10, n_heads=4)
+    with pytest.raises(ValueError, match="n_layers must be positive"):
+        DistilBertConfig(n_layers=0)
+    with pytest.raises(ValueError, match="hidden_act"):
+        DistilBertConfig(activation="swish")
+    with pytest.raises(ValueError, match="next_sentence_label given"):
+        m = DistilBertForMaskedLM(DistilBertConfig(vocab_size=10, dim=4, n_heads=1,
+                                                   n_layers=1, hidden_dim=4)).eval()
+        m(np.ones((1, 3), np.int64), next_sentence_label=np.zeros(1, np.int64))
+
+
+@pytest.fixture
+def vocab_file(tmp_path):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]
+    p = tmp_path / "vocab.txt"
+    p.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return p
+
+
+def transformers_directory(path: Path, vocab_file: Path, cls_name="DistilBertForMaskedLM",
+                           **kw) -> Path:
+    """A tiny random DistilBERT saved by transformers' save_pretrained, with a vocab."""
+    torch.manual_seed(0)
+    fields = dict(vocab_size=30, dim=8, n_layers=2, n_heads=2, hidden_dim=12,
+                  max_position_embeddings=32)
+    fields.update(kw)
+    getattr(transformers, cls_name)(transformers.DistilBertConfig(**fields)).save_pretrained(path)
+    (path / "vocab.txt").write_bytes(vocab_file.read_bytes())
+    return path
+
+
+def test_directory_saved_by_transformers_loads_and_matches(tmp_path, vocab_file):
+    from minibert.hf import load_hf_directory, load_pretrained_weights
+    d = transformers_directory(tmp_path / "hf", vocab_file, sinusoidal_pos_embds=True)
+    ck = load_hf_directory(d)
+    assert isinstance(ck.config, DistilBertConfig) and ck.config.n_layers == 2
+    assert ck.config.sinusoidal_pos_embds
+    model = DistilBertForMaskedLM(ck.config, seed=3).eval()
+    report = load_pretrained_weights(model, ck.state, str(d))
+    assert report["new"] == [] and report["unused"] == []
+    ref = transformers.DistilBertForMaskedLM.from_pretrained(d).eval()
+    ids = np.random.default_rng(0).integers(5, 30, (2, 7))
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids),
+                     attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(model(ids, attention_mask=mask).prediction_logits, theirs,
+                               rtol=1e-4, atol=1e-5)
+    # the encoder alone, under a new head
+    clf = DistilBertForSequenceClassification(ck.config)
+    assert sorted(load_pretrained_weights(clf, ck.state)["new"]) == [
+        "classifier.bias", "classifier.weight", "pre_classifier.bias", "pre_classifier.weight"]
+
+
+def test_a_checkpoint_of_another_family_is_one_error_naming_model_type(tmp_path, vocab_file):
+    from minibert.hf import HFFormatError, load_hf_directory
+    d = transformers_directory(tmp_path / "hf", vocab_file)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "bert"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HFFormatError, match=r"field model_type is 'bert' but the weights "
+                                            r"are a 'distilbert' model's") as e:
+        load_hf_directory(d)
+    assert "\n" not in str(e.value)
+
+
+def test_export_of_our_model_loads_in_transformers_and_back(tmp_path, vocab_file):
+    from minibert.hf import load_hf_directory, load_pretrained_weights, save_hf_directory
+    config = DistilBertConfig(vocab_size=30, dim=8, n_layers=2, n_heads=2, hidden_dim=12,
+                              max_position_embeddings=16, initializer_range=0.3, num_labels=3)
+    model = DistilBertForSequenceClassification(config, seed=2).eval()
+    d = save_hf_directory(model, tmp_path / "out", vocab_file)
+    ref = transformers.DistilBertForSequenceClassification.from_pretrained(d).eval()
+    ids = np.random.default_rng(1).integers(5, 30, (3, 6))
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(model(ids).logits, theirs, rtol=1e-4, atol=1e-6)
+    ck = load_hf_directory(d)
+    assert ck.config == config and ck.architectures == ["DistilBertForSequenceClassification"]
+    again = DistilBertForSequenceClassification(ck.config, seed=9).eval()
+    assert load_pretrained_weights(again, ck.state)["new"] == []
+    np.testing.assert_array_equal(again(ids).logits, model(ids).logits)
