@@ -370,3 +370,64 @@ def test_export_of_our_model_loads_in_transformers_and_back(tmp_path, vocab_file
     again = DistilBertForSequenceClassification(ck.config, seed=9).eval()
     assert load_pretrained_weights(again, ck.state)["new"] == []
     np.testing.assert_array_equal(again(ids).logits, model(ids).logits)
+
+
+# -- fine-tuning a DistilBERT start end to end ------------------------------------------------
+
+@pytest.fixture
+def distilbert_start(tmp_path):
+    """A tiny random DistilBertForMaskedLM saved by transformers, with the toy vocabulary
+    of tests/helpers.py (WORDS)."""
+    from helpers import WORDS
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n",
+                     encoding="utf-8")
+    return transformers_directory(tmp_path / "start", vocab, vocab_size=5 + len(WORDS),
+                                  dim=16, hidden_dim=32)
+
+
+def test_finetune_from_a_distilbert_start_and_export_read_by_transformers(
+        distilbert_start, dataset, tmp_path, capsys):
+    from helpers import run_ft
+    out, hf_dir = tmp_path / "ft", tmp_path / "exported"
+    assert run_ft("--init", distilbert_start, "--data", dataset, "--output-dir", out,
+                  "--max-steps", 2, "--batch-size", 8, "--max-seq-length", 16,
+                  "--classifier-dropout", 0.0, "--export-hf", hf_dir) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["labels"] == ["neg", "pos"]
+    log = capsys.readouterr().out
+    assert "new: ['classifier.bias', 'classifier.weight', 'pre_classifier.bias', " \
+           "'pre_classifier.weight']" in log
+    assert run_ft("--model", out, "--predict", "very good film") == 0
+    scores = json.loads([l for l in capsys.readouterr().out.splitlines()
+                         if l.startswith("[{")][0])
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    assert cfg["model_type"] == "distilbert" and cfg["seq_classif_dropout"] == 0.0
+    ref = transformers.DistilBertForSequenceClassification.from_pretrained(hf_dir).eval()
+    assert ref.config.id2label == {0: "neg", 1: "pos"}
+    from minibert.tokenization import BertTokenizer
+    enc = BertTokenizer(hf_dir / "vocab.txt")("very good film", return_tensors="np")
+    with torch.no_grad():
+        p = torch.softmax(ref(input_ids=torch.from_numpy(enc["input_ids"][None])).logits,
+                          -1)[0].numpy()
+    probs = {s["label"]: s["score"] for s in scores}
+    assert probs["pos"] == pytest.approx(float(p[1]), abs=1e-5)
+
+
+def test_finetune_distilbert_tagging_and_mean_pooling_error(distilbert_start, dataset, tmp_path,
+                                                            capsys):
+    from helpers import run_ft
+    d = tmp_path / "tags"
+    d.mkdir()
+    rows = "\n\n".join("\n".join(f"{w}\t{'B' if w.startswith('good') else 'O'}" for w in s)
+                       for s in [["good", "film"], ["bad", "plot", "good"]] * 4)
+    for split in ("train", "dev", "test"):
+        (d / f"{split}.tsv").write_text(rows + "\n", encoding="utf-8")
+    assert run_ft("--task", "token-classification", "--init", distilbert_start, "--data", d,
+                  "--output-dir", tmp_path / "tag", "--max-steps", 2, "--batch-size", 4,
+                  "--max-seq-length", 12) == 0
+    with pytest.raises(SystemExit):
+        run_ft("--init", distilbert_start, "--data", dataset, "--output-dir", tmp_path / "m",
+               "--pooling", "mean", "--max-steps", 1)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("finetune.py: error:") and "first token" in err[-1]
