@@ -431,3 +431,61 @@ def test_finetune_distilbert_tagging_and_mean_pooling_error(distilbert_start, da
                "--pooling", "mean", "--max-steps", 1)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("finetune.py: error:") and "first token" in err[-1]
+
+
+# -- pipelines, PLL scoring and distillation from a DistilBERT start --------------------------
+
+def test_fill_mask_and_pll_scoring_match_transformers(distilbert_start):
+    from minibert.pipelines import pipeline
+    from minibert.scoring import score_texts
+    from minibert.tokenization import BertTokenizer
+    fill = pipeline("fill-mask", distilbert_start, top_k=5, fast_cpu=False)
+    ours = fill("very good [MASK] .")
+    ref = transformers.DistilBertForMaskedLM.from_pretrained(distilbert_start).eval()
+    tok = BertTokenizer(distilbert_start / "vocab.txt")
+    ids = tok("very good [MASK] .", return_tensors="np")["input_ids"]
+    at = int(np.flatnonzero(ids == tok.mask_token_id)[0])
+    with torch.no_grad():
+        p = torch.softmax(ref(input_ids=torch.from_numpy(ids[None])).logits[0, at], -1).numpy()
+    top = np.argsort(-p)[:5]
+    assert [r["token"] for r in ours] == top.tolist()
+    np.testing.assert_allclose([r["score"] for r in ours], p[top], rtol=1e-4)
+    # PLL (Salazar et al. 2020): the sum over pieces of log p(piece | the rest)
+    text = "the film was good"
+    model = fill.model
+    got = score_texts(model, tok, [text], method="pll")[0]
+    ids = tok(text, return_tensors="np")["input_ids"]
+    want = 0.0
+    for i in range(1, len(ids) - 1):
+        masked = ids.copy()
+        masked[i] = tok.mask_token_id
+        with torch.no_grad():
+            logp = torch.log_softmax(ref(input_ids=torch.from_numpy(masked[None])).logits[0, i],
+                                     -1)
+        want += float(logp[ids[i]])
+    assert got["tokens"] == len(ids) - 2
+    assert got["score"] == pytest.approx(want, rel=1e-4)
+
+
+def test_a_distilbert_teaches_a_bert_student(distilbert_start, tmp_path, capsys):
+    import train_mlm
+    from helpers import WORDS
+    rng = np.random.default_rng(0)
+    docs = ["\n".join(" ".join(rng.choice(WORDS[6:], size=8)) for _ in range(6))
+            for _ in range(12)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    argv = ["--corpus", str(corpus), "--vocab", str(distilbert_start / "vocab.txt"),
+            "--teacher", str(distilbert_start), "--hidden-size", "16",
+            "--num-hidden-layers", "1", "--num-attention-heads", "2",
+            "--intermediate-size", "32", "--max-seq-length", "16", "--batch-size", "4",
+            "--max-steps", "2", "--eval-every", "100", "--eval-fraction", "0.1",
+            "--eval-instances", "4", "--no-progress"]
+    assert train_mlm.main(argv + ["--output-dir", str(tmp_path / "student")]) == 0
+    log = capsys.readouterr().out
+    assert f"teacher: {distilbert_start}" in log and "soft-target KL" in log
+    with pytest.raises(SystemExit):
+        train_mlm.main(argv + ["--output-dir", str(tmp_path / "s2"),
+                               "--student-init", "every-other-layer"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("train_mlm.py: error:") and "--student-init preset" in err[-1]

@@ -175,10 +175,14 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
     """
     source, given = options.teacher, options.given
     teacher = load_start(source, "--teacher")
-    if teacher.config.model_type != "bert":
+    if teacher.config.model_type not in ("bert", "distilbert"):
         raise RunError(f"--teacher {source}: holds a model of model_type "
-                       f"{teacher.config.model_type!r}; a teacher is a BERT (the student "
-                       "may be an ALBERT: --model albert)")
+                       f"{teacher.config.model_type!r}; a teacher is a BERT or a DistilBERT "
+                       "(the student may be an ALBERT: --model albert)")
+    if teacher.config.model_type == "distilbert" and options.student_init != "preset":
+        raise RunError(f"--teacher {source}: a DistilBERT (model_type 'distilbert') teaches "
+                       f"a student of its own sizes only (--student-init preset); "
+                       f"--student-init {options.student_init} reads BERT's layer names")
     lower = bool(teacher.tokenizer_options.get("do_lower_case", True))
     if lower != lowercase and "lowercase" in given:
         raise RunError(f"--teacher {source} reads text with do_lower_case={lower}; "

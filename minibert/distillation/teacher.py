@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..auto import has_mlm_head
+from ..auto import MLM_HEAD_PREFIXES, has_mlm_head
 from ..hf import HFFormatError
 from ..modeling import BertConfig, BertForPreTraining, BertModel
 
@@ -54,7 +54,7 @@ class Teacher:
         self.model = model.eval()
         self.has_mlm_head = isinstance(model, BertForPreTraining)
         self.config: BertConfig = model.config
-        self.bert = model.bert if self.has_mlm_head else model
+        self.bert = model.backbone   # its encoder: model.bert (.albert, .distilbert)
 
     def to(self, device: str, dtype=None) -> "Teacher":
         self.model.to(device, dtype)
@@ -121,7 +121,8 @@ def load_teacher(start, dtype=np.float32) -> Teacher:
         model, report = start.build(BertForPreTraining, dtype=dtype, seq_relationship_head=False)
     else:
         model, report = start.build(BertModel, add_pooling_layer=False, dtype=dtype)
-    missing = [k for k in report["new"] if k.startswith("cls.predictions.")]
+    head = MLM_HEAD_PREFIXES.get(type(start.config), "cls.predictions.")
+    missing = [k for k in report["new"] if k.startswith(head)]
     if missing:
         raise HFFormatError(f"{start.source}: MLM head weights missing or mis-shaped: {missing}")
     return Teacher(model)
