@@ -489,3 +489,52 @@ def test_a_distilbert_teaches_a_bert_student(distilbert_start, tmp_path, capsys)
                                "--student-init", "every-other-layer"])
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("train_mlm.py: error:") and "--student-init preset" in err[-1]
+
+
+# -- the GPU path (the real GPU, or the NumPy stand-in of tests/fakecupy.py) ----------------
+
+class SharedDraws:
+    """A dropout generator giving both devices the same uniforms (drawn on the host)."""
+
+    def __init__(self, seed, xp):
+        self.rng, self.xp = np.random.default_rng(seed), xp
+
+    def random(self, shape, dtype=np.float64):
+        return self.xp.asarray(self.rng.random(shape, dtype=dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [DistilBertForMaskedLM, DistilBertForSequenceClassification,
+                                 DistilBertForQuestionAnswering])
+def test_gpu_gradients_match_the_cpu_with_padding_and_dropout_reading_nothing_back(cuda, cls):
+    import cupy as cp
+    import cupyx
+    config = DistilBertConfig(vocab_size=50, dim=16, n_layers=2, n_heads=4, hidden_dim=32,
+                              max_position_embeddings=16, dropout=0.1, attention_dropout=0.1,
+                              qa_dropout=0.1, seq_classif_dropout=0.1)
+    rng = np.random.default_rng(0)
+    mask = (np.arange(10)[None] < np.array([10, 6, 3])[:, None]).astype(np.int64)
+    ids = rng.integers(1, 50, (3, 10)) * mask
+    targets = {DistilBertForMaskedLM: dict(masked_lm_ids=mlm_labels(ids, mask, rng)),
+               DistilBertForSequenceClassification: dict(labels=np.array([0, 1, 1])),
+               DistilBertForQuestionAnswering: dict(start_positions=np.array([1, 2, 0]),
+                                                    end_positions=np.array([3, 4, 2]))}[cls]
+    cpu = cls(config, dtype=np.float64)
+    gpu = cls(config, dtype=np.float64).to("cuda")
+    losses = []
+    for model, xp in ((cpu, np), (gpu, cp)):
+        model.set_dropout_rng(SharedDraws(7, xp))
+        x = {k: xp.asarray(v) for k, v in dict(input_ids=ids, attention_mask=mask,
+                                                 **targets).items()}
+        model(**x)                                       # a GPU compiles its kernels here
+        model.zero_grad()
+        with cuda.record() as seen, cupyx.allow_synchronize(xp is np):
+            out = model(**x)
+            model.backward()
+        if xp is cp:
+            assert seen.syncs == []
+        losses.append(float(out.loss))
+    assert losses[0] == pytest.approx(losses[1], abs=1e-10)
+    for (n, pc), (_, pg) in zip(cpu.named_parameters(), gpu.named_parameters()):
+        np.testing.assert_allclose(cp.asnumpy(pg.grad), pc.grad, rtol=1e-9, atol=1e-12,
+                                   err_msg=n)
