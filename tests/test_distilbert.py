@@ -538,3 +538,19 @@ def test_gpu_gradients_match_the_cpu_with_padding_and_dropout_reading_nothing_ba
     for (n, pc), (_, pg) in zip(cpu.named_parameters(), gpu.named_parameters()):
         np.testing.assert_allclose(cp.asnumpy(pg.grad), pc.grad, rtol=1e-9, atol=1e-12,
                                    err_msg=n)
+
+
+def test_evaluate_harness_on_a_distilbert_start_and_its_random_twin(distilbert_start, dataset,
+                                                                     tmp_path):
+    import evaluate
+    out = tmp_path / "eval"
+    assert evaluate.main([str(distilbert_start), f"random:{distilbert_start}",
+                          "--task-dir", f"toy={dataset}", "--tasks", "toy", "--budgets", "16",
+                          "--seeds", "1", "--epochs", "1", "--lr", "1e-3", "--batch-size", "8",
+                          "--max-seq-length", "12", "--output-dir", str(out)]) == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {(r["start"], r["kind"]) for r in runs} >= {
+        (str(distilbert_start), "finetune"), (f"random:{distilbert_start}", "finetune"),
+        (str(distilbert_start), "probe")}
+    configs = [json.loads(p.read_text()) for p in out.glob("runs/**/config.json")]
+    assert configs and all(c["model_type"] == "distilbert" for c in configs)
