@@ -1,9 +1,13 @@
-"""Hugging Face BERT and ALBERT checkpoints in and out, without torch.
+"""Hugging Face BERT, ALBERT and DistilBERT checkpoints in and out, without torch.
 
 ``model_type`` "albert" in ``config.json`` reads as an
 :class:`~minibert.albert.AlbertConfig` (keys under ``albert.``, ``predictions.``,
 ``sop_classifier.``); an ALBERT model writes ``model_type`` "albert" (see
-:func:`config_from_hf` / :func:`albert_config_to_hf`).
+:func:`config_from_hf` / :func:`albert_config_to_hf`). ``model_type`` "distilbert" reads
+as a :class:`~minibert.distilbert.DistilBertConfig` (transformers' field names, keys under
+``distilbert.``, ``vocab_transform.`` / ``vocab_layer_norm.`` / ``vocab_projector.``,
+``pre_classifier.``) and is written back as such. Weights of another family than
+config.json's ``model_type`` are one error naming that field (:func:`check_family`).
 
 Import (:func:`load_hf_directory`): a directory as transformers writes it --
 ``config.json``, ``model.safetensors`` (read with the ``safetensors`` library's NumPy API),
