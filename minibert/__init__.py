@@ -3,9 +3,8 @@
 The package loads lazily (PEP 562): ``import minibert`` loads nothing else, and
 ``from minibert import BertModel`` or ``minibert.pipeline`` loads only the module that
 defines the name. The core (``backend``, ``nn``, ``modeling``, ``albert``, ``distilbert``,
-``heads``,
-``optim``, ``gradcheck``, ``testing``) needs NumPy and SciPy alone (``testing`` also
-Hypothesis) and runs the formulas it shows; the jobs switch on the fast paths
+``heads``, ``optim``, ``gradcheck``, ``testing``) needs NumPy and SciPy alone (``testing``
+also Hypothesis) and runs the formulas it shows; the jobs switch on the fast paths
 (:func:`minibert.fast.set_fast_paths`).
 """
 from __future__ import annotations
