@@ -554,3 +554,14 @@ def test_evaluate_harness_on_a_distilbert_start_and_its_random_twin(distilbert_s
         (str(distilbert_start), "probe")}
     configs = [json.loads(p.read_text()) for p in out.glob("runs/**/config.json")]
     assert configs and all(c["model_type"] == "distilbert" for c in configs)
+
+
+def test_finetune_distilbert_question_answering_and_export(distilbert_start, tmp_path):
+    from helpers import run_ft
+    hf_dir = tmp_path / "exported"
+    assert run_ft("--task", "question-answering", "--init", distilbert_start,
+                  "--output-dir", tmp_path / "qa", "--max-steps", 1, "--batch-size", 4,
+                  "--max-seq-length", 32, "--doc-stride", 4, "--max-query-length", 8,
+                  "--max-train-examples", 8, "--export-hf", hf_dir) == 0
+    ref = transformers.AutoModelForQuestionAnswering.from_pretrained(hf_dir)
+    assert type(ref).__name__ == "DistilBertForQuestionAnswering"
