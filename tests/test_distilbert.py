@@ -489,6 +489,12 @@ def test_a_distilbert_teaches_a_bert_student(distilbert_start, tmp_path, capsys)
                                "--student-init", "every-other-layer"])
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("train_mlm.py: error:") and "--student-init preset" in err[-1]
+    # continued pretraining takes BERT and ALBERT models only: one line, no traceback
+    with pytest.raises(SystemExit):
+        train_mlm.main(argv[:4] + argv[6:] + ["--output-dir", str(tmp_path / "s3"),
+                                              "--init-checkpoint", str(distilbert_start)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("train_mlm.py: error:") and "model_type 'distilbert'" in err[-1]
 
 
 # -- the GPU path (the real GPU, or the NumPy stand-in of tests/fakecupy.py) ----------------

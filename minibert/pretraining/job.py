@@ -181,6 +181,11 @@ def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
 def check_model_type(config: ModelConfig, model: str, source: str) -> None:
     """Raise RunError when the model at ``source`` (an option and its path; ``config``
     its config) is not of the family ``model`` ("bert" or "albert"), naming both."""
+    if config.model_type not in ("bert", "albert"):
+        raise RunError(f"{source}: holds a model of model_type {config.model_type!r}; "
+                       "pretraining continues a bert or albert model only (a "
+                       f"{config.model_type} start serves finetune.py, evaluate.py, the "
+                       "pipelines, scoring and --teacher)")
     if config.model_type != model:
         raise RunError(f"{source}: holds a model of model_type {config.model_type!r}, this "
                        f"run trains --model {model} (give --model {config.model_type})")
