@@ -571,3 +571,25 @@ def test_finetune_distilbert_question_answering_and_export(distilbert_start, tmp
                   "--max-train-examples", 8, "--export-hf", hf_dir) == 0
     ref = transformers.AutoModelForQuestionAnswering.from_pretrained(hf_dir)
     assert type(ref).__name__ == "DistilBertForQuestionAnswering"
+
+
+def test_freezing_embeddings_and_lower_layers_keeps_the_other_gradients():
+    config = DistilBertConfig(vocab_size=30, dim=8, n_layers=3, n_heads=2, hidden_dim=12,
+                              max_position_embeddings=12, num_labels=3)
+    ids = np.random.default_rng(0).integers(1, 30, (2, 6))
+    labels = np.array([0, 2])
+    full = DistilBertForSequenceClassification(config, seed=1, dtype=np.float64).eval()
+    full(ids, labels=labels)
+    full.zero_grad()
+    full.backward()
+    part = DistilBertForSequenceClassification(config, seed=1, dtype=np.float64).eval()
+    part.freeze(embeddings=True, layers=2)
+    part(ids, labels=labels)
+    part.zero_grad()
+    part.backward()
+    ref = dict(full.named_parameters())
+    for name, p in part.named_parameters():
+        frozen = name.startswith(("distilbert.embeddings.", "distilbert.transformer.layer.0.",
+                                  "distilbert.transformer.layer.1."))
+        assert p.requires_grad != frozen, name
+        np.testing.assert_array_equal(p.grad, 0 if frozen else ref[name].grad, err_msg=name)
