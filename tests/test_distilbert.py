@@ -193,6 +193,35 @@ def jitter_biases(model, rng) -> None:
             p.data += 0.1 * rng.standard_normal(p.data.shape)
 
 
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), seed=seeds, dropout=st.sampled_from([0.0, 0.3]),
+       piece=st.sampled_from(["block", "attention", "ffn"]))
+def test_block_attention_and_ffn_input_and_parameter_gradients(data, seed, dropout, piece):
+    """check_module on each new layer: its input gradient (dx) and every parameter's, with
+    a padding mask and dropout masks replayed from one seed."""
+    from minibert.distilbert import DistilBertFFN, DistilBertSelfAttention, TransformerBlock
+    from minibert.nn import extended_attention_mask
+    from minibert.testing import assert_module_gradients
+    config = data.draw(distilbert_configs(dropout=dropout))
+    rng = np.random.default_rng(seed)
+    B, T = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 4))
+    x = rng.standard_normal((B, T, config.dim))
+    mask_add = extended_attention_mask(data.draw(padding_masks(B, T)), np.float64)
+    cls = {"block": TransformerBlock, "attention": DistilBertSelfAttention,
+           "ffn": DistilBertFFN}[piece]
+    module = cls(config, rng, np.float64)
+    jitter_biases(module, rng)
+    inputs = (x,) if piece == "ffn" else (x, mask_add)
+
+    def same_dropout():
+        for m in module.modules():
+            if hasattr(m, "p"):
+                m.rng = np.random.default_rng(seed)
+
+    assert_module_gradients(module, inputs, before_forward=same_dropout, seed=seed,
+                            input_names=["x", "mask_add"][:len(inputs)])
+
+
 @settings(max_examples=6, deadline=None)
 @given(data=st.data(), seed=seeds, dropout=st.sampled_from([0.0, 0.3]))
 def test_model_gradients_random_upstream_fixed_dropout(data, seed, dropout):
