@@ -335,25 +335,38 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
 
 
+# a piece of key that only one family's encoder has (a bare encoder's keys get the
+# config's prefix, so the prefix alone cannot tell the family of a bare checkpoint)
+FAMILY_MARKERS = {BertConfig: ".encoder.layer.", AlbertConfig: ".albert_layer_groups.",
+                  DistilBertConfig: ".transformer.layer."}
+
+
 def check_family(state: dict[str, np.ndarray], config, source: str) -> None:
-    """Refuse weights of another model family than ``config``'s: the state has no tensor
-    under the config's encoder prefix (:data:`FAMILY_PREFIXES`, e.g. ``distilbert.``) and
-    some under another family's.
+    """Refuse weights of another model family than ``config``'s: none under the config's
+    encoder prefix (:data:`FAMILY_PREFIXES`, e.g. ``distilbert.``) and some under another
+    family's, or encoder layers named as another family names them
+    (:data:`FAMILY_MARKERS`: ``encoder.layer.`` for BERT, ``transformer.layer.`` for
+    DistilBERT ...) and none as the config's family does.
 
     Raises:
         HFFormatError: one line naming ``model_type``, the config's family and the one the
             weights belong to.
     """
     own = FAMILY_PREFIXES.get(type(config), "bert.")
-    if any(k.startswith(own) for k in state):
-        return
-    other = next((cls for cls, p in FAMILY_PREFIXES.items()
-                  if p != own and any(k.startswith(p) for k in state)), None)
+    other = None
+    if not any(k.startswith(own) for k in state):
+        other = next((cls for cls, p in FAMILY_PREFIXES.items()
+                      if p != own and any(k.startswith(p) for k in state)), None)
+    mark = FAMILY_MARKERS.get(type(config), ".encoder.layer.")
+    if other is None and not any(mark in k for k in state):
+        other = next((cls for cls, m in FAMILY_MARKERS.items()
+                      if m != mark and any(m in k for k in state)), None)
     if other is not None:
         raise HFFormatError(f"{source}: field model_type is {config.model_type!r} but the "
                             f"weights are a {other.model_type!r} model's (keys "
-                            f"{FAMILY_PREFIXES[other]}*); set model_type to "
-                            f"{other.model_type!r} or use that model's config.json")
+                            f"*{FAMILY_MARKERS[other]}*); set "
+                            f"model_type to {other.model_type!r} or use that model's "
+                            "config.json")
 
 
 def load_pretrained_weights(model, state: dict[str, np.ndarray],

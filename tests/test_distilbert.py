@@ -381,6 +381,18 @@ def test_a_checkpoint_of_another_family_is_one_error_naming_model_type(tmp_path,
                                             r"are a 'distilbert' model's") as e:
         load_hf_directory(d)
     assert "\n" not in str(e.value)
+    # a bare BERT encoder (keys embeddings.*, encoder.layer.*) given as a DistilBERT
+    torch.manual_seed(0)
+    transformers.BertModel(transformers.BertConfig(
+        vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=12, max_position_embeddings=32)).save_pretrained(tmp_path / "bert")
+    (tmp_path / "bert" / "vocab.txt").write_bytes(vocab_file.read_bytes())
+    cfg = json.loads((tmp_path / "bert" / "config.json").read_text())
+    cfg["model_type"] = "distilbert"
+    (tmp_path / "bert" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HFFormatError, match=r"field model_type is 'distilbert' but the "
+                                            r"weights are a 'bert' model's"):
+        load_hf_directory(tmp_path / "bert")
 
 
 def test_export_of_our_model_loads_in_transformers_and_back(tmp_path, vocab_file):
