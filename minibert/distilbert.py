@@ -471,10 +471,11 @@ class DistilBertForSequenceClassification(BertForSequenceClassification):
 
     base_model_prefix = "distilbert"
     backbone_class = DistilBertModel
+    cache_attributes = ("_cache", "_relu_cache")
 
     @staticmethod
     def uses_pooler(config) -> bool:
-        return False
+        return False   # no pooler: pre_classifier reads the first token's state
 
     def __init__(self, config: DistilBertConfig, *, seed: int = 0, dtype=np.float32):
         if int(config.num_labels) < 1:
@@ -488,8 +489,6 @@ class DistilBertForSequenceClassification(BertForSequenceClassification):
         self.classifier = Linear(C, config.num_labels, rng=rng, std=std, dtype=dtype)
         self._relu_cache = None
         self._cache = None
-
-    cache_attributes = ("_cache", "_relu_cache")
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False) -> SequenceClassifierOutput:
@@ -563,10 +562,12 @@ class _DropoutLinear(Linear):
     folded into ``qa_outputs`` (the dropout has no parameters, so the names stay
     transformers')."""
 
-    def __init__(self, in_features: int, out_features: int, p: float, *,
-                 rng: np.random.Generator, std: float, dtype=np.float32):
-        super().__init__(in_features, out_features, rng=rng, std=std, dtype=dtype)
-        self.dropout = Dropout(p)
+    @classmethod
+    def around(cls, linear: Linear, p: float) -> "_DropoutLinear":
+        """``linear``'s weight and bias (shared, not copied) behind a Dropout(p)."""
+        layer = cls.tied(linear.weight, linear.bias)
+        layer.dropout = Dropout(p)
+        return layer
 
     def forward(self, x):
         """(..., in) -> (..., out)."""
@@ -592,7 +593,5 @@ class DistilBertForQuestionAnswering(BertForQuestionAnswering):
 
     def __init__(self, config: DistilBertConfig, *, seed: int = 0, dtype=np.float32):
         super().__init__(config, seed=seed, dtype=dtype)
-        w, b = self.qa_outputs.weight, self.qa_outputs.bias
-        self.qa_outputs = _DropoutLinear(config.dim, 2, config.qa_dropout,
-                                         rng=np.random.default_rng(0), std=0.02, dtype=dtype)
-        self.qa_outputs.weight, self.qa_outputs.bias = w, b   # the weights drawn above
+        # forward: logits = qa_outputs(dropout(h)), the dropout folded into qa_outputs
+        self.qa_outputs = _DropoutLinear.around(self.qa_outputs, config.qa_dropout)
