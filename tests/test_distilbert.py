@@ -530,12 +530,73 @@ def test_a_distilbert_teaches_a_bert_student(distilbert_start, tmp_path, capsys)
                                "--student-init", "every-other-layer"])
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("train_mlm.py: error:") and "--student-init preset" in err[-1]
-    # continued pretraining takes BERT and ALBERT models only: one line, no traceback
+    # a DistilBERT start continues as --model distilbert only: one line, no traceback
     with pytest.raises(SystemExit):
         train_mlm.main(argv[:4] + argv[6:] + ["--output-dir", str(tmp_path / "s3"),
                                               "--init-checkpoint", str(distilbert_start)])
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("train_mlm.py: error:") and "model_type 'distilbert'" in err[-1]
+    assert "give --model distilbert" in err[-1]
+
+
+@pytest.fixture
+def bert_teacher(distilbert_start, tmp_path):
+    """A tiny random BertForMaskedLM saved by transformers, on distilbert_start's vocab."""
+    torch.manual_seed(1)
+    d = tmp_path / "bert"
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=json.loads((distilbert_start / "config.json").read_text())["vocab_size"],
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32)).save_pretrained(d)
+    (d / "vocab.txt").write_bytes((distilbert_start / "vocab.txt").read_bytes())
+    return d
+
+
+def test_pretrain_a_distilbert_and_distil_one_from_a_bert_then_finetune(
+        distilbert_start, bert_teacher, dataset, tmp_path, capsys):
+    """train_mlm.py --model distilbert: MLM from scratch, continued from a DistilBERT
+    start, and as the student of a BERT teacher (Sanh et al. 2019); the student fine-tunes
+    and loads in transformers; the options it cannot take are one error line each."""
+    import train_mlm
+    from helpers import WORDS, run_ft
+    rng = np.random.default_rng(0)
+    docs = ["\n".join(" ".join(rng.choice(WORDS[6:], size=8)) for _ in range(6))
+            for _ in range(12)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    vocab = distilbert_start / "vocab.txt"
+    argv = ["--model", "distilbert", "--corpus", str(corpus), "--vocab", str(vocab),
+            "--max-seq-length", "16", "--batch-size", "4", "--max-steps", "2",
+            "--eval-every", "100", "--eval-fraction", "0.1", "--eval-instances", "4",
+            "--no-progress"]
+    sizes = ["--hidden-size", "16", "--num-hidden-layers", "2", "--num-attention-heads", "2",
+             "--intermediate-size", "32"]
+    assert train_mlm.main(argv + sizes + ["--output-dir", str(tmp_path / "scratch")]) == 0
+    assert train_mlm.main(argv + ["--output-dir", str(tmp_path / "continued"),
+                                  "--init-checkpoint", str(distilbert_start)]) == 0
+    student = tmp_path / "student"
+    assert train_mlm.main(argv + sizes + ["--output-dir", str(student),
+                                          "--teacher", str(bert_teacher)]) == 0
+    log = capsys.readouterr().out
+    assert "objective mlm" in log and f"teacher: {bert_teacher}" in log
+    from minibert.checkpoint import load_checkpoint
+    ck = load_checkpoint(student / "checkpoint.npz")
+    assert isinstance(ck["config"], DistilBertConfig)
+    assert any(k.startswith("distilbert.transformer.layer.1.") for k in ck["model"])
+    hf_dir = tmp_path / "exported"
+    assert run_ft("--init", student, "--data", dataset, "--output-dir", tmp_path / "ft",
+                  "--max-steps", 1, "--batch-size", 8, "--max-seq-length", 16,
+                  "--export-hf", hf_dir) == 0
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir)
+    assert type(ref).__name__ == "DistilBertForSequenceClassification"
+    capsys.readouterr()
+    for extra, words in ((["--objective", "mlm+nsp"], "masked-LM only"),
+                         (["--teacher", str(bert_teacher), "--student-init",
+                           "every-other-layer", "--objective", "mlm"], "--student-init preset")):
+        with pytest.raises(SystemExit):
+            train_mlm.main(argv + extra + ["--output-dir", str(tmp_path / "bad")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("train_mlm.py: error:") and words in err[-1], err[-1]
 
 
 # -- the GPU path (the real GPU, or the NumPy stand-in of tests/fakecupy.py) ----------------
@@ -634,3 +695,34 @@ def test_freezing_embeddings_and_lower_layers_keeps_the_other_gradients():
                                   "distilbert.transformer.layer.1."))
         assert p.requires_grad != frozen, name
         np.testing.assert_array_equal(p.grad, 0 if frozen else ref[name].grad, err_msg=name)
+
+
+@settings(max_examples=4, deadline=None)
+@given(data=st.data(), seed=seeds, width=st.sampled_from([4, 8]))
+def test_distilbert_student_gradients_of_the_distillation_loss(data, seed, width):
+    """A DistilBERT student of a BERT teacher (minibert.distillation, Sanh et al. 2019):
+    every parameter and the projection W_h (student narrower than the teacher) against
+    central differences of the weighted total (soft targets, MLM, cosine, pooled cosine,
+    attention transfer), with fixed dropout masks; token types reach the teacher only."""
+    from helpers import assert_student_gradients
+    from minibert import BertConfig, BertForPreTraining
+    from minibert.distillation import DistillationWeights, Teacher, student_class
+    from minibert.distillation.model import DistilBertDistillationModel
+    from minibert.testing import token_batches
+    tcfg = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=12, max_position_embeddings=8)
+    config = DistilBertConfig(vocab_size=20, dim=width, n_layers=2, n_heads=2, hidden_dim=6,
+                              max_position_embeddings=8, dropout=0.2, attention_dropout=0.2)
+    assert student_class(config) is DistilBertDistillationModel
+    rng = np.random.default_rng(seed)
+    teacher = BertForPreTraining(tcfg, seed=seed % 997, dtype=np.float64,
+                                 seq_relationship_head=False)
+    weights = DistillationWeights(alpha_ce=1.3, alpha_mlm=0.7, alpha_cos=1.1, alpha_att=0.9,
+                                  alpha_pooled=0.8)
+    model = DistilBertDistillationModel(config, Teacher(teacher), weights, seed=seed % 1000,
+                                        dtype=np.float64)
+    assert hasattr(model, "hidden_projection") == (width != 8)
+    batch = data.draw(token_batches(tcfg, max_batch=2))
+    kw = {k: v for k, v in batch.model_inputs().items() if k != "next_sentence_label"}
+    jitter_biases(model, rng)
+    assert_student_gradients(model, kw, teacher, rng, seed, "DistilBERT student")

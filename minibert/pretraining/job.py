@@ -32,6 +32,7 @@ from ..albert import AlbertConfig
 from ..atomic import WriteError, atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
 from ..cli import fail, fast_paths_line, flag, job_main, leader_first, start_job
+from ..distilbert import DistilBertConfig
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
@@ -165,6 +166,8 @@ def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
         if stray := [n for n in ALBERT_OPTIONS if n in given]:
             raise RunError(", ".join(map(flag, stray)) + ": ALBERT options, only with "
                            "--model albert")
+        if cfg.model == "distilbert":
+            check_distilbert_options(cfg)
         return
     if cfg.norm_position != "post":
         raise RunError(f"--norm-position {cfg.norm_position}: ALBERT puts LayerNorm after "
@@ -178,14 +181,30 @@ def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
                        "from --student-init preset")
 
 
+def check_distilbert_options(cfg: PretrainingConfig) -> None:
+    """Refuse what a DistilBERT (Sanh et al. 2019) cannot train: a sentence-level or
+    ELECTRA objective (it has no pooler, no token types; ``--objective mlm``), pre-LN,
+    and a student copied from the teacher's BERT layers (``--student-init`` other than
+    preset).
+
+    Raises:
+        RunError: naming the option.
+    """
+    if cfg.objective != "mlm":
+        raise RunError(f"--objective {cfg.objective}: a DistilBERT trains masked-LM only "
+                       "(no sentence head, no token types); use --objective mlm")
+    if cfg.norm_position != "post":
+        raise RunError(f"--norm-position {cfg.norm_position}: DistilBERT is post-LN; drop "
+                       "it or use --model bert")
+    if cfg.teacher and cfg.student_init != "preset":
+        raise RunError(f"--student-init {cfg.student_init} builds the student from the "
+                       "teacher's BERT weights; a DistilBERT student (--model distilbert) "
+                       "starts from --student-init preset")
+
+
 def check_model_type(config: ModelConfig, model: str, source: str) -> None:
     """Raise RunError when the model at ``source`` (an option and its path; ``config``
     its config) is not of the family ``model`` ("bert" or "albert"), naming both."""
-    if config.model_type not in ("bert", "albert"):
-        raise RunError(f"{source}: holds a model of model_type {config.model_type!r}; "
-                       "pretraining continues a bert or albert model only (a "
-                       f"{config.model_type} start serves finetune.py, evaluate.py, the "
-                       "pipelines, scoring and --teacher)")
     if config.model_type != model:
         raise RunError(f"{source}: holds a model of model_type {config.model_type!r}, this "
                        f"run trains --model {model} (give --model {config.model_type})")
@@ -220,6 +239,15 @@ def model_config(cfg: PretrainingConfig, vocab_size: int) -> ModelConfig:
         if "hidden_size" in overrides:
             albert.setdefault("embedding_size", max(1, min(128, overrides["hidden_size"] // 2)))
         return AlbertConfig.from_preset(cfg.preset, **common, **albert)
+    if cfg.model == "distilbert":
+        b = BertConfig.from_preset(cfg.preset, **common)      # the preset's sizes, checked
+        return DistilBertConfig(
+            vocab_size=b.vocab_size, max_position_embeddings=b.max_position_embeddings,
+            sinusoidal_pos_embds=b.position_embedding_type == "sinusoidal",
+            n_layers=b.num_hidden_layers, n_heads=b.num_attention_heads, dim=b.hidden_size,
+            hidden_dim=b.intermediate_size, dropout=b.hidden_dropout_prob,
+            attention_dropout=b.attention_probs_dropout_prob, activation=b.hidden_act,
+            initializer_range=b.initializer_range)
     return BertConfig.from_preset(cfg.preset, norm_position=cfg.norm_position, **common)
 
 
