@@ -53,7 +53,8 @@ from .nn.activations import relu_backward, relu_forward
 
 __all__ = ["DistilBertConfig", "DistilBertModel", "DistilBertForMaskedLM",
            "DistilBertForSequenceClassification", "DistilBertForTokenClassification",
-           "DistilBertForQuestionAnswering"]
+           "DistilBertForQuestionAnswering", "distilbert_config_from_bert",
+           "distilbert_state_from_bert"]
 
 LAYER_NORM_EPS = 1e-12   # transformers' DistilBERT hard-codes nn.LayerNorm(dim, eps=1e-12)
 
@@ -110,6 +111,74 @@ class DistilBertConfig(ModelConfig):
     def __post_init__(self):
         self._check_common(("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim",
                             "max_position_embeddings"))
+
+
+def distilbert_config_from_bert(config) -> DistilBertConfig:
+    """The DistilBERT of a post-LN BERT config's sizes, dropout, activation and positions
+    (what a student initialised from that BERT's weights needs; num_labels kept).
+
+    Raises:
+        ValueError: a pre-LN config (DistilBERT is post-LN).
+    """
+    if config.norm_position != "post":
+        raise ValueError(f"norm_position {config.norm_position!r}: DistilBERT is post-LN")
+    return DistilBertConfig(
+        vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
+        sinusoidal_pos_embds=config.position_embedding_type == "sinusoidal",
+        n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads,
+        dim=config.hidden_size, hidden_dim=config.intermediate_size,
+        dropout=config.hidden_dropout_prob, attention_dropout=config.attention_probs_dropout_prob,
+        activation=config.hidden_act, initializer_range=config.initializer_range,
+        pad_token_id=config.pad_token_id, num_labels=config.num_labels)
+
+
+# BERT name (after ``bert.encoder.layer.N.`` / ``bert.`` / ``cls.predictions.``) -> DistilBERT's
+_BERT_LAYER_NAMES = {
+    "attention.self.query": "attention.q_lin", "attention.self.key": "attention.k_lin",
+    "attention.self.value": "attention.v_lin", "attention.output.dense": "attention.out_lin",
+    "attention.output.LayerNorm": "sa_layer_norm", "intermediate.dense": "ffn.lin1",
+    "output.dense": "ffn.lin2", "output.LayerNorm": "output_layer_norm"}
+_BERT_OTHER_NAMES = {
+    "bert.embeddings.word_embeddings": "distilbert.embeddings.word_embeddings",
+    "bert.embeddings.position_embeddings": "distilbert.embeddings.position_embeddings",
+    "bert.embeddings.LayerNorm": "distilbert.embeddings.LayerNorm",
+    "cls.predictions.transform.dense": "vocab_transform",
+    "cls.predictions.transform.LayerNorm": "vocab_layer_norm",
+    "cls.predictions.decoder": "vocab_projector"}
+
+
+def distilbert_state_from_bert(state: dict) -> dict:
+    """A post-LN BERT's weights (``bert.*``, ``cls.predictions.*``) under DistilBERT's
+    names: the same tensors, layer by layer (``bert.encoder.layer.N.attention.self.query``
+    -> ``distilbert.transformer.layer.N.attention.q_lin`` ...), the MLM head's transform
+    and bias as ``vocab_transform`` / ``vocab_layer_norm`` / ``vocab_projector.bias``.
+    What DistilBERT has no place for is left out: the token-type table (Sanh et al. 2019,
+    section 2: "the token-type embeddings and the pooler are removed"), the pooler, the
+    NSP head. The token-type row 0 is folded into the position table (BERT adds it at
+    every position of a one-segment input), so the DistilBERT computes what the BERT
+    computes on token types 0. With :func:`minibert.distillation.every_other_layer_state`
+    first, this is the paper's student initialisation (section 3).
+    """
+    out = {}
+    types = state.get("bert.embeddings.token_type_embeddings.weight")
+    positions = state.get("bert.embeddings.position_embeddings.weight")
+    if types is not None and positions is not None:
+        # forward (BERT): x = word + token_type[0] + position  ->  position' = position + tt[0]
+        state = {**state, "bert.embeddings.position_embeddings.weight": positions + types[0]}
+    for k, v in state.items():
+        if k == "cls.predictions.bias":
+            out["vocab_projector.bias"] = v
+            continue
+        if k.startswith("bert.encoder.layer."):
+            n, rest = k[len("bert.encoder.layer."):].split(".", 1)
+            name, _, leaf = rest.rpartition(".")
+            if name in _BERT_LAYER_NAMES:
+                out[f"distilbert.transformer.layer.{n}.{_BERT_LAYER_NAMES[name]}.{leaf}"] = v
+            continue
+        name, _, leaf = k.rpartition(".")
+        if name in _BERT_OTHER_NAMES:
+            out[f"{_BERT_OTHER_NAMES[name]}.{leaf}"] = v
+    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -577,8 +577,11 @@ def test_pretrain_a_distilbert_and_distil_one_from_a_bert_then_finetune(
     student = tmp_path / "student"
     assert train_mlm.main(argv + sizes + ["--output-dir", str(student),
                                           "--teacher", str(bert_teacher)]) == 0
+    assert train_mlm.main(argv + ["--output-dir", str(tmp_path / "paper"), "--teacher",
+                                  str(bert_teacher), "--student-init", "every-other-layer"]) == 0
     log = capsys.readouterr().out
     assert "objective mlm" in log and f"teacher: {bert_teacher}" in log
+    assert "student: layers 0 of the teacher and its other weights; new: none" in log
     from minibert.checkpoint import load_checkpoint
     ck = load_checkpoint(student / "checkpoint.npz")
     assert isinstance(ck["config"], DistilBertConfig)
@@ -591,8 +594,8 @@ def test_pretrain_a_distilbert_and_distil_one_from_a_bert_then_finetune(
     assert type(ref).__name__ == "DistilBertForSequenceClassification"
     capsys.readouterr()
     for extra, words in ((["--objective", "mlm+nsp"], "masked-LM only"),
-                         (["--teacher", str(bert_teacher), "--student-init",
-                           "every-other-layer", "--objective", "mlm"], "--student-init preset")):
+                         (["--teacher", str(bert_teacher), "--student-init", "pruned"],
+                          "--student-init preset or every-other-layer")):
         with pytest.raises(SystemExit):
             train_mlm.main(argv + extra + ["--output-dir", str(tmp_path / "bad")])
         err = capsys.readouterr().err.strip().splitlines()
@@ -726,3 +729,40 @@ def test_distilbert_student_gradients_of_the_distillation_loss(data, seed, width
     kw = {k: v for k, v in batch.model_inputs().items() if k != "next_sentence_label"}
     jitter_biases(model, rng)
     assert_student_gradients(model, kw, teacher, rng, seed, "DistilBERT student")
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), seed=seeds)
+def test_a_bert_under_distilbert_names_computes_the_same(data, seed):
+    """distilbert_state_from_bert (token-type row 0 folded into the positions) and
+    distilbert_config_from_bert: a DistilBertForMaskedLM with a BERT's weights gives that
+    BERT's MLM logits on one-segment inputs, to round-off, with padding; and with every
+    other layer, the paper's student starts as the BERT's layers 0, 2, ..."""
+    from minibert import BertForPreTraining
+    from minibert.distilbert import distilbert_config_from_bert, distilbert_state_from_bert
+    from minibert.distillation import every_other_layer_config, every_other_layer_state
+    from minibert.testing import bert_configs
+    bert_config = data.draw(bert_configs(max_hidden=8, max_layers=2, max_positions=8))
+    if bert_config.norm_position != "post":
+        with pytest.raises(ValueError, match="post-LN"):
+            distilbert_config_from_bert(bert_config)
+        return
+    bert = BertForPreTraining(bert_config, seed=seed % 1000, dtype=np.float64,
+                              seq_relationship_head=False).eval()
+    ours = DistilBertForMaskedLM(distilbert_config_from_bert(bert_config),
+                                 dtype=np.float64).eval()
+    state = distilbert_state_from_bert(bert.state_dict())
+    if bert_config.position_embedding_type != "absolute":
+        return    # BERT's fixed table is a buffer, not a weight: nothing to fold into
+    assert set(state) == set(ours.state_dict())
+    ours.load_state_dict(state, strict=False)
+    ids, mask = data.draw(batches(bert_config, max_len=bert_config.max_position_embeddings))
+    np.testing.assert_allclose(ours(ids, attention_mask=mask).prediction_logits,
+                               bert(ids, attention_mask=mask).prediction_logits,
+                               rtol=1e-10, atol=1e-12)
+    half = DistilBertForMaskedLM(distilbert_config_from_bert(
+        every_other_layer_config(bert_config)), dtype=np.float64)
+    half.load_state_dict(distilbert_state_from_bert(every_other_layer_state(
+        bert.state_dict())), strict=False)
+    np.testing.assert_array_equal(half.distilbert.transformer.layer[0].attention.q_lin.weight.data,
+                                  bert.bert.encoder.layer[0].attention.self.query.weight.data)

@@ -20,6 +20,7 @@ from typing import Collection, Sequence
 import numpy as np
 
 from ..cli import add_options, flag, non_negative_float
+from ..distilbert import DistilBertConfig, distilbert_state_from_bert
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig
 from ..runs import Pretrained, RunError, load_start
@@ -291,7 +292,10 @@ def init_student(model: DistillationModel, how: str, teacher: Pretrained,
         HFFormatError, KeyError, ValueError: weights that do not fit the student.
     """
     if how == "every-other-layer":
-        report = load_pretrained_weights(model, every_other_layer_state(teacher.state),
+        state = every_other_layer_state(teacher.state)
+        if isinstance(model.config, DistilBertConfig):    # the paper's student: BERT's
+            state = distilbert_state_from_bert(state)      # layers under DistilBERT's names
+        report = load_pretrained_weights(model, state,
                                          teacher.source)
         kept = ", ".join(map(str, range(0, teacher.config.num_hidden_layers, 2)))
         print(f"student: layers {kept} of the teacher and its other weights; new: "

@@ -32,7 +32,7 @@ from ..albert import AlbertConfig
 from ..atomic import WriteError, atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
 from ..cli import fail, fast_paths_line, flag, job_main, leader_first, start_job
-from ..distilbert import DistilBertConfig
+from ..distilbert import DistilBertConfig, distilbert_config_from_bert
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
@@ -124,6 +124,9 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
         start.config = distillation.student_config(
             options, found.teacher.config,
             model_config(cfg, found.teacher.config.vocab_size), fixed=fixed)
+        if cfg.model == "distilbert" and not isinstance(start.config, DistilBertConfig):
+            # every other layer of a BERT teacher, as a DistilBERT (Sanh et al. 2019)
+            start.config = distilbert_config_from_bert(start.config)
     elif stray := [n for n in distillation.OPTIONS if n in given]:
         raise RunError(", ".join(map(flag, stray)) + ": distillation options, only with --teacher")
     if cfg.objective == "electra" and cfg.teacher:
@@ -184,8 +187,9 @@ def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
 def check_distilbert_options(cfg: PretrainingConfig) -> None:
     """Refuse what a DistilBERT (Sanh et al. 2019) cannot train: a sentence-level or
     ELECTRA objective (it has no pooler, no token types; ``--objective mlm``), pre-LN,
-    and a student copied from the teacher's BERT layers (``--student-init`` other than
-    preset).
+    and a student built from the teacher's pruned or projected BERT weights
+    (``--student-init`` other than preset and every-other-layer, which maps the BERT's
+    layers to DistilBERT's names: :func:`~minibert.distilbert.distilbert_state_from_bert`).
 
     Raises:
         RunError: naming the option.
@@ -196,10 +200,10 @@ def check_distilbert_options(cfg: PretrainingConfig) -> None:
     if cfg.norm_position != "post":
         raise RunError(f"--norm-position {cfg.norm_position}: DistilBERT is post-LN; drop "
                        "it or use --model bert")
-    if cfg.teacher and cfg.student_init != "preset":
+    if cfg.teacher and cfg.student_init not in ("preset", "every-other-layer"):
         raise RunError(f"--student-init {cfg.student_init} builds the student from the "
                        "teacher's BERT weights; a DistilBERT student (--model distilbert) "
-                       "starts from --student-init preset")
+                       "starts from --student-init preset or every-other-layer")
 
 
 def check_model_type(config: ModelConfig, model: str, source: str) -> None:
