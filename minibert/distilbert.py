@@ -482,13 +482,18 @@ class DistilBertForMaskedLM(BertForPreTraining):
         dtype: parameter dtype (float32 to train, float64 to check gradients).
         label_smoothing: eps of the MLM cross-entropy (0 = plain cross-entropy).
         seq_relationship_head: accepted for BERT's signature; must be False (DistilBERT
-            has no sentence-level head), and True is ignored.
+            has no sentence-level head).
+    Raises:
+        ValueError: seq_relationship_head True.
     """
 
     base_model_prefix = "distilbert"
 
     def __init__(self, config: DistilBertConfig, *, seed: int = 0, dtype=np.float32,
                  label_smoothing: float = 0.0, seq_relationship_head: bool = False):
+        if seq_relationship_head:
+            raise ValueError("DistilBertForMaskedLM has no sentence-level head (NSP / SOP): "
+                             "train it with a masked-LM objective only")
         self.config = config
         rng = np.random.default_rng(seed)
         C, std = config.dim, config.initializer_range

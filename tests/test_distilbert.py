@@ -321,6 +321,8 @@ def test_config_aliases_errors_and_auto_classes():
         DistilBertConfig(n_layers=0)
     with pytest.raises(ValueError, match="hidden_act"):
         DistilBertConfig(activation="swish")
+    with pytest.raises(ValueError, match="no sentence-level head"):
+        DistilBertForMaskedLM(c, seq_relationship_head=True)
     with pytest.raises(ValueError, match="next_sentence_label given"):
         m = DistilBertForMaskedLM(DistilBertConfig(vocab_size=10, dim=4, n_heads=1,
                                                    n_layers=1, hidden_dim=4)).eval()
@@ -723,7 +725,7 @@ def test_distilbert_student_gradients_of_the_distillation_loss(data, seed, width
     weights = DistillationWeights(alpha_ce=1.3, alpha_mlm=0.7, alpha_cos=1.1, alpha_att=0.9,
                                   alpha_pooled=0.8)
     model = DistilBertDistillationModel(config, Teacher(teacher), weights, seed=seed % 1000,
-                                        dtype=np.float64)
+                                        dtype=np.float64, seq_relationship_head=False)
     assert hasattr(model, "hidden_projection") == (width != 8)
     batch = data.draw(token_batches(tcfg, max_batch=2))
     kw = {k: v for k, v in batch.model_inputs().items() if k != "next_sentence_label"}
