@@ -122,9 +122,11 @@ def add_model_arguments(p) -> None:
     presets = ", ".join(f"{k} ({l} layers x {h} hidden)" for k, (l, h) in PRESETS.items())
     albert = ", ".join(f"{k} (E {e})" for k, (_, _, e) in ALBERT_PRESETS.items())
     g = p.add_argument_group("model")
-    g.add_argument("--model", choices=["bert", "albert"], default="bert",
+    g.add_argument("--model", choices=["bert", "albert", "distilbert"], default="bert",
                    help="bert, or albert (Lan et al. 2020: one layer group shared by every "
-                        "depth, embeddings of width E mapped up to the hidden size)")
+                        "depth, embeddings of width E mapped up to the hidden size), or "
+                        "distilbert (Sanh et al. 2019: no token types or pooler; --objective "
+                        "mlm; as a student, --teacher with --student-init preset)")
     g.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                    help=f"model size (Turc et al. 2019 sizes): {presets}; ALBERT's presets "
                         f"have the same depths and widths and embedding width {albert}")

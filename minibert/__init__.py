@@ -2,9 +2,9 @@
 
 The package loads lazily (PEP 562): ``import minibert`` loads nothing else, and
 ``from minibert import BertModel`` or ``minibert.pipeline`` loads only the module that
-defines the name. The core (``backend``, ``nn``, ``modeling``, ``albert``, ``electra``,
-``heads``, ``optim``, ``gradcheck``, ``testing``) needs NumPy and SciPy alone (``testing``
-also Hypothesis) and runs the formulas it shows; the jobs switch on the fast paths
+defines the name. The core (``backend``, ``nn``, ``modeling``, ``albert``, ``distilbert``,
+``electra``, ``heads``, ``optim``, ``gradcheck``, ``testing``) needs NumPy and SciPy alone
+(``testing`` also Hypothesis) and runs the formulas it shows; the jobs switch on the fast paths
 (:func:`minibert.fast.set_fast_paths`).
 """
 from __future__ import annotations
@@ -16,6 +16,9 @@ _EXPORTS = {
     **dict.fromkeys(("ALBERT_PRESETS", "AlbertConfig", "AlbertForPreTraining",
                      "AlbertForQuestionAnswering", "AlbertForSequenceClassification",
                      "AlbertForTokenClassification", "AlbertModel"), "albert"),
+    **dict.fromkeys(("DistilBertConfig", "DistilBertForMaskedLM",
+                     "DistilBertForQuestionAnswering", "DistilBertForSequenceClassification",
+                     "DistilBertForTokenClassification", "DistilBertModel"), "distilbert"),
     **dict.fromkeys(("ElectraConfig", "ElectraForMaskedLM", "ElectraForPreTraining",
                      "ElectraForQuestionAnswering", "ElectraForSequenceClassification",
                      "ElectraForTokenClassification", "ElectraModel"), "electra"),

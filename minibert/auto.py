@@ -17,6 +17,9 @@ from typing import Any
 
 from .albert import (AlbertConfig, AlbertForPreTraining, AlbertForQuestionAnswering,
                      AlbertForSequenceClassification, AlbertForTokenClassification, AlbertModel)
+from .distilbert import (DistilBertConfig, DistilBertForMaskedLM,
+                         DistilBertForQuestionAnswering, DistilBertForSequenceClassification,
+                         DistilBertForTokenClassification, DistilBertModel)
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForQuestionAnswering,
@@ -24,11 +27,13 @@ from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForQuestionAnswe
                       ElectraModel)
 from .modeling import BertConfig, BertForPreTraining, BertModel, ModelConfig
 
-__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "ELECTRA_CLASSES", "FAMILY_CLASSES", "MLM_HEAD_PREFIXES", "bert_role",
+__all__ = ["ALBERT_CLASSES", "CONFIG_CLASSES", "DISTILBERT_CLASSES", "ELECTRA_CLASSES",
+           "FAMILY_CLASSES", "MLM_HEAD_PREFIXES", "bert_role",
            "config_class", "config_from_dict", "has_mlm_head", "model_class"]
 
 # model_type -> config class
 CONFIG_CLASSES: dict[str, type[ModelConfig]] = {"bert": BertConfig, "albert": AlbertConfig,
+                                                "distilbert": DistilBertConfig,
                                                 "electra": ElectraConfig}
 
 # BERT class of a role -> the ALBERT class of that role
@@ -38,6 +43,16 @@ ALBERT_CLASSES: dict[type, type] = {
     BertForSequenceClassification: AlbertForSequenceClassification,
     BertForTokenClassification: AlbertForTokenClassification,
     BertForQuestionAnswering: AlbertForQuestionAnswering,
+}
+
+# BERT class of a role -> the DistilBERT class of that role (Sanh et al. 2019; no
+# sentence-level head: BertForPreTraining's role is the masked LM)
+DISTILBERT_CLASSES: dict[type, type] = {
+    BertModel: DistilBertModel,
+    BertForPreTraining: DistilBertForMaskedLM,
+    BertForSequenceClassification: DistilBertForSequenceClassification,
+    BertForTokenClassification: DistilBertForTokenClassification,
+    BertForQuestionAnswering: DistilBertForQuestionAnswering,
 }
 
 # BERT class of a role -> the ELECTRA class of that role. The masked-LM role is the
@@ -51,9 +66,11 @@ ELECTRA_CLASSES: dict[type, type] = {
     BertForQuestionAnswering: ElectraForQuestionAnswering,
 }
 
-# config class -> its family's role table (BERT's roles are its own classes)
-FAMILY_CLASSES: dict[type[ModelConfig], dict[type, type]] = {AlbertConfig: ALBERT_CLASSES,
-                                                             ElectraConfig: ELECTRA_CLASSES}
+# config class -> its family's {BERT class of a role: the family's class} (BERT's roles are
+# its own classes)
+FAMILY_CLASSES: dict[type[ModelConfig], dict[type, type]] = {
+    AlbertConfig: ALBERT_CLASSES, DistilBertConfig: DISTILBERT_CLASSES,
+    ElectraConfig: ELECTRA_CLASSES}
 
 
 def config_class(model_type: str) -> type[ModelConfig]:
@@ -82,19 +99,18 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
 
 def model_class(config: ModelConfig, bert_class: type) -> type:
     """The class that plays ``bert_class``'s role (a key of :data:`ALBERT_CLASSES`) for the
-    family of ``config``: ``bert_class`` itself for a BERT config, its ALBERT (ELECTRA)
-    variant for an :class:`~minibert.albert.AlbertConfig`
-    (:class:`~minibert.electra.ElectraConfig`; :data:`FAMILY_CLASSES`).
+    family of ``config``: ``bert_class`` itself for a BERT config, its variant in the
+    config's family otherwise (:data:`FAMILY_CLASSES`: ALBERT, DistilBERT, ELECTRA).
 
     Raises:
-        ValueError: an ALBERT (ELECTRA) config and a class with no variant in that family.
+        ValueError: a config of another family and a class with no variant in that family.
     """
     table = FAMILY_CLASSES.get(type(config))
     if table is None:
         return bert_class
     if bert_class not in table:
-        family = {"albert": "ALBERT", "electra": "ELECTRA"}.get(config.model_type,
-                                                                 config.model_type)
+        family = {"albert": "ALBERT", "distilbert": "DistilBERT",
+                  "electra": "ELECTRA"}.get(config.model_type, config.model_type)
         raise ValueError(f"{bert_class.__name__} has no {family} variant")
     return table[bert_class]
 
@@ -103,6 +119,7 @@ def model_class(config: ModelConfig, bert_class: type) -> type:
 # ALBERT's predictions.* (transformers' names; the decoder weight may be absent, tied)
 MLM_HEAD_PREFIXES: dict[type[ModelConfig], str] = {BertConfig: "cls.predictions.",
                                                    AlbertConfig: "predictions.",
+                                                   DistilBertConfig: "vocab_",
                                                    ElectraConfig: "generator_predictions."}
 
 

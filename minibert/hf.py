@@ -1,12 +1,16 @@
-"""Hugging Face BERT and ALBERT checkpoints in and out, without torch.
+"""Hugging Face BERT, ALBERT, DistilBERT and ELECTRA checkpoints in and out, without torch.
 
 ``model_type`` "albert" in ``config.json`` reads as an
 :class:`~minibert.albert.AlbertConfig` (keys under ``albert.``, ``predictions.``,
 ``sop_classifier.``); an ALBERT model writes ``model_type`` "albert" (see
-:func:`config_from_hf` / :func:`albert_config_to_hf`). ``model_type`` "electra" reads as an
+:func:`config_from_hf` / :func:`albert_config_to_hf`). ``model_type`` "distilbert" reads
+as a :class:`~minibert.distilbert.DistilBertConfig` (transformers' field names, keys under
+``distilbert.``, ``vocab_transform.`` / ``vocab_layer_norm.`` / ``vocab_projector.``,
+``pre_classifier.``) and is written back as such; ``model_type`` "electra" as an
 :class:`~minibert.electra.ElectraConfig` (keys under ``electra.``,
-``discriminator_predictions.``, ``generator_predictions.``, ``generator_lm_head.``), and
-weights of one family under another's ``model_type`` are refused (:func:`check_family`).
+``discriminator_predictions.``, ``generator_predictions.``, ``generator_lm_head.``).
+Weights of another family than config.json's ``model_type`` are one error naming that
+field (:func:`check_family`).
 
 Import (:func:`load_hf_directory`): a directory as transformers writes it --
 ``config.json``, ``model.safetensors`` (read by :func:`read_safetensors`: float32, float16
@@ -41,6 +45,7 @@ from .atomic import atomic_copy, atomic_write
 from .albert import AlbertConfig
 from .electra import ElectraConfig
 from .auto import CONFIG_CLASSES, config_class
+from .distilbert import DistilBertConfig
 from .modeling import BertConfig
 from .torchbin import TorchBinError, declared_storage_bytes, load_torch_state_dict
 from .untrusted import (UntrustedFileError, check_config_fields, check_finite, check_model_fits,
@@ -74,12 +79,24 @@ ELECTRA_HF_CONFIG_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_
                             "layer_norm_eps", "summary_type", "summary_use_proj",
                             "summary_activation", "summary_last_dropout", "pad_token_id",
                             "classifier_dropout", "position_embedding_type")
+# DistilBertConfig fields (transformers' names) that config.json holds.
+DISTILBERT_HF_CONFIG_FIELDS = ("vocab_size", "max_position_embeddings", "sinusoidal_pos_embds",
+                               "n_layers", "n_heads", "dim", "hidden_dim", "dropout",
+                               "attention_dropout", "activation", "initializer_range",
+                               "qa_dropout", "seq_classif_dropout", "pad_token_id")
+# config class -> its transformers config.json fields, and the encoder's key prefix
+# (transformers' base_model_prefix)
+FAMILY_HF_FIELDS = {BertConfig: HF_CONFIG_FIELDS, AlbertConfig: ALBERT_HF_CONFIG_FIELDS,
+                    DistilBertConfig: DISTILBERT_HF_CONFIG_FIELDS,
+                    ElectraConfig: ELECTRA_HF_CONFIG_FIELDS}
+FAMILY_PREFIXES = {BertConfig: "bert.", AlbertConfig: "albert.",
+                   DistilBertConfig: "distilbert.", ElectraConfig: "electra."}
 _HEAD_PREFIXES = ("bert.", "cls.", "classifier.", "qa_outputs.",
                   "albert.", "predictions.", "sop_classifier.",
+                  "distilbert.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.",
+                  "pre_classifier.",
                   "electra.", "discriminator_predictions.", "generator_predictions.",
                   "generator_lm_head.")
-# the encoder prefix of each family's state dict (transformers' base_model_prefix)
-FAMILY_PREFIXES = {"bert": "bert.", "albert": "albert.", "electra": "electra."}
 
 
 class HFFormatError(ValueError):
@@ -149,8 +166,7 @@ def config_from_hf(d: dict[str, Any], source: str = "config.json"):
         cls = config_class(d.get("model_type", "bert"))
     except ValueError as e:
         raise HFFormatError(f"{source}: {e}") from None
-    fields = {AlbertConfig: ALBERT_HF_CONFIG_FIELDS,
-              ElectraConfig: ELECTRA_HF_CONFIG_FIELDS}.get(cls, HF_CONFIG_FIELDS)
+    fields = FAMILY_HF_FIELDS.get(cls, HF_CONFIG_FIELDS)
     kw = {k: d[k] for k in fields if k in d}
     if kw.get("position_embedding_type", "absolute") != "absolute":
         raise HFFormatError(f"{source}: position_embedding_type "
@@ -200,6 +216,10 @@ def config_to_hf(config: BertConfig | AlbertConfig, architecture: str,
     if isinstance(config, ElectraConfig):   # its __post_init__ refuses what HF lacks
         d = {"architectures": [architecture], "model_type": "electra"}
         d.update({k: getattr(config, k) for k in ELECTRA_HF_CONFIG_FIELDS})
+        return _with_labels(d, config, id2label)
+    if isinstance(config, DistilBertConfig):
+        d = {"architectures": [architecture], "model_type": "distilbert"}
+        d.update({k: getattr(config, k) for k in DISTILBERT_HF_CONFIG_FIELDS})
         return _with_labels(d, config, id2label)
     if config.norm_position != "post" or config.position_embedding_type != "absolute":
         raise HFFormatError("cannot export to Hugging Face BERT: norm_position="
@@ -644,33 +664,49 @@ def load_hf_directory(directory: str | os.PathLike) -> HFCheckpoint:
     id2label = ({int(k): str(v) for k, v in d["id2label"].items()} if "id2label" in d
                 else None)
     state = normalize_state_dict(read_hf_weights(directory, config),
-                                 FAMILY_PREFIXES[config.model_type])
-    check_family(state, config, str(cfg_path))
+                                 FAMILY_PREFIXES.get(type(config), "bert."))
     weights = next(directory / n for n in (SAFETENSORS_NAME, BIN_NAME)
                    if (directory / n).is_file())
+    check_family(state, config, f"{weights} and {cfg_path.name}")
     check_state_matches_config(state, config, f"{weights} and {cfg_path.name}")
     check_finite(state, str(weights))
     archs = [str(a) for a in d.get("architectures") or []]
     return HFCheckpoint(config, state, vocab, tok_opts, id2label, archs)
 
 
+# a piece of key that only one family's encoder has (a bare encoder's keys get the
+# config's prefix, so the prefix alone cannot tell the family of a bare checkpoint)
+# (ELECTRA's encoder is BERT's: its prefix tells them apart)
+FAMILY_MARKERS = {BertConfig: ".encoder.layer.", AlbertConfig: ".albert_layer_groups.",
+                  DistilBertConfig: ".transformer.layer.", ElectraConfig: ".encoder.layer."}
+
+
 def check_family(state: dict[str, np.ndarray], config, source: str) -> None:
-    """Refuse weights of one family under a config of another: the state holds no tensor
-    under the config's encoder prefix (``bert.``, ``albert.``, ``electra.``) and some under
-    another family's.
+    """Refuse weights of another model family than ``config``'s: none under the config's
+    encoder prefix (:data:`FAMILY_PREFIXES`, e.g. ``distilbert.``) and some under another
+    family's, or encoder layers named as another family names them
+    (:data:`FAMILY_MARKERS`: ``encoder.layer.`` for BERT, ``transformer.layer.`` for
+    DistilBERT ...) and none as the config's family does.
 
     Raises:
-        HFFormatError: one line naming the field ``model_type``, what it says and the
-            family the weights belong to.
+        HFFormatError: one line naming ``model_type``, the config's family and the one the
+            weights belong to.
     """
-    own = FAMILY_PREFIXES[config.model_type]
-    if any(k.startswith(own) for k in state):
-        return
-    for family, prefix in FAMILY_PREFIXES.items():
-        if any(k.startswith(prefix) for k in state):
-            raise HFFormatError(f"{source}: field model_type is {config.model_type!r}, but the "
-                                f"weights are {family}'s ({prefix}* tensors): a {family} "
-                                f"checkpoint needs model_type {family!r}")
+    own = FAMILY_PREFIXES.get(type(config), "bert.")
+    other = None
+    if not any(k.startswith(own) for k in state):
+        other = next((cls for cls, p in FAMILY_PREFIXES.items()
+                      if p != own and any(k.startswith(p) for k in state)), None)
+    mark = FAMILY_MARKERS.get(type(config), ".encoder.layer.")
+    if other is None and not any(mark in k for k in state):
+        other = next((cls for cls, m in FAMILY_MARKERS.items()
+                      if m != mark and any(m in k for k in state)), None)
+    if other is not None:
+        raise HFFormatError(f"{source}: field model_type is {config.model_type!r} but the "
+                            f"weights are a {other.model_type!r} model's (keys "
+                            f"*{FAMILY_MARKERS[other]}*); set "
+                            f"model_type to {other.model_type!r} or use that model's "
+                            "config.json")
 
 
 def load_pretrained_weights(model, state: dict[str, np.ndarray],

@@ -366,8 +366,8 @@ def test_a_family_given_as_another_is_one_error_naming_model_type(tmp_path, voca
     cfg = json.loads((bert / "config.json").read_text())
     cfg["model_type"] = "electra"
     (bert / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(HFFormatError, match="model_type is 'electra', but the weights are "
-                                            "bert's") as e:
+    with pytest.raises(HFFormatError, match="model_type is 'electra' but the weights are "
+                                            "a 'bert' model's") as e:
         load_hf_directory(bert)
     assert "\n" not in str(e.value)
 

@@ -20,6 +20,7 @@ from typing import Collection, Sequence
 import numpy as np
 
 from ..cli import add_options, flag, non_negative_float
+from ..distilbert import DistilBertConfig, distilbert_state_from_bert
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig
 from ..runs import Pretrained, RunError, load_start
@@ -175,14 +176,17 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
     """
     source, given = options.teacher, options.given
     teacher = load_start(source, "--teacher")
-    # an ELECTRA teacher (minibert.electra; soft targets from a generator, hidden states
-    # from either) teaches a student of its own sizes, not a copy of its weights
-    if not (teacher.config.model_type == "bert" or (teacher.config.model_type == "electra"
-                                                    and options.student_init == "preset")):
-        raise RunError(f"--teacher {source}: holds a model of model_type "
-                       f"{teacher.config.model_type!r}; a teacher is a BERT (the student "
-                       "may be an ALBERT: --model albert), or an ELECTRA with "
-                       "--student-init preset")
+    # a teacher is a BERT; a DistilBERT or an ELECTRA (soft targets from a generator, hidden
+    # states from either) teaches a student of its own sizes, not a copy of its weights
+    kind = teacher.config.model_type
+    if kind not in ("bert", "distilbert", "electra"):
+        raise RunError(f"--teacher {source}: holds a model of model_type {kind!r}; a teacher "
+                       "is a BERT (the student may be an ALBERT: --model albert), or a "
+                       "DistilBERT or an ELECTRA with --student-init preset")
+    if kind != "bert" and options.student_init != "preset":
+        raise RunError(f"--teacher {source}: a model of model_type {kind!r} teaches a student "
+                       f"of its own sizes only (--student-init preset); --student-init "
+                       f"{options.student_init} reads BERT's layer names")
     lower = bool(teacher.tokenizer_options.get("do_lower_case", True))
     if lower != lowercase and "lowercase" in given:
         raise RunError(f"--teacher {source} reads text with do_lower_case={lower}; "
@@ -291,7 +295,10 @@ def init_student(model: DistillationModel, how: str, teacher: Pretrained,
         HFFormatError, KeyError, ValueError: weights that do not fit the student.
     """
     if how == "every-other-layer":
-        report = load_pretrained_weights(model, every_other_layer_state(teacher.state),
+        state = every_other_layer_state(teacher.state)
+        if isinstance(model.config, DistilBertConfig):    # the paper's student: BERT's
+            state = distilbert_state_from_bert(state)      # layers under DistilBERT's names
+        report = load_pretrained_weights(model, state,
                                          teacher.source)
         kept = ", ".join(map(str, range(0, teacher.config.num_hidden_layers, 2)))
         print(f"student: layers {kept} of the teacher and its other weights; new: "

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..albert import AlbertConfig, AlbertForPreTraining
+from ..distilbert import DistilBertConfig, DistilBertForMaskedLM
 from ..backend import get_array_module
 from ..modeling import (BertConfig, BertForPreTraining, BertForPreTrainingOutput, ModelConfig,
                         _check_inputs)
@@ -139,6 +140,12 @@ class DistillationModel(BertForPreTraining):
     def teacher(self) -> Teacher:
         return self._teacher
 
+    @property
+    def input_config(self):
+        """The config the batch's inputs are checked against (shapes, id ranges): the
+        student's; a DistilBERT student's has no token types, so its teacher's."""
+        return self.config
+
     def to(self, device: str, dtype=None) -> "DistillationModel":
         super().to(device, dtype)
         self._teacher.to(device, dtype)
@@ -165,8 +172,8 @@ class DistillationModel(BertForPreTraining):
             ValueError: as BertForPreTraining.forward.
         """
         w = self.weights
-        token_type_ids, attention_mask = _check_inputs(self.config, input_ids, token_type_ids,
-                                                       attention_mask)
+        token_type_ids, attention_mask = _check_inputs(self.input_config, input_ids,
+                                                       token_type_ids, attention_mask)
         xp = get_array_module(input_ids)
         att = w.alpha_att > 0
         t = self._teacher(input_ids, token_type_ids, attention_mask, masked_lm_positions,
@@ -294,7 +301,25 @@ class AlbertDistillationModel(DistillationModel, AlbertForPreTraining):
     Arguments and errors as DistillationModel."""
 
 
+class DistilBertDistillationModel(DistillationModel, DistilBertForMaskedLM):
+    """:class:`DistillationModel` with a DistilBERT student (Sanh et al. 2019, section 3:
+    the student of a BERT teacher under soft-target, MLM and cosine losses): the
+    parameters, forward and backward of :class:`~minibert.distilbert.DistilBertForMaskedLM`
+    (``distilbert.*``, ``vocab_*``; no sentence head, so no ``next_sentence_label``).
+    Token-type ids reach the teacher; the student ignores them. Arguments and errors as
+    DistillationModel."""
+
+    @property
+    def input_config(self):
+        """The teacher's config: the token types the teacher reads are checked against it
+        (the student checks its own positions and ids in its forward)."""
+        return self.teacher.config
+
+
 def student_class(config: ModelConfig) -> type[DistillationModel]:
     """The student class of a config's family: :class:`AlbertDistillationModel` for an
-    :class:`~minibert.albert.AlbertConfig`, else :class:`DistillationModel`."""
+    :class:`~minibert.albert.AlbertConfig`, :class:`DistilBertDistillationModel` for a
+    :class:`~minibert.distilbert.DistilBertConfig`, else :class:`DistillationModel`."""
+    if isinstance(config, DistilBertConfig):
+        return DistilBertDistillationModel
     return AlbertDistillationModel if isinstance(config, AlbertConfig) else DistillationModel

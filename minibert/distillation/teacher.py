@@ -54,7 +54,7 @@ class Teacher:
         self.model = model.eval()
         self.has_mlm_head = isinstance(model, BertForPreTraining)
         self.config: BertConfig = model.config
-        self.bert = model.backbone   # the encoder (bert, albert, electra ...) or the model
+        self.bert = model.backbone   # the encoder (bert, albert, distilbert, electra ...)
 
     def to(self, device: str, dtype=None) -> "Teacher":
         self.model.to(device, dtype)
@@ -121,7 +121,8 @@ def load_teacher(start, dtype=np.float32) -> Teacher:
         model, report = start.build(BertForPreTraining, dtype=dtype, seq_relationship_head=False)
     else:
         model, report = start.build(BertModel, add_pooling_layer=False, dtype=dtype)
-    # cls.predictions. (ALBERT: predictions., ELECTRA: generator_predictions.)
+    # cls.predictions. (ALBERT: predictions., DistilBERT: vocab_, ELECTRA:
+    # generator_predictions.)
     head = MLM_HEAD_PREFIXES.get(type(start.config), "cls.predictions.")
     missing = [k for k in report["new"] if k.startswith(head)]
     if missing:

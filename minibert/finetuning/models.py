@@ -17,7 +17,7 @@ from .metrics import classification_metrics, softmax_np
 
 
 # the head tensors of the fine-tuning models (everything else is ``bert.*``)
-HEAD_PREFIXES = ("classifier.", "qa_outputs.")
+HEAD_PREFIXES = ("classifier.", "qa_outputs.", "pre_classifier.")   # pre_: DistilBERT
 
 
 def model_from_start(pre: Pretrained, model_class=BertForSequenceClassification,
@@ -35,7 +35,8 @@ def model_from_start(pre: Pretrained, model_class=BertForSequenceClassification,
     (``pre.architecture``) with the same labels and pooling (a fine-tuned model trained
     on); else the head is new. ``classifier_dropout`` / ``classifier_pooling`` (None: the
     start's config) set those config fields (ALBERT's dropout field is
-    ``classifier_dropout_prob``).
+    ``classifier_dropout_prob``, DistilBERT's ``seq_classif_dropout``; a DistilBERT
+    classifier reads the first token only, through ``pre_classifier``).
 
     Returns:
         (model, report) with report as :func:`minibert.hf.load_pretrained_weights`.
@@ -52,10 +53,15 @@ def model_from_start(pre: Pretrained, model_class=BertForSequenceClassification,
             raise ValueError(f"{model_class.__name__} needs its label set")
         kw["num_labels"] = len(labels)
     if classifier_dropout is not None:
-        kw["classifier_dropout" if "classifier_dropout" in kw
-           else "classifier_dropout_prob"] = classifier_dropout
+        # the field's name in each family: BERT's, ALBERT's, DistilBERT's (sequence head)
+        kw[next(k for k in ("classifier_dropout", "classifier_dropout_prob",
+                            "seq_classif_dropout") if k in kw)] = classifier_dropout
     if classifier_pooling is not None:
-        kw["classifier_pooling"] = classifier_pooling
+        if "classifier_pooling" not in kw and classifier_pooling != "cls":
+            raise ValueError(f"classifier_pooling {classifier_pooling!r}: a "
+                             f"{pre.config.model_type} start reads the first token only")
+        if "classifier_pooling" in kw:
+            kw["classifier_pooling"] = classifier_pooling
     model = model_class(type(pre.config)(**kw), seed=seed, dtype=dtype)
     if random_init:
         return model, {"loaded": [], "new": [n for n, _ in model.named_parameters()],

@@ -27,7 +27,9 @@ DEFAULT_EXCLUDE = DATA / "tag" / "en" / "brown_pos" / "pretrain_exclude.tsv"
 # --model's recipe: the defaults of the options left at None (with_defaults).
 # ALBERT: sentence-order prediction, n-grams of up to 3 words and gelu_new (section 4.1).
 MODEL_DEFAULTS = {"bert": {"objective": "mlm+nsp", "hidden_act": "gelu", "max_ngram": 1},
-                  "albert": {"objective": "mlm+sop", "hidden_act": "gelu_new", "max_ngram": 3}}
+                  "albert": {"objective": "mlm+sop", "hidden_act": "gelu_new", "max_ngram": 3},
+                  # DistilBERT (Sanh et al. 2019): MLM only, no token types, no pooler
+                  "distilbert": {"objective": "mlm", "hidden_act": "gelu", "max_ngram": 1}}
 
 
 @dataclass
@@ -125,7 +127,7 @@ class PretrainingConfig(JobOptions):
         "masking": ("dynamic", "static"), "dupe_factor": positive_int, "max_ngram": positive_int,
         "eval_fraction": float_in(0.0, 1.0, high_open=True), "eval_instances": positive_int,
         "eval_samples": non_negative_int, "eval_pairs_per_paradigm": non_negative_int,
-        "model": ("bert", "albert"), "preset": ("base", "medium", "mini", "small", "tiny"),
+        "model": ("bert", "albert", "distilbert"), "preset": ("base", "medium", "mini", "small", "tiny"),
         "num_hidden_layers": positive_int, "hidden_size": positive_int,
         "num_attention_heads": positive_int, "intermediate_size": positive_int,
         "embedding_size": positive_int, "num_hidden_groups": positive_int,

@@ -32,6 +32,7 @@ from ..albert import AlbertConfig
 from ..atomic import WriteError, atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
 from ..cli import fail, fast_paths_line, flag, job_main, leader_first, start_job
+from ..distilbert import DistilBertConfig, distilbert_config_from_bert
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
@@ -132,6 +133,9 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
         start.config = distillation.student_config(
             options, found.teacher.config,
             model_config(cfg, found.teacher.config.vocab_size), fixed=fixed)
+        if cfg.model == "distilbert" and not isinstance(start.config, DistilBertConfig):
+            # every other layer of a BERT teacher, as a DistilBERT (Sanh et al. 2019)
+            start.config = distilbert_config_from_bert(start.config)
     elif stray := [n for n in distillation.OPTIONS if n in given]:
         raise RunError(", ".join(map(flag, stray)) + ": distillation options, only with --teacher")
     if cfg.objective == "electra" and cfg.teacher:
@@ -200,6 +204,8 @@ def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
         if stray := [n for n in ALBERT_OPTIONS if n in given]:
             raise RunError(", ".join(map(flag, stray)) + ": ALBERT options, only with "
                            "--model albert")
+        if cfg.model == "distilbert":
+            check_distilbert_options(cfg)
         return
     if cfg.norm_position != "post":
         raise RunError(f"--norm-position {cfg.norm_position}: ALBERT puts LayerNorm after "
@@ -211,6 +217,28 @@ def check_model_options(cfg: PretrainingConfig, given: set[str]) -> None:
         raise RunError(f"--student-init {cfg.student_init} builds the student from the "
                        "teacher's BERT weights; an ALBERT student (--model albert) starts "
                        "from --student-init preset")
+
+
+def check_distilbert_options(cfg: PretrainingConfig) -> None:
+    """Refuse what a DistilBERT (Sanh et al. 2019) cannot train: a sentence-level or
+    ELECTRA objective (it has no pooler, no token types; ``--objective mlm``), pre-LN,
+    and a student built from the teacher's pruned or projected BERT weights
+    (``--student-init`` other than preset and every-other-layer, which maps the BERT's
+    layers to DistilBERT's names: :func:`~minibert.distilbert.distilbert_state_from_bert`).
+
+    Raises:
+        RunError: naming the option.
+    """
+    if cfg.objective != "mlm":
+        raise RunError(f"--objective {cfg.objective}: a DistilBERT trains masked-LM only "
+                       "(no sentence head, no token types); use --objective mlm")
+    if cfg.norm_position != "post":
+        raise RunError(f"--norm-position {cfg.norm_position}: DistilBERT is post-LN; drop "
+                       "it or use --model bert")
+    if cfg.teacher and cfg.student_init not in ("preset", "every-other-layer"):
+        raise RunError(f"--student-init {cfg.student_init} builds the student from the "
+                       "teacher's BERT weights; a DistilBERT student (--model distilbert) "
+                       "starts from --student-init preset or every-other-layer")
 
 
 def check_model_type(config: ModelConfig, model: str, source: str) -> None:
@@ -255,6 +283,15 @@ def model_config(cfg: PretrainingConfig, vocab_size: int) -> ModelConfig:
         if "hidden_size" in overrides:
             albert.setdefault("embedding_size", max(1, min(128, overrides["hidden_size"] // 2)))
         return AlbertConfig.from_preset(cfg.preset, **common, **albert)
+    if cfg.model == "distilbert":
+        b = BertConfig.from_preset(cfg.preset, **common)      # the preset's sizes, checked
+        return DistilBertConfig(
+            vocab_size=b.vocab_size, max_position_embeddings=b.max_position_embeddings,
+            sinusoidal_pos_embds=b.position_embedding_type == "sinusoidal",
+            n_layers=b.num_hidden_layers, n_heads=b.num_attention_heads, dim=b.hidden_size,
+            hidden_dim=b.intermediate_size, dropout=b.hidden_dropout_prob,
+            attention_dropout=b.attention_probs_dropout_prob, activation=b.hidden_act,
+            initializer_range=b.initializer_range)
     return BertConfig.from_preset(cfg.preset, norm_position=cfg.norm_position, **common)
 
 
