@@ -87,13 +87,10 @@ def _compute(dtype):
     return numpy.dtype(numpy.float32) if numpy.dtype(dtype) == numpy.float16 else numpy.dtype(dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(kind: str, ctype: str):
-    """The ElementwiseKernel ``kind`` computing in ``ctype`` ("float" or "double")."""
-    s = "f" if ctype == "float" else ""
-    np_name = "float32" if ctype == "float" else "float64"
-    c = ctype
-    specs = {
+def _activation_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str, str]]:
+    """ElementwiseKernel specs (inputs, outputs, body) of GELU (exact, and with the feed-forward's bias) and inverted dropout, in the C type ``c``
+    (literal suffix ``s``; ``np_name`` its NumPy name): see :func:`_kernel`."""
+    return {
         # x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2))
         "gelu_forward": ("T x", "T y, T cdf", f"""
             {c} xv = x;
@@ -133,6 +130,13 @@ def _kernel(kind: str, ctype: str):
             {c} kv = keep;
             dx = d * kv * scale;
             """),
+    }
+
+
+def _layernorm_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str, str]]:
+    """ElementwiseKernel specs (inputs, outputs, body) of LayerNorm's forward and backward passes, in the C type ``c``
+    (literal suffix ``s``; ``np_name`` its NumPy name): see :func:`_kernel`."""
+    return {
         # centred x and its square (LayerNorm's variance is the row mean of sq)
         "layernorm_centre": ("T x, C mean", "C xc, C sq", f"""
             {c} xv = x;
@@ -172,6 +176,13 @@ def _kernel(kind: str, ctype: str):
             xhat = h;
             out = h * w + b;
             """),
+    }
+
+
+def _softmax_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str, str]]:
+    """ElementwiseKernel specs (inputs, outputs, body) of the softmax (plain, masked, with dropout's backward) and the cross-entropy, in the C type ``c``
+    (literal suffix ``s``; ``np_name`` its NumPy name): see :func:`_kernel`."""
+    return {
         # p = exp(x - max) / sum
         "softmax_normalise": ("T x, T m, T s", "T p", """
             p = exp(x - m) / s;
@@ -191,14 +202,6 @@ def _kernel(kind: str, ctype: str):
             {c} xv = x;
             {c} mv = m;
             e = exp(xv - mv);
-            """),
-        # q = q_in * scale, k = k_in, v = v_in: three strided head views made contiguous
-        "split_heads": ("T qi, T ki, T vi, T scale", "T q, T k, T v", f"""
-            {c} a = qi;
-            {c} sv = scale;
-            q = a * sv;
-            k = ki;
-            v = vi;
             """),
         # the cross-entropy: nll = lse - (x[label] - max), lse = log(sum exp(x - max)),
         # with label smoothing (1 - eps) nll + eps (lse - (mean(x) - max))
@@ -221,17 +224,29 @@ def _kernel(kind: str, ctype: str):
             T w = wd;
             d = v * w;
             """),
-        # three gradients added into three accumulators
-        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", f"""
-            {c} a0 = ga;
-            {c} a1 = a;
-            ga = a0 + a1;
-            {c} b0 = gb;
-            {c} b1 = b;
-            gb = b0 + b1;
-            {c} c0 = gc;
-            {c} c1 = c;
-            gc = c0 + c1;
+        # dx = (dp - row) p
+        "softmax_dx": ("T dp, T row, T p", "T dx", f"""
+            {c} d = dp;
+            {c} r = row;
+            T t = d - r;
+            {c} tv = t;
+            {c} pv = p;
+            dx = tv * pv;
+            """),
+    }
+
+
+def _attention_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str, str]]:
+    """ElementwiseKernel specs (inputs, outputs, body) of attention's head split and merge and the three QKV gradients, in the C type ``c``
+    (literal suffix ``s``; ``np_name`` its NumPy name): see :func:`_kernel`."""
+    return {
+        # q = q_in * scale, k = k_in, v = v_in: three strided head views made contiguous
+        "split_heads": ("T qi, T ki, T vi, T scale", "T q, T k, T v", f"""
+            {c} a = qi;
+            {c} sv = scale;
+            q = a * sv;
+            k = ki;
+            v = vi;
             """),
         # the same with the projections' bias added first
         "split_heads_bias": ("T qi, T ki, T vi, T bq, T bk, T bv, T scale", "T q, T k, T v",
@@ -249,13 +264,6 @@ def _kernel(kind: str, ctype: str):
             {c} bvv = bv;
             v = vv0 + bvv;
             """),
-        # the global norm and the clipping coefficient min(max_norm / (norm + 1e-6), 1)
-        "clip_coef": ("T sq, float64 max_norm", "T total, T coef", """
-            total = sqrt(sq);
-            double t = total;
-            double c = fmin(max_norm / (t + 1e-6), 1.0);
-            coef = c;
-            """),
         # the inverse: dq = dq_scaled * scale, dk, dv written into strided views of dqkv
         "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv", f"""
             {c} a = dqs;
@@ -264,6 +272,25 @@ def _kernel(kind: str, ctype: str):
             dk = dki;
             dv = dvi;
             """),
+        # three gradients added into three accumulators
+        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", f"""
+            {c} a0 = ga;
+            {c} a1 = a;
+            ga = a0 + a1;
+            {c} b0 = gb;
+            {c} b1 = b;
+            gb = b0 + b1;
+            {c} c0 = gc;
+            {c} c1 = c;
+            gc = c0 + c1;
+            """),
+    }
+
+
+def _residual_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str, str]]:
+    """ElementwiseKernel specs (inputs, outputs, body) of bias + dropout + residual, and the clipping coefficient, in the C type ``c``
+    (literal suffix ``s``; ``np_name`` its NumPy name): see :func:`_kernel`."""
+    return {
         # out = dropout(x + b) + residual, each step rounded to T as the formula rounds it
         "bias_dropout_add": (f"T x, T b, float32 u, T residual, float32 p, {np_name} scale",
                              "bool keep, T out", f"""
@@ -287,16 +314,26 @@ def _kernel(kind: str, ctype: str):
             {c} rv = residual;
             out = yv + rv;
             """),
-        # dx = (dp - row) p
-        "softmax_dx": ("T dp, T row, T p", "T dx", f"""
-            {c} d = dp;
-            {c} r = row;
-            T t = d - r;
-            {c} tv = t;
-            {c} pv = p;
-            dx = tv * pv;
+        # the global norm and the clipping coefficient min(max_norm / (norm + 1e-6), 1)
+        "clip_coef": ("T sq, float64 max_norm", "T total, T coef", """
+            total = sqrt(sq);
+            double t = total;
+            double c = fmin(max_norm / (t + 1e-6), 1.0);
+            coef = c;
             """),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(kind: str, ctype: str):
+    """The ElementwiseKernel ``kind`` computing in ``ctype`` ("float" or "double")."""
+    s = "f" if ctype == "float" else ""
+    np_name = "float32" if ctype == "float" else "float64"
+    c = ctype
+    specs = {}
+    for group in (_activation_kernels, _layernorm_kernels, _softmax_kernels,
+                  _attention_kernels, _residual_kernels):
+        specs.update(group(c, s, np_name))
     ins, outs, body = specs[kind]
     return cupy.ElementwiseKernel(ins, outs, body, f"minibert_{kind}_{ctype}")
 
