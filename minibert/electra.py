@@ -41,11 +41,13 @@ import numpy as np
 
 from .backend import compute_dtype, get_array_module
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
-                    BertForTokenClassification, SequenceClassifierOutput, _add, _take_cache)
+                    BertForTokenClassification, SequenceClassifierOutput, _add, _take_cache,
+                    sequence_loss_backward, sequence_loss_forward)
 from .modeling import (BertEmbeddings, BertEncoder, BertForPreTraining, BertModel,
-                       BertModelOutput, BertPreTrainedModel, ModelConfig, _check_inputs)
-from .nn import (Activation, Dropout, LayerNorm, Linear, Module, ModuleList, Parameter,
-                 cross_entropy_backward, cross_entropy_forward, extended_attention_mask)
+                       BertModelOutput, BertPredictionHeadTransform, BertPreTrainedModel,
+                       ModelConfig, _check_inputs)
+from .nn import (Activation, Dropout, Linear, Module, ModuleList, Parameter,
+                 extended_attention_mask)
 
 __all__ = ["ElectraConfig", "ElectraModel", "ElectraForPreTraining", "ElectraForMaskedLM",
            "ElectraForPreTrainingOutput", "ElectraForSequenceClassification",
@@ -201,6 +203,18 @@ class ElectraModel(BertModel):
         self.embeddings.backward(dx)
 
 
+def _build_electra(model: Module, config: ElectraConfig, seed: int,
+                   dtype) -> np.random.Generator:
+    """The construction the ELECTRA models share: set ``model.config``, ``model.electra``
+    (an :class:`ElectraModel` drawn from a NumPy generator seeded ``seed``) and an empty
+    ``model._cache``; return the generator, which draws the head's weights next."""
+    model.config = config
+    rng = np.random.default_rng(seed)
+    model.electra = ElectraModel(config, rng=rng, dtype=dtype)
+    model._cache = None
+    return rng
+
+
 # ---------------------------------------------------------------------------------------
 # Discriminator
 # ---------------------------------------------------------------------------------------
@@ -284,11 +298,8 @@ class ElectraForPreTraining(BertPreTrainedModel):
     base_model_prefix = "electra"
 
     def __init__(self, config: ElectraConfig, *, seed: int = 0, dtype=np.float32):
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.electra = ElectraModel(config, rng=rng, dtype=dtype)
+        rng = _build_electra(self, config, seed, dtype)
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config, rng, dtype)
-        self._cache = None
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False) -> ElectraForPreTrainingOutput:
@@ -341,24 +352,14 @@ class ElectraForPreTraining(BertPreTrainedModel):
 # Generator
 # ---------------------------------------------------------------------------------------
 
-class ElectraGeneratorPredictions(Module):
+class ElectraGeneratorPredictions(BertPredictionHeadTransform):
     """HF ``ElectraGeneratorPredictions``: LayerNorm(gelu(dense(h))), ``dense`` (E, H),
-    the exact GELU whatever ``hidden_act`` says (as transformers), ``LayerNorm`` (E)."""
+    the exact GELU whatever ``hidden_act`` says (as transformers), ``LayerNorm`` (E):
+    BERT's :class:`~minibert.modeling.BertPredictionHeadTransform` of width E; (N, H) ->
+    (N, E)."""
 
     def __init__(self, config: ElectraConfig, rng: np.random.Generator, dtype=np.float32):
-        E, H = config.embedding_size, config.hidden_size
-        self.dense = Linear(H, E, rng=rng, std=config.initializer_range, dtype=dtype)
-        self.activation = Activation("gelu")
-        self.LayerNorm = LayerNorm(E, config.layer_norm_eps, dtype=dtype)
-
-    def forward(self, h):
-        """(N, H) -> (N, E)."""
-        return self.LayerNorm(self.activation(self.dense(h)))
-
-    def backward(self, dout):
-        """(N, E) -> (N, H)."""
-        # forward: return LayerNorm(gelu(dense(h)))
-        return self.dense.backward(self.activation.backward(self.LayerNorm.backward(dout)))
+        super().__init__(config, rng, dtype, width=config.embedding_size, act="gelu")
 
 
 class _GeneratorHead(Module):
@@ -411,15 +412,12 @@ class ElectraForMaskedLM(BertForPreTraining):
                  label_smoothing: float = 0.0, seq_relationship_head: bool = False):
         if seq_relationship_head:
             raise ValueError("ElectraForMaskedLM has no sentence-level head")
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.electra = ElectraModel(config, rng=rng, dtype=dtype)
+        rng = _build_electra(self, config, seed, dtype)
         self.generator_predictions = ElectraGeneratorPredictions(config, rng, dtype)
         bias = Parameter(np.zeros(config.vocab_size, dtype=dtype))
         self.generator_lm_head = Linear.tied(self.electra.embeddings.word_embeddings.weight,
                                              bias)
         self.label_smoothing = label_smoothing
-        self._cache = None
 
     @property
     def lm_head(self) -> Module:
@@ -503,11 +501,8 @@ class ElectraForSequenceClassification(BertForSequenceClassification):
     def __init__(self, config: ElectraConfig, *, seed: int = 0, dtype=np.float32):
         if int(config.num_labels) < 1:
             raise ValueError(f"ElectraConfig.num_labels must be >= 1, got {config.num_labels}")
-        self.config = config
-        rng = np.random.default_rng(seed)
-        self.electra = ElectraModel(config, rng=rng, dtype=dtype)
+        rng = _build_electra(self, config, seed, dtype)
         self.classifier = ElectraClassificationHead(config, rng, dtype)
-        self._cache = None
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_attentions: bool = False) -> SequenceClassifierOutput:
@@ -516,19 +511,7 @@ class ElectraForSequenceClassification(BertForSequenceClassification):
         h = out.last_hidden_state                                        # (B, T, H)
         cls = h[:, 0]                                                    # (B, H)
         logits = self.classifier(cls)                                    # (B, K)
-        loss = loss_cache = None
-        if labels is not None:
-            B = input_ids.shape[0]
-            if tuple(labels.shape) != (B,):
-                raise ValueError(f"labels: expected shape {(B,)}, got {tuple(labels.shape)}")
-            if self.num_labels == 1:
-                # forward: loss = mean_i (logits[i, 0] - y_i)^2     (torch MSELoss)
-                diff = logits[:, 0] - labels.astype(logits.dtype)        # (B,)
-                loss = (diff * diff).mean()
-                loss_cache = ("mse", diff)
-            else:
-                loss, ce = cross_entropy_forward(logits, labels)
-                loss_cache = ("ce", ce)
+        loss, loss_cache = sequence_loss_forward(logits, labels)
         self._cache = (logits.shape, logits.dtype, loss_cache, h.shape)
         return SequenceClassifierOutput(loss, logits, cls, out.attentions)
 
@@ -536,15 +519,7 @@ class ElectraForSequenceClassification(BertForSequenceClassification):
         """As :meth:`BertForSequenceClassification.backward` (its errors too)."""
         _, dtype, loss_cache, h_shape = _take_cache(self, dloss, {"d_logits": d_logits},
                                                     "labels")
-        if loss_cache is not None:
-            kind, c = loss_cache
-            if kind == "ce":
-                # forward: loss = mean cross-entropy(logits, labels)
-                d_loss = cross_entropy_backward(dloss, c)                # (B, K)
-            else:
-                # forward: loss = mean (logits[:, 0] - y)^2  ->  d = 2 (logits - y) / B
-                d_loss = (dloss * 2.0 / c.shape[0]) * c[:, None]         # (B, 1)
-            d_logits = _add(d_loss, d_logits)
+        d_logits = sequence_loss_backward(dloss, loss_cache, d_logits)  # (B, K)
         # forward: logits = classifier(h[:, 0])
         dcls = self.classifier.backward(d_logits.astype(dtype))          # (B, H)
         xp = get_array_module(dcls)

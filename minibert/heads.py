@@ -65,6 +65,48 @@ def _add(a, b):
     return b if a is None else a if b is None else a + b
 
 
+def sequence_loss_forward(logits, labels) -> tuple:
+    """The sequence classifiers' loss (HF's ``problem_type`` by K): mean cross-entropy
+    for K >= 2, mean squared error of ``logits[:, 0]`` for K == 1 (torch ``MSELoss``).
+
+    Args:
+        logits: (B, K) float.
+        labels: (B,) int class ids in [0, K) (-100 ignored) for K >= 2, float targets
+            for K == 1; None for no loss.
+    Returns:
+        (loss, loss_cache): both None without labels; loss_cache for
+        :func:`sequence_loss_backward`.
+    Raises:
+        ValueError: labels not (B,), or a class id outside [0, K) (CPU only).
+    """
+    if labels is None:
+        return None, None
+    B = logits.shape[0]
+    if tuple(labels.shape) != (B,):
+        raise ValueError(f"labels: expected shape {(B,)}, got {tuple(labels.shape)}")
+    if logits.shape[1] == 1:
+        # forward: loss = mean_i (logits[i, 0] - y_i)^2     (torch MSELoss)
+        diff = logits[:, 0] - labels.astype(logits.dtype)                # (B,)
+        return (diff * diff).mean(), ("mse", diff)
+    loss, ce = cross_entropy_forward(logits, labels)
+    return loss, ("ce", ce)
+
+
+def sequence_loss_backward(dloss, loss_cache, d_logits):
+    """d_logits (B, K) or None plus ``dloss`` times the gradient of the loss of
+    :func:`sequence_loss_forward` (``loss_cache`` None: d_logits as given)."""
+    if loss_cache is None:
+        return d_logits
+    kind, c = loss_cache
+    if kind == "ce":
+        # forward: loss = mean cross-entropy(logits, labels)
+        d_loss = cross_entropy_backward(dloss, c)                        # (B, K)
+    else:
+        # forward: loss = mean (logits[:, 0] - y)^2  ->  d = 2 (logits - y) / B
+        d_loss = (dloss * 2.0 / c.shape[0]) * c[:, None]                 # (B, 1)
+    return _add(d_loss, d_logits)
+
+
 class _HeadModel(BertPreTrainedModel):
     """A head on an encoder of class ``backbone_class``, kept as ``self.<base_model_prefix>``
     (``self.bert``: parameter names ``bert.*``, as HF)."""
@@ -203,19 +245,7 @@ class BertForSequenceClassification(_BertWithClassifier):
         else:
             pooled = out.pooler_output                                   # (B, C)
         logits = self.classifier(self.dropout(pooled))                   # (B, K)
-        loss = loss_cache = None
-        if labels is not None:
-            B = input_ids.shape[0]
-            if tuple(labels.shape) != (B,):
-                raise ValueError(f"labels: expected shape {(B,)}, got {tuple(labels.shape)}")
-            if self.num_labels == 1:
-                # forward: loss = mean_i (logits[i, 0] - y_i)^2     (torch MSELoss)
-                diff = logits[:, 0] - labels.astype(logits.dtype)        # (B,)
-                loss = (diff * diff).mean()
-                loss_cache = ("mse", diff)
-            else:
-                loss, ce = cross_entropy_forward(logits, labels)
-                loss_cache = ("ce", ce)
+        loss, loss_cache = sequence_loss_forward(logits, labels)
         self._cache = (logits.shape, logits.dtype, loss_cache, mean_weights)
         return SequenceClassifierOutput(loss, logits, pooled, out.attentions)
 
@@ -233,15 +263,7 @@ class BertForSequenceClassification(_BertWithClassifier):
         """
         shape, dtype, loss_cache, mean_weights = _take_cache(self, dloss,
                                                              {"d_logits": d_logits}, "labels")
-        if loss_cache is not None:
-            kind, c = loss_cache
-            if kind == "ce":
-                # forward: loss = mean cross-entropy(logits, labels)
-                d_loss = cross_entropy_backward(dloss, c)                # (B, K)
-            else:
-                # forward: loss = mean (logits[:, 0] - y)^2  ->  d = 2 (logits - y) / B
-                d_loss = (dloss * 2.0 / c.shape[0]) * c[:, None]         # (B, 1)
-            d_logits = _add(d_loss, d_logits)                            # (B, K)
+        d_logits = sequence_loss_backward(dloss, loss_cache, d_logits)  # (B, K)
         # forward: logits = dropout(pooled) @ W^T + b
         d_pooled = self.dropout.backward(self.classifier.backward(d_logits.astype(dtype)))
         if mean_weights is None:

@@ -728,13 +728,14 @@ class BertModel(BertPreTrainedModel):
 
 class BertPredictionHeadTransform(Module):
     """dense (C -> width) -> activation -> LayerNorm, applied before the MLM decoder; width
-    is C for BERT, ALBERT's embedding_size E for its MLM head (:mod:`minibert.albert`)."""
+    is C for BERT, ALBERT's embedding_size E for its MLM head (:mod:`minibert.albert`).
+    The activation is ``act``, by default ``config.hidden_act``."""
 
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32,
-                 width: int | None = None):
+                 width: int | None = None, act: str | None = None):
         C, W = config.hidden_size, width or config.hidden_size
         self.dense = Linear(C, W, rng=rng, std=config.initializer_range, dtype=dtype)
-        self.transform_act_fn = Activation(config.hidden_act)
+        self.transform_act_fn = Activation(act or config.hidden_act)
         self.LayerNorm = LayerNorm(W, config.layer_norm_eps, dtype=dtype)
 
     def forward(self, h):

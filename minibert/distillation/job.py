@@ -174,8 +174,27 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
             sizes, a sequence longer than the teacher's positions). ValueError: every loss
             weight 0.
     """
-    source, given = options.teacher, options.given
-    teacher = load_start(source, "--teacher")
+    teacher = load_start(options.teacher, "--teacher")
+    lower = _check_teacher(teacher, options, vocab=vocab, lowercase=lowercase,
+                           max_seq_length=max_seq_length)
+    _check_student_init(options.student_init, options.given)
+    if options.alpha_ce > 0 and not has_mlm_head(teacher.state):
+        options = _without_soft_targets(options)
+    return ResolvedTeacher(teacher, options.weights(), str(teacher.vocab_file), lower)
+
+
+def _check_teacher(teacher, options: DistillationOptions, *, vocab: str | None,
+                   lowercase: bool, max_seq_length: int) -> bool:
+    """Check the loaded ``--teacher`` (a :func:`load_start` result) against the student's
+    reading of the text (:func:`resolve_teacher`'s arguments) and return the teacher's
+    lower-casing.
+
+    Raises:
+        RunError: a model family that cannot teach (not a BERT, or a DistilBERT or an
+            ELECTRA without ``--student-init preset``), another lower-casing given, another vocab, or a
+            sequence longer than the teacher's positions.
+    """
+    source = options.teacher
     # a teacher is a BERT; a DistilBERT or an ELECTRA (soft targets from a generator, hidden
     # states from either) teaches a student of its own sizes, not a copy of its weights
     kind = teacher.config.model_type
@@ -188,7 +207,7 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
                        f"of its own sizes only (--student-init preset); --student-init "
                        f"{options.student_init} reads BERT's layer names")
     lower = bool(teacher.tokenizer_options.get("do_lower_case", True))
-    if lower != lowercase and "lowercase" in given:
+    if lower != lowercase and "lowercase" in options.given:
         raise RunError(f"--teacher {source} reads text with do_lower_case={lower}; "
                        "the student reads it as its teacher does (drop --no-lowercase)")
     if vocab and Path(vocab).read_bytes() != teacher.vocab_file.read_bytes():
@@ -198,7 +217,18 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
     if max_seq_length > teacher.config.max_position_embeddings:
         raise RunError(f"--max-seq-length {max_seq_length} exceeds the teacher's "
                        f"max_position_embeddings {teacher.config.max_position_embeddings}")
-    how = options.student_init
+    return lower
+
+
+def _check_student_init(how: str, given) -> None:
+    """Refuse options that contradict ``--student-init`` ``how`` (names in ``given``,
+    the options given explicitly).
+
+    Raises:
+        RunError: every-other-layer with architecture options, projected-embeddings or
+            pruned with ``--init-checkpoint``, pruned with architecture options other
+            than the sizes.
+    """
     if how == "every-other-layer" and (clash := [n for n in ARCHITECTURE_OPTIONS
                                                  if n in given]):
         raise RunError("--student-init every-other-layer takes the teacher's architecture "
@@ -211,16 +241,24 @@ def resolve_teacher(options: DistillationOptions, *, vocab: str | None, lowercas
                                       and n not in ("preset", "init_checkpoint")]):
         raise RunError("--student-init pruned takes the teacher's architecture but for "
                        "its sizes; drop " + _flags(clash))
-    if options.alpha_ce > 0 and not has_mlm_head(teacher.state):
-        if "alpha_ce" in given:
-            raise RunError(f"--alpha-ce {options.alpha_ce:g}: --teacher {source} has no MLM "
-                           "head (cls.predictions.*, e.g. a sentence-embedding model), so "
-                           "there are no soft targets; pass --alpha-ce 0 and learn from its "
-                           "hidden states (--alpha-cos) and attention (--alpha-att)")
-        print(f"--teacher {source} has no MLM head (cls.predictions.*): soft-target "
-              "loss off (--alpha-ce 0)")
-        options = dataclasses.replace(options, alpha_ce=0.0)
-    return ResolvedTeacher(teacher, options.weights(), str(teacher.vocab_file), lower)
+
+
+def _without_soft_targets(options: DistillationOptions) -> DistillationOptions:
+    """``options`` with ``alpha_ce`` 0, for a teacher without an MLM head (no soft
+    targets), printing a line that says so.
+
+    Raises:
+        RunError: ``--alpha-ce`` given explicitly.
+    """
+    source = options.teacher
+    if "alpha_ce" in options.given:
+        raise RunError(f"--alpha-ce {options.alpha_ce:g}: --teacher {source} has no MLM "
+                       "head (cls.predictions.*, e.g. a sentence-embedding model), so "
+                       "there are no soft targets; pass --alpha-ce 0 and learn from its "
+                       "hidden states (--alpha-cos) and attention (--alpha-att)")
+    print(f"--teacher {source} has no MLM head (cls.predictions.*): soft-target "
+          "loss off (--alpha-ce 0)")
+    return dataclasses.replace(options, alpha_ce=0.0)
 
 
 def student_config(options: DistillationOptions, teacher: BertConfig, sizes: BertConfig, *,

@@ -52,16 +52,23 @@ from typing import Any
 import numpy as np
 
 from ..backend import compute_dtype, get_array_module
+from ..electra import ElectraDiscriminatorPredictions
 from ..modeling import BertConfig, BertForPreTraining, BertModel, BertPreTrainedModel
-from ..nn import Linear
-from ..nn.activations import Activation
-from ..nn.module import Module
 from .mlm import FullSentencesMLM
 
 __all__ = ["DISC_WEIGHT", "ElectraDiscriminatorPredictions", "ElectraForPreTraining",
            "ElectraForPreTrainingOutput", "ReplacedTokenDetection"]
 
 DISC_WEIGHT = 50.0   # lambda of section 2 / Table 7's "disc weight"
+
+# the config fields a BERT-shaped discriminator and transformers' ElectraConfig share
+# (ElectraForPreTraining.to_electra and from_electra add the ones each side needs)
+_SHARED_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "intermediate_size", "hidden_act", "hidden_dropout_prob",
+    "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+    "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
+    "num_labels")
 
 
 @dataclass
@@ -79,27 +86,6 @@ class ElectraForPreTrainingOutput:
     rtd_logits: Any
     rtd_labels: Any
     replaced_ids: Any
-
-
-class ElectraDiscriminatorPredictions(Module):
-    """HF ``ElectraDiscriminatorPredictions``: logit = dense_prediction(act(dense(h))),
-    dense (C, C), dense_prediction (1, C)."""
-
-    def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
-        C, std = config.hidden_size, config.initializer_range
-        self.dense = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.activation = Activation(config.hidden_act)
-        self.dense_prediction = Linear(C, 1, rng=rng, std=std, dtype=dtype)
-
-    def forward(self, h):
-        """h: (B, T, C) -> (B, T) logits."""
-        return self.dense_prediction(self.activation(self.dense(h)))[..., 0]
-
-    def backward(self, dlogits):
-        """dlogits: (B, T) -> dh (B, T, C)."""
-        # forward: logit = dense_prediction(activation(dense(h)))[..., 0]
-        return self.dense.backward(self.activation.backward(
-            self.dense_prediction.backward(dlogits[..., None])))
 
 
 class ElectraForPreTraining(BertPreTrainedModel):
@@ -160,12 +146,8 @@ class ElectraForPreTraining(BertPreTrainedModel):
         if c.position_embedding_type != "absolute":
             raise ValueError(f"position_embedding_type {c.position_embedding_type!r}: "
                              "transformers' ELECTRA has learned absolute positions only")
-        fields = {k: getattr(c, k) for k in (
-            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "hidden_act", "hidden_dropout_prob",
-            "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-            "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
-            "num_labels", "norm_position", "classifier_pooling")}
+        fields = {k: getattr(c, k)
+                  for k in (*_SHARED_FIELDS, "norm_position", "classifier_pooling")}
         config = ElectraConfig(embedding_size=c.hidden_size, **fields)
         model = Discriminator(config, dtype=self.dtype)
         state = {("electra." + k[len("bert."):] if k.startswith("bert.") else k): v
@@ -275,12 +257,7 @@ def from_electra(config, state: dict) -> tuple[BertConfig, dict]:
         raise ValueError(f"embedding_size {config.embedding_size} != hidden_size "
                          f"{config.hidden_size}: --objective electra continues ELECTRA models "
                          "without embeddings_project only (E = H)")
-    fields = {k: getattr(config, k) for k in (
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-        "intermediate_size", "hidden_act", "hidden_dropout_prob",
-        "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-        "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
-        "num_labels", "position_embedding_type")}
+    fields = {k: getattr(config, k) for k in (*_SHARED_FIELDS, "position_embedding_type")}
     out = {}
     for k, v in state.items():
         if k.startswith("electra."):

@@ -104,40 +104,75 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
         check_resumed_data(cfg, resumed)
     start = Start()
     if resumed is None and cfg.init_checkpoint:
-        start.init = init = load_start(cfg.init_checkpoint, "--init-checkpoint")
-        if init.config.model_type == "electra" and cfg.objective == "electra":
-            from ..objectives.electra import from_electra   # an ELECTRA discriminator
-            try:
-                init.config, init.state = from_electra(init.config, init.state)
-            except ValueError as e:
-                raise RunError(f"--init-checkpoint {cfg.init_checkpoint}: {e}") from None
-        check_model_type(init.config, cfg.model, f"--init-checkpoint {cfg.init_checkpoint}")
-        lower = init.tokenizer_options.get("do_lower_case", True)
-        if lower != cfg.lowercase:
-            raise RunError(f"--init-checkpoint {cfg.init_checkpoint} was trained with "
-                           f"lowercase={lower}; this run has lowercase={cfg.lowercase} (add "
-                           "or drop --no-lowercase)")
-        if cfg.vocab and Path(cfg.vocab).read_bytes() != init.vocab_file.read_bytes():
-            raise RunError(f"--vocab {cfg.vocab} differs from {init.vocab_file}, the "
-                           f"vocab the weights of --init-checkpoint were trained with")
-        cfg.vocab = str(init.vocab_file)
+        start.init = _load_init_checkpoint(cfg)
     if cfg.teacher:
-        options = distillation.DistillationOptions.of(cfg, given)
-        found = distillation.resolve_teacher(options, vocab=cfg.vocab, lowercase=cfg.lowercase,
-                                             max_seq_length=cfg.max_seq_length)
-        cfg.vocab, cfg.lowercase, cfg.alpha_ce = (found.vocab, found.lowercase,
-                                                     found.weights.alpha_ce)
-        start.teacher, start.weights = found.teacher, found.weights
-        fixed = (resumed["config"] if resumed is not None
-                 else start.init.config if start.init is not None else None)
-        start.config = distillation.student_config(
-            options, found.teacher.config,
-            model_config(cfg, found.teacher.config.vocab_size), fixed=fixed)
-        if cfg.model == "distilbert" and not isinstance(start.config, DistilBertConfig):
-            # every other layer of a BERT teacher, as a DistilBERT (Sanh et al. 2019)
-            start.config = distilbert_config_from_bert(start.config)
+        _add_teacher(cfg, given, resumed, start)
     elif stray := [n for n in distillation.OPTIONS if n in given]:
         raise RunError(", ".join(map(flag, stray)) + ": distillation options, only with --teacher")
+    _check_objective_options(cfg, given)
+    if resumed is None and start.init is None and start.config is None:
+        model_config(cfg, vocab_size=1)   # sizes that do not fit fail before any write
+    return start
+
+
+def _load_init_checkpoint(cfg: PretrainingConfig):
+    """Load ``--init-checkpoint`` for a fresh run (an ELECTRA discriminator read as the
+    ``electra`` objective's BERT-shaped model) and check it against the options; sets
+    ``cfg.vocab`` to the vocab its weights were trained with.
+
+    Raises:
+        RunError: an ELECTRA that the objective cannot continue, a start of another model
+            family than ``--model``, another lower-casing or another ``--vocab``.
+    """
+    init = load_start(cfg.init_checkpoint, "--init-checkpoint")
+    if init.config.model_type == "electra" and cfg.objective == "electra":
+        from ..objectives.electra import from_electra   # an ELECTRA discriminator
+        try:
+            init.config, init.state = from_electra(init.config, init.state)
+        except ValueError as e:
+            raise RunError(f"--init-checkpoint {cfg.init_checkpoint}: {e}") from None
+    check_model_type(init.config, cfg.model, f"--init-checkpoint {cfg.init_checkpoint}")
+    lower = init.tokenizer_options.get("do_lower_case", True)
+    if lower != cfg.lowercase:
+        raise RunError(f"--init-checkpoint {cfg.init_checkpoint} was trained with "
+                       f"lowercase={lower}; this run has lowercase={cfg.lowercase} (add "
+                       "or drop --no-lowercase)")
+    if cfg.vocab and Path(cfg.vocab).read_bytes() != init.vocab_file.read_bytes():
+        raise RunError(f"--vocab {cfg.vocab} differs from {init.vocab_file}, the "
+                       f"vocab the weights of --init-checkpoint were trained with")
+    cfg.vocab = str(init.vocab_file)
+    return init
+
+
+def _add_teacher(cfg: PretrainingConfig, given: set[str], resumed: dict | None,
+                start: Start) -> None:
+    """Resolve ``--teacher`` (:func:`minibert.distillation.resolve_teacher`, whose errors
+    it raises) into ``start.teacher``, ``start.weights`` and the student's
+    ``start.config`` (sizes fixed by a resumed run or ``start.init``); takes the
+    teacher's vocab, lower-casing and ``alpha_ce`` into ``cfg``."""
+    options = distillation.DistillationOptions.of(cfg, given)
+    found = distillation.resolve_teacher(options, vocab=cfg.vocab, lowercase=cfg.lowercase,
+                                         max_seq_length=cfg.max_seq_length)
+    cfg.vocab, cfg.lowercase, cfg.alpha_ce = (found.vocab, found.lowercase,
+                                                 found.weights.alpha_ce)
+    start.teacher, start.weights = found.teacher, found.weights
+    fixed = (resumed["config"] if resumed is not None
+             else start.init.config if start.init is not None else None)
+    start.config = distillation.student_config(
+        options, found.teacher.config,
+        model_config(cfg, found.teacher.config.vocab_size), fixed=fixed)
+    if cfg.model == "distilbert" and not isinstance(start.config, DistilBertConfig):
+        # every other layer of a BERT teacher, as a DistilBERT (Sanh et al. 2019)
+        start.config = distilbert_config_from_bert(start.config)
+
+
+def _check_objective_options(cfg: PretrainingConfig, given: set[str]) -> None:
+    """Refuse options that do not fit ``--objective`` or the batch schedule.
+
+    Raises:
+        RunError: ``--teacher`` with ``--objective electra``, ELECTRA options with
+            another objective, ``--batch-size-ramp`` without gradient accumulation.
+    """
     if cfg.objective == "electra" and cfg.teacher:
         raise RunError("--teacher works with the BERT objectives, not --objective electra")
     if cfg.objective != "electra" and (stray := [n for n in ELECTRA_OPTIONS if n in given]):
@@ -146,9 +181,6 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
         raise RunError(f"--batch-size-ramp {cfg.batch_size_ramp:g} ramps the micro-batches "
                        "per step up to --gradient-accumulation-steps, which is 1: give it "
                        ">= 2 (the full batch is --batch-size x that)")
-    if resumed is None and start.init is None and start.config is None:
-        model_config(cfg, vocab_size=1)   # sizes that do not fit fail before any write
-    return start
 
 
 def check_resumed_data(cfg: PretrainingConfig, resumed: dict) -> None:
