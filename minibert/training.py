@@ -238,32 +238,16 @@ def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr:
         the same on every rank) and this rank's sum of the workload's per-micro-batch sums.
     """
     comm = comm or Communicator()
-    world, rank = comm.world_size, comm.rank
+    world = comm.world_size
     flat = optimizer.flat
     xp = get_array_module(flat.grad)
     rng = dropout_rng or backend.DropoutRNG(device)
     model.set_dropout_rng(rng)
-    k = len(micro)
-    backward = getattr(workload, "backward", None)   # a workload that computes its own loss
     optimizer.zero_grad()
     scale = optimizer.loss_scale()          # 1.0, or the dynamic scale of float16 training
-    loss_sum, sums = 0.0, {}
     with frozen_parameters():            # no parameter changes until the optimizer step
-        for i, batch in enumerate(micro):
-            shard, weight = shard_rows(batch, rank, world)
-            rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
-            loss, batch_sums = workload.forward(model, shard)
-            if backward is None:
-                model.backward(dloss=scale * weight / k)
-            else:
-                backward(model, scale * weight / k)
-            # on the GPU the first term is kept as it is: 0 + v would be a kernel launch
-            first = i == 0 and xp is not np
-            term = loss * weight / k
-            loss_sum = term if first else loss_sum + term
-            for key, v in batch_sums.items():   # a stand-in row (weight 0) counts nothing
-                v = v if weight else 0 * v
-                sums[key] = v if first else sums.get(key, 0) + v
+        loss_sum, sums = _forward_backward(model, workload, micro, step, cfg, rng, comm,
+                                           scale, xp)
     if world > 1:
         comm.allreduce_(flat.grad)
         loss_sum = comm.allreduce_(xp.array(loss_sum, ndmin=1))[0]
@@ -274,6 +258,32 @@ def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr:
     optimizer.step(finite.astype(grad.dtype) * lr)                  # lr 0 on a bad step
     optimizer.update_scale(finite)
     return loss_sum, grad_norm, finite, sums
+
+
+def _forward_backward(model, workload: Workload, micro: list, step: int, cfg: TrainingConfig,
+                      rng, comm: Communicator, scale, xp):
+    """Forward and backward of this rank's rows of each micro-batch, the gradients
+    weighted ``scale`` x (rank's share) / k; returns (the weighted loss sum, the
+    workload's per-micro-batch sums added up), device values (:func:`train_step`)."""
+    world, rank, k = comm.world_size, comm.rank, len(micro)
+    backward = getattr(workload, "backward", None)   # a workload that computes its own loss
+    loss_sum, sums = 0.0, {}
+    for i, batch in enumerate(micro):
+        shard, weight = shard_rows(batch, rank, world)
+        rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
+        loss, batch_sums = workload.forward(model, shard)
+        if backward is None:
+            model.backward(dloss=scale * weight / k)
+        else:
+            backward(model, scale * weight / k)
+        # on the GPU the first term is kept as it is: 0 + v would be a kernel launch
+        first = i == 0 and xp is not np
+        term = loss * weight / k
+        loss_sum = term if first else loss_sum + term
+        for key, v in batch_sums.items():   # a stand-in row (weight 0) counts nothing
+            v = v if weight else 0 * v
+            sums[key] = v if first else sums.get(key, 0) + v
+    return loss_sum, sums
 
 
 def step_batches(workload: Workload, cfg: TrainingConfig, state: TrainState) -> Iterator[list]:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..backend import compute_dtype
 from ..fast import fast_path
-from .module import Module, Parameter
+from .module import Module, Parameter, backward_into
 
 
 def layernorm_forward(x, w, b, eps: float = 1e-12):
@@ -73,15 +73,8 @@ def layernorm_backward_into(dout, cache, dw_acc=None, db_acc=None):
         :func:`minibert.gpu_kernels.layernorm_backward_into` (the column sums inside
         cuBLAS products that accumulate, ``beta = 1``).
     """
-    fast = fast_path("layernorm_backward_into", dout)
-    if fast is not None:
-        return fast(dout, cache, dw_acc, db_acc)
-    dx, dw, db = layernorm_backward(dout, cache)
-    if dw_acc is not None:
-        dw_acc += dw
-    if db_acc is not None:
-        db_acc += db
-    return dx
+    return backward_into("layernorm_backward_into", layernorm_backward, dout, cache, dw_acc,
+                         db_acc)
 
 
 class LayerNorm(Module):

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fast import fast_path
-from .module import Module, Parameter
+from .module import Module, Parameter, backward_into
 
 
 def linear_forward(x, w, b=None):
@@ -58,15 +57,7 @@ def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
         arrays run :func:`minibert.gpu_kernels.linear_backward_into` (each accumulation in
         its cuBLAS product, ``beta = 1``: one launch instead of two).
     """
-    fast = fast_path("linear_backward_into", dout)
-    if fast is not None:
-        return fast(dout, cache, dw_acc, db_acc)
-    dx, dw, db = linear_backward(dout, cache)
-    if dw_acc is not None:
-        dw_acc += dw
-    if db_acc is not None and db is not None:
-        db_acc += db
-    return dx
+    return backward_into("linear_backward_into", linear_backward, dout, cache, dw_acc, db_acc)
 
 
 class Linear(Module):

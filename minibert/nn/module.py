@@ -58,6 +58,24 @@ class Parameter:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
 
 
+def backward_into(name: str, backward, dout, cache, dw_acc, db_acc):
+    """``dx`` of ``backward(dout, cache) -> (dx, dw, db)`` (a layer's pure backward), with
+    dw and db added into the accumulators ``dw_acc`` / ``db_acc`` (its parameters'
+    ``grad``; None for a frozen parameter, and db None for a layer without bias), as a
+    Module's backward does with them. With the fast paths on, the fast path ``name``
+    (:func:`minibert.fast.fast_path`) runs instead with the same arguments.
+    """
+    from ..fast import fast_path
+    fast = fast_path(name, dout)
+    if fast is not None:
+        return fast(dout, cache, dw_acc, db_acc)
+    dx, dw, db = backward(dout, cache)
+    for acc, g in ((dw_acc, dw), (db_acc, db)):
+        if acc is not None and g is not None:
+            acc += g
+    return dx
+
+
 def add_grads(params, grads) -> None:
     """``p.add_grad(g)`` for each pair: the slices of one stacked gradient given back to
     the parameters it was stacked from (BertSelfAttention's query / key / value).
