@@ -87,29 +87,51 @@ def _compute(dtype):
     return numpy.dtype(numpy.float32) if numpy.dtype(dtype) == numpy.float16 else numpy.dtype(dtype)
 
 
+_IND = "            "     # the indentation of a kernel body's lines
+
+_GELU_BODY = """{c} cdf_v = 0.5{s} * (1.0{s} + erf(xv * {sqrt_half}{s}));
+cdf = cdf_v;
+{c} cdf_r = cdf;
+y = xv * cdf_r;
+"""
+"""GELU of the local ``xv`` (C type ``{c}``): writes ``cdf`` and ``y = xv cdf`` (cdf read
+back rounded to its array type), as gelu_forward and bias_gelu_forward both compute it."""
+
+
+def _body(*lines: str) -> str:
+    """A kernel body of the C ``lines`` (each one statement, or several joined by
+    newlines), indented as the kernels' bodies are."""
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    return "\n" + "".join(_IND + line + "\n" for line in text.splitlines()) + _IND
+
+
+def _gelu(c: str, s: str) -> str:
+    """:data:`_GELU_BODY` in the C type ``c`` (literal suffix ``s``)."""
+    return _GELU_BODY.format(c=c, s=s, sqrt_half=_SQRT_HALF)
+
+
+def _sum(c: str, out: str, a: tuple[str, str], b: tuple[str, str], decl: str = "") -> str:
+    """C lines ``out = a + b``, each operand ``(local, source)`` read into a local of type
+    ``c`` first (``decl``: a type declaring ``out``, or "" for an output)."""
+    (an, av), (bn, bv) = a, b
+    return f"{c} {an} = {av};\n{c} {bn} = {bv};\n{decl}{out} = {an} + {bn};\n"
+
+
+def _scaled_copy(c: str, src: tuple[str, str, str], dst: tuple[str, str, str]) -> str:
+    """A body copying three arrays ``src`` into ``dst``, the first times ``scale``."""
+    return _body(f"{c} a = {src[0]};", f"{c} sv = scale;", f"{dst[0]} = a * sv;",
+                 f"{dst[1]} = {src[1]};", f"{dst[2]} = {src[2]};")
+
+
 def _activation_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str, str]]:
     """ElementwiseKernel specs (inputs, outputs, body) of GELU (exact, and with the feed-forward's bias) and inverted dropout, in the C type ``c``
     (literal suffix ``s``; ``np_name`` its NumPy name): see :func:`_kernel`."""
     return {
         # x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2))
-        "gelu_forward": ("T x", "T y, T cdf", f"""
-            {c} xv = x;
-            {c} cdf_v = 0.5{s} * (1.0{s} + erf(xv * {_SQRT_HALF}{s}));
-            cdf = cdf_v;
-            {c} cdf_r = cdf;
-            y = xv * cdf_r;
-            """),
+        "gelu_forward": ("T x", "T y, T cdf", _body(f"{c} xv = x;", _gelu(c, s))),
         # h = x + b, then GELU of h (the feed-forward's bias and activation)
-        "bias_gelu_forward": ("T x, T b", "T h, T y, T cdf", f"""
-            {c} xv0 = x;
-            {c} bv = b;
-            h = xv0 + bv;
-            {c} xv = h;
-            {c} cdf_v = 0.5{s} * (1.0{s} + erf(xv * {_SQRT_HALF}{s}));
-            cdf = cdf_v;
-            {c} cdf_r = cdf;
-            y = xv * cdf_r;
-            """),
+        "bias_gelu_forward": ("T x, T b", "T h, T y, T cdf", _body(
+            _sum(c, "h", ("xv0", "x"), ("bv", "b")), f"{c} xv = h;", _gelu(c, s))),
         # dout (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
         "gelu_backward": ("T dout, T x, T cdf", "T dx", f"""
             {c} xv = x;
@@ -241,49 +263,20 @@ def _attention_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str
     (literal suffix ``s``; ``np_name`` its NumPy name): see :func:`_kernel`."""
     return {
         # q = q_in * scale, k = k_in, v = v_in: three strided head views made contiguous
-        "split_heads": ("T qi, T ki, T vi, T scale", "T q, T k, T v", f"""
-            {c} a = qi;
-            {c} sv = scale;
-            q = a * sv;
-            k = ki;
-            v = vi;
-            """),
+        "split_heads": ("T qi, T ki, T vi, T scale", "T q, T k, T v",
+                        _scaled_copy(c, ("qi", "ki", "vi"), ("q", "k", "v"))),
         # the same with the projections' bias added first
         "split_heads_bias": ("T qi, T ki, T vi, T bq, T bk, T bv, T scale", "T q, T k, T v",
-                             f"""
-            {c} a = qi;
-            {c} ba = bq;
-            T hq = a + ba;
-            {c} hqv = hq;
-            {c} sv = scale;
-            q = hqv * sv;
-            {c} kv0 = ki;
-            {c} bkv = bk;
-            k = kv0 + bkv;
-            {c} vv0 = vi;
-            {c} bvv = bv;
-            v = vv0 + bvv;
-            """),
+                             _body(_sum(c, "hq", ("a", "qi"), ("ba", "bq"), "T "),
+                                   f"{c} hqv = hq;", f"{c} sv = scale;", "q = hqv * sv;",
+                                   _sum(c, "k", ("kv0", "ki"), ("bkv", "bk")),
+                                   _sum(c, "v", ("vv0", "vi"), ("bvv", "bv")))),
         # the inverse: dq = dq_scaled * scale, dk, dv written into strided views of dqkv
-        "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv", f"""
-            {c} a = dqs;
-            {c} sv = scale;
-            dq = a * sv;
-            dk = dki;
-            dv = dvi;
-            """),
+        "merge_head_grads": ("T dqs, T dki, T dvi, T scale", "T dq, T dk, T dv",
+                             _scaled_copy(c, ("dqs", "dki", "dvi"), ("dq", "dk", "dv"))),
         # three gradients added into three accumulators
-        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", f"""
-            {c} a0 = ga;
-            {c} a1 = a;
-            ga = a0 + a1;
-            {c} b0 = gb;
-            {c} b1 = b;
-            gb = b0 + b1;
-            {c} c0 = gc;
-            {c} c1 = c;
-            gc = c0 + c1;
-            """),
+        "add_grads": ("T a, T b, T c", "T ga, T gb, T gc", _body(
+            *(_sum(c, f"g{x}", (f"{x}0", f"g{x}"), (f"{x}1", x)) for x in "abc"))),
     }
 
 
@@ -293,27 +286,14 @@ def _residual_kernels(c: str, s: str, np_name: str) -> dict[str, tuple[str, str,
     return {
         # out = dropout(x + b) + residual, each step rounded to T as the formula rounds it
         "bias_dropout_add": (f"T x, T b, float32 u, T residual, float32 p, {np_name} scale",
-                             "bool keep, T out", f"""
-            {c} xv = x;
-            {c} bv = b;
-            T y = xv + bv;
-            keep = u >= p;
-            {c} yv = y;
-            {c} kv = keep;
-            T d = yv * kv * scale;
-            {c} dv = d;
-            {c} rv = residual;
-            out = dv + rv;
-            """),
+                             "bool keep, T out", _body(
+            _sum(c, "y", ("xv", "x"), ("bv", "b"), "T "), "keep = u >= p;", f"{c} yv = y;",
+            f"{c} kv = keep;", "T d = yv * kv * scale;",
+            _sum(c, "out", ("dv", "d"), ("rv", "residual")))),
         # out = (x + b) + residual (no dropout: evaluation, or p = 0)
-        "bias_add_add": ("T x, T b, T residual", "T out", f"""
-            {c} xv = x;
-            {c} bv = b;
-            T y = xv + bv;
-            {c} yv = y;
-            {c} rv = residual;
-            out = yv + rv;
-            """),
+        "bias_add_add": ("T x, T b, T residual", "T out", _body(
+            _sum(c, "y", ("xv", "x"), ("bv", "b"), "T "),
+            _sum(c, "out", ("yv", "y"), ("rv", "residual")))),
         # the global norm and the clipping coefficient min(max_norm / (norm + 1e-6), 1)
         "clip_coef": ("T sq, float64 max_norm", "T total, T coef", """
             total = sqrt(sq);

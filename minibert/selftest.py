@@ -130,36 +130,11 @@ def _expect_ok(output: str) -> str | None:
 
 # ------------------------------------------------------------------------- the plan
 
-def plan(device: str = "cuda", gpus: int = 1, workdir: Path | None = None,
-         python: str = sys.executable) -> list[Step]:
-    """The steps of the self-test, in order.
-
-    Args:
-        device: the device under test ("cuda").
-        gpus: the number of GPUs (the -np N NCCL run needs two or more; with fewer it is
-            planned as an expected skip).
-        workdir: where the runs are written (default: a new temporary directory).
-        python: the interpreter the steps run.
-    Returns:
-        the list of :class:`Step` (time limits sum to under 600 s).
-    """
-    w = Path(workdir) if workdir is not None else default_workdir()
-    py = [python]
-    check = [python, "-m", "minibert.selftest", "--check"]
-    run = w / "run"
-    small_run = ["--corpus", str(w / "corpus.txt"), "--vocab", str(w / "vocab.txt"),
-                 "--preset", "mini", "--max-seq-length", "64", "--batch-size", "16",
-                 "--log-every", "10", "--eval-every", "1000", "--save-every", "10",
-                 "--dupe-factor", "1", "--eval-instances", "64", "--eval-samples", "0",
-                 "--eval-pairs-per-paradigm", "0", "--no-progress",
-                 "--device", device, "--seed", "0"]
-
-    def train(out, steps, *extra):
-        return py + ["train_mlm.py", *small_run, "--output-dir", str(out),
-                     "--max-steps", str(steps), *extra]
-
-    cache = str(w / "kernel-cache")
-    steps = [
+def _env_steps(check: list[str], py: list[str], cache: str) -> list[Step]:
+    """The env, tests and parity steps: the device, the start-up with a cold and a warm
+    kernel cache (``cache``), TF32, pytest against the real CuPy and the parity checks.
+    ``check`` is the ``--check`` command prefix, ``py`` the interpreter."""
+    return [
         Step("env/nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
                                 "compute_cap", "--format=csv"], 10),
         Step("env/device-summary", check + ["device-summary"], 20, _expect_ok),
@@ -173,6 +148,15 @@ def plan(device: str = "cuda", gpus: int = 1, workdir: Path | None = None,
                                    "tests/test_gpu_kernels.py"], 70, unexpected_skips),
         Step("parity/one-step-cpu-gpu", check + ["parity-one-step"], 25, _expect_ok),
         Step("parity/float16-vs-float32-50-steps", check + ["parity-float16"], 35, _expect_ok),
+    ]
+
+
+def _smoke_steps(w: Path, check: list[str], py: list[str], train, device: str) -> list[Step]:
+    """The smoke steps under the work directory ``w``: prepare, train 30 steps then resume,
+    against 40 straight, float16, TF32, fine-tuning, fill-mask and PLL scoring. ``train(out,
+    steps, *extra)`` gives a train_mlm.py command."""
+    run = w / "run"
+    return [
         Step("smoke/prepare-corpus-and-vocab", check + ["prepare", str(w)], 20, _expect_ok),
         Step("smoke/train-30", check + ["interrupted-run", "30", *train(run, 40)[2:]], 35,
              _expect_ok),
@@ -193,18 +177,58 @@ def plan(device: str = "cuda", gpus: int = 1, workdir: Path | None = None,
         Step("smoke/pll-score", py + ["-m", "minibert", "score", str(run),
                                       "the whale swam in the sea .", "--device", device,
                                       "--no-progress"], 15),
+    ]
+
+
+def _nccl_and_speed_steps(w: Path, py: list[str], train, device: str,
+                          gpus: int) -> list[Step]:
+    """The nccl steps (``mpirun -np 1``, and ``-np gpus``, planned as an expected skip with
+    fewer than two GPUs) and the speed steps (mini and small against PyTorch)."""
+    many = ["mpirun", "-np", str(gpus), *train(w / "ncclN", 10, "--distributed", "nccl")]
+    steps = [
         Step("nccl/mpirun-np-1", ["mpirun", "-np", "1", *train(w / "nccl1", 10, "--distributed",
                                                                 "nccl")], 25),
+        Step(f"nccl/mpirun-np-{max(gpus, 2)}", many if gpus > 1 else [], 30,
+             skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two"),
     ]
-    many = ["mpirun", "-np", str(gpus), *train(w / "ncclN", 10, "--distributed", "nccl")]
-    steps.append(Step(f"nccl/mpirun-np-{max(gpus, 2)}", many if gpus > 1 else [], 30,
-                      skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two"))
     for preset in ("mini", "small"):
         steps.append(Step(f"speed/{preset}-vs-torch", py + [
             "bench/bench_train_step.py", "--presets", preset, "--device", device,
             "--precision", "fp32", "--steps", "10", "--warmup", "3", "--rounds", "1"],
             40))
     return steps
+
+
+def plan(device: str = "cuda", gpus: int = 1, workdir: Path | None = None,
+         python: str = sys.executable) -> list[Step]:
+    """The steps of the self-test, in order.
+
+    Args:
+        device: the device under test ("cuda").
+        gpus: the number of GPUs (the -np N NCCL run needs two or more; with fewer it is
+            planned as an expected skip).
+        workdir: where the runs are written (default: a new temporary directory).
+        python: the interpreter the steps run.
+    Returns:
+        the list of :class:`Step` (time limits sum to under 600 s).
+    """
+    w = Path(workdir) if workdir is not None else default_workdir()
+    py = [python]
+    check = [python, "-m", "minibert.selftest", "--check"]
+    small_run = ["--corpus", str(w / "corpus.txt"), "--vocab", str(w / "vocab.txt"),
+                 "--preset", "mini", "--max-seq-length", "64", "--batch-size", "16",
+                 "--log-every", "10", "--eval-every", "1000", "--save-every", "10",
+                 "--dupe-factor", "1", "--eval-instances", "64", "--eval-samples", "0",
+                 "--eval-pairs-per-paradigm", "0", "--no-progress",
+                 "--device", device, "--seed", "0"]
+
+    def train(out, steps, *extra):
+        return py + ["train_mlm.py", *small_run, "--output-dir", str(out),
+                     "--max-steps", str(steps), *extra]
+
+    return (_env_steps(check, py, str(w / "kernel-cache"))
+            + _smoke_steps(w, check, py, train, device)
+            + _nccl_and_speed_steps(w, py, train, device, gpus))
 
 
 def default_workdir() -> Path:
