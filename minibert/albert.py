@@ -41,7 +41,8 @@ import numpy as np
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .modeling import (BertEmbeddings, BertForPreTraining, BertForPreTrainingOutput, BertModel,
-                       BertPredictionHeadTransform, BertSelfAttention, ModelConfig)
+                       BertPredictionHeadTransform, BertSelfAttention, EncoderConfigFields,
+                       ModelConfig)
 from .nn import Activation, Dropout, LayerNorm, Linear, Module, ModuleList, Parameter
 from .nn.activations import tanh_backward, tanh_forward
 
@@ -58,7 +59,7 @@ ALBERT_PRESETS: dict[str, tuple[int, int, int]] = {
 
 
 @dataclass
-class AlbertConfig(ModelConfig):
+class AlbertConfig(ModelConfig, EncoderConfigFields):
     """ALBERT hyper-parameters, with Hugging Face ``AlbertConfig`` field names and defaults
     (ALBERT-xxlarge's sizes, as HF; use :meth:`from_preset` for small models), so that a
     ``config.json`` that leaves out default values reads the same here as in transformers.
@@ -81,10 +82,6 @@ class AlbertConfig(ModelConfig):
     hidden_act: str = "gelu_new"          # "gelu_new" (tanh, ALBERT's), "gelu", "relu"
     hidden_dropout_prob: float = 0.0      # dropout on embeddings and sub-layer outputs
     attention_probs_dropout_prob: float = 0.0  # dropout on attention probabilities
-    max_position_embeddings: int = 512    # longest sequence T, in tokens
-    type_vocab_size: int = 2              # segment ids (sentence A / B)
-    initializer_range: float = 0.02       # std of the normal weight initialisation
-    layer_norm_eps: float = 1e-12         # LayerNorm epsilon
     classifier_dropout_prob: float | None = 0.1  # dropout before SOP and classifier heads
     position_embedding_type: str = "absolute"  # "absolute" (learned) or "sinusoidal" (fixed)
     pad_token_id: int = 0                 # word-embedding row that gets no gradient
@@ -313,12 +310,8 @@ class AlbertModel(BertModel):
     and outputs are :class:`~minibert.modeling.BertModel`'s (with H the hidden size);
     ``attentions`` has one entry per layer application.
 
-    Args:
-        config: the hyper-parameters.
-        add_pooling_layer: build ``pooler`` (needed by SOP and sequence classification).
-        seed: seed of the NumPy generator that draws the initial weights (unless ``rng``).
-        dtype: parameter dtype, float32 for training, float64 for gradient checks.
-        rng: the generator to draw from instead (a model with a head passes its own).
+    Args: as :class:`~minibert.modeling.BertModel`'s; ``add_pooling_layer`` builds
+    ``pooler``, needed by SOP and sequence classification.
     """
 
     base_model_prefix = "albert"

@@ -42,13 +42,12 @@ import numpy as np
 from .backend import get_array_module
 from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification, SequenceClassifierOutput, _add, _take_cache)
-from .modeling import (BertForPreTraining, BertModel, BertModelOutput, ModelConfig,
-                       _check_inputs, sinusoidal_positions)
+from .modeling import (BertEncoder, BertForPreTraining, BertModel, BertModelOutput,
+                       BertSelfAttention, ModelConfig, _check_inputs, init_self_attention,
+                       self_attention_backward, sinusoidal_positions)
 from .nn import (Activation, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList,
-                 Parameter,
-                 attention_backward, attention_forward, cross_entropy_backward,
-                 cross_entropy_forward, extended_attention_mask, linear_backward,
-                 linear_forward)
+                 Parameter, attention_forward, cross_entropy_backward,
+                 cross_entropy_forward, extended_attention_mask, linear_forward)
 from .nn.activations import relu_backward, relu_forward
 
 __all__ = ["DistilBertConfig", "DistilBertModel", "DistilBertForMaskedLM",
@@ -226,16 +225,10 @@ class DistilBertSelfAttention(Module):
     cache_attributes = ("_cache", "_dprobs", "attention_probs")
 
     def __init__(self, config: DistilBertConfig, rng: np.random.Generator, dtype=np.float32):
-        C, std = config.dim, config.initializer_range
         self.n_heads = config.n_heads
-        self.q_lin = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.k_lin = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.v_lin = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.out_lin = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.dropout = Dropout(config.attention_dropout)   # holds p and the rng
-        self.attention_probs = None
-        self._cache = None
-        self._dprobs = None
+        init_self_attention(self, config.dim, config.initializer_range,
+                            config.attention_dropout, rng, dtype,
+                            names=("q_lin", "k_lin", "v_lin", "out_lin"))
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> (B, T, C)."""
@@ -252,36 +245,16 @@ class DistilBertSelfAttention(Module):
         self.attention_probs = attention_cache.probs if output_attentions else None
         return self.out_lin(ctx)                                         # (B, T, C)
 
-    def add_probs_grad(self, dprobs) -> None:
-        """As :meth:`minibert.modeling.BertSelfAttention.add_probs_grad`: an upstream
-        gradient (B, NH, T, T) of the last forward's probabilities, added in by the next
-        backward.
-
-        Raises:
-            RuntimeError: no forward came before. ValueError: a wrong shape.
-        """
-        if self._cache is None:
-            raise RuntimeError("add_probs_grad() needs a preceding forward")
-        shape = tuple(self._cache[1].probs.shape)
-        if tuple(dprobs.shape) != shape:
-            raise ValueError(f"dprobs: expected shape {shape}, got {tuple(dprobs.shape)}")
-        self._dprobs = dprobs if self._dprobs is None else self._dprobs + dprobs
+    # an upstream gradient (B, NH, T, T) of the last forward's probabilities, added in by
+    # the next backward (see BertSelfAttention.add_probs_grad)
+    add_probs_grad = BertSelfAttention.add_probs_grad
 
     def backward(self, dout):
         """dout: (B, T, C) -> dx (B, T, C); adds into the four Linear layers' grads."""
         # forward: return out_lin(ctx)
         dctx = self.out_lin.backward(dout)                               # (B, T, C)
-        linear_cache, attention_cache = self.take_cache()
-        dprobs, self._dprobs = self._dprobs, None
-        # forward: ctx = attention(qkv, mask_add)
-        dqkv = attention_backward(dctx, attention_cache, dprobs)         # (B, T, 3C)
-        # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
-        dx, dw, db = linear_backward(dqkv, linear_cache)                 # (B,T,C), (3C,C), (3C,)
-        C = dx.shape[-1]
-        for i, m in enumerate((self.q_lin, self.k_lin, self.v_lin)):
-            m.weight.add_grad(dw[i * C:(i + 1) * C])
-            m.bias.add_grad(db[i * C:(i + 1) * C])
-        return dx
+        # forward: ctx = attention(qkv, mask_add), qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
+        return self_attention_backward(self, dctx, (self.q_lin, self.k_lin, self.v_lin))
 
 
 class DistilBertFFN(Module):
@@ -342,24 +315,11 @@ class DistilBertTransformer(Module):
                                  for _ in range(config.n_layers)])
         self.hidden_states = None
 
-    def forward(self, x, mask_add, output_attentions: bool = False,
-                output_hidden_states: bool = False):
-        """x: (B, T, C) -> (B, T, C); ``hidden_states`` as :class:`BertEncoder`'s."""
-        states = [x] if output_hidden_states else None
-        for layer in self.layer:
-            x = layer(x, mask_add, output_attentions)                    # (B, T, C)
-            if states is not None:
-                states.append(x)
-        self.hidden_states = tuple(states) if states is not None else None
-        return x
-
-    def backward(self, dout, first_layer: int = 0):
-        """dout: (B, T, C) -> d(input of layer ``first_layer``) (B, T, C); layers below
-        it get no backward (frozen, see :meth:`BertModel.backward`)."""
-        # forward: for layer in self.layer: x = layer(x, mask_add)  ->  last layer first
-        for i in reversed(range(first_layer, len(self.layer))):
-            dout = self.layer[i].backward(dout)                          # (B, T, C)
-        return dout
+    # BertEncoder's loop over ``layer`` (there is no pre-LN ``ln`` here): forward
+    # x (B, T, C) -> (B, T, C), keeping ``hidden_states`` when asked; backward
+    # dout -> d(input of layer ``first_layer``), layers below it frozen
+    forward = BertEncoder.forward
+    backward = BertEncoder.backward
 
 
 class DistilBertModel(BertModel):
@@ -370,13 +330,8 @@ class DistilBertModel(BertModel):
     None), as are ``freeze``, ``backward_stages`` and ``layer_attentions`` (``encoder`` is
     an alias of ``transformer``).
 
-    Args:
-        config: the hyper-parameters.
-        add_pooling_layer: accepted for BERT's signature; DistilBERT has no pooler, and
-            True is ignored.
-        seed: seed of the NumPy generator that draws the initial weights (unless ``rng``).
-        dtype: parameter dtype, float32 for training, float64 for gradient checks.
-        rng: the generator to draw from instead (a model with a head passes its own).
+    Args: as :class:`~minibert.modeling.BertModel`'s; ``add_pooling_layer`` is accepted
+    for BERT's signature, and True is ignored (DistilBERT has no pooler).
     """
 
     base_model_prefix = "distilbert"

@@ -45,7 +45,7 @@ from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     sequence_loss_backward, sequence_loss_forward)
 from .modeling import (BertEmbeddings, BertEncoder, BertForPreTraining, BertModel,
                        BertModelOutput, BertPredictionHeadTransform, BertPreTrainedModel,
-                       ModelConfig, _check_inputs)
+                       EncoderConfigFields, ModelConfig, _check_inputs)
 from .nn import (Activation, Dropout, Linear, Module, ModuleList, Parameter,
                  extended_attention_mask)
 
@@ -57,7 +57,7 @@ __all__ = ["ElectraConfig", "ElectraModel", "ElectraForPreTraining", "ElectraFor
 
 
 @dataclass
-class ElectraConfig(ModelConfig):
+class ElectraConfig(ModelConfig, EncoderConfigFields):
     """ELECTRA hyper-parameters, with transformers ``ElectraConfig`` field names and
     defaults (ELECTRA-small's discriminator: E = 128, H = 256, 12 layers, 4 heads), so a
     ``config.json`` that leaves out default values reads the same here as in transformers.
@@ -78,12 +78,6 @@ class ElectraConfig(ModelConfig):
     num_attention_heads: int = 4          # NH; must divide hidden_size
     intermediate_size: int = 1024         # I: feed-forward inner width
     hidden_act: str = "gelu"              # encoder and discriminator head activation
-    hidden_dropout_prob: float = 0.1      # dropout on embeddings and sub-layer outputs
-    attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
-    max_position_embeddings: int = 512    # longest sequence T, in tokens
-    type_vocab_size: int = 2              # segment ids (sentence A / B)
-    initializer_range: float = 0.02       # std of the normal weight initialisation
-    layer_norm_eps: float = 1e-12         # LayerNorm epsilon
     summary_type: str = "first"           # transformers' multiple-choice summary (unused)
     summary_use_proj: bool = True         # idem
     summary_activation: str = "gelu"      # idem

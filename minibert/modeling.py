@@ -105,7 +105,21 @@ class ModelConfig:
 
 
 @dataclass
-class BertConfig(ModelConfig):
+class EncoderConfigFields:
+    """The fields that BERT's, ALBERT's and ELECTRA's configs share, with transformers'
+    names and defaults (ALBERT overrides the two dropout defaults with 0.0). As a dataclass
+    base they come first in each config's field order; configs are built by keyword."""
+
+    hidden_dropout_prob: float = 0.1      # dropout on embeddings and sub-layer outputs
+    attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
+    max_position_embeddings: int = 512    # longest sequence T, in tokens
+    type_vocab_size: int = 2              # segment ids (sentence A / B)
+    initializer_range: float = 0.02       # std of the normal weight initialisation
+    layer_norm_eps: float = 1e-12         # LayerNorm epsilon
+
+
+@dataclass
+class BertConfig(ModelConfig, EncoderConfigFields):
     """Model hyper-parameters, with Hugging Face ``BertConfig`` field names.
 
     Raises:
@@ -120,12 +134,6 @@ class BertConfig(ModelConfig):
     num_attention_heads: int = 12         # NH; must divide hidden_size
     intermediate_size: int = 3072         # I: feed-forward inner width
     hidden_act: str = "gelu"              # "gelu" (exact erf), "gelu_new" (tanh), "relu"
-    hidden_dropout_prob: float = 0.1      # dropout on embeddings and sub-layer outputs
-    attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
-    max_position_embeddings: int = 512    # longest sequence T, in tokens
-    type_vocab_size: int = 2              # segment ids (sentence A / B)
-    initializer_range: float = 0.02       # std of the normal weight initialisation
-    layer_norm_eps: float = 1e-12         # LayerNorm epsilon
     pad_token_id: int = 0                 # word-embedding row that gets no gradient
     position_embedding_type: str = "absolute"  # "absolute" (learned) or "sinusoidal" (fixed)
     norm_position: str = "post"           # "post" (BERT) or "pre" (Xiong et al. 2020)
@@ -235,15 +243,9 @@ class BertSelfAttention(Module):
     cache_attributes = ("_cache", "_dprobs", "attention_probs")
 
     def __init__(self, config: BertConfig, rng: np.random.Generator, dtype=np.float32):
-        C, std = config.hidden_size, config.initializer_range
         self.num_attention_heads = config.num_attention_heads
-        self.query = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.key = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.value = Linear(C, C, rng=rng, std=std, dtype=dtype)
-        self.dropout = Dropout(config.attention_probs_dropout_prob)  # holds p and the rng
-        self.attention_probs = None  # (B, NH, T, T) of the last forward, if asked for
-        self._cache = None
-        self._dprobs = None          # an upstream gradient of the probabilities, if given
+        init_self_attention(self, config.hidden_size, config.initializer_range,
+                            config.attention_probs_dropout_prob, rng, dtype)
 
     def forward(self, x, mask_add, output_attentions: bool = False):
         """x: (B, T, C); mask_add: (B, 1, 1, T) additive or None -> context (B, T, C)."""
@@ -299,17 +301,41 @@ class BertSelfAttention(Module):
     def backward(self, dctx):
         """dctx: (B, T, C) -> dx (B, T, C); adds into query/key/value weight and bias grads
         (and takes a gradient of the probabilities given by :meth:`add_probs_grad`)."""
-        linear_cache, attention_cache = self.take_cache()
-        dprobs, self._dprobs = self._dprobs, None
-        # forward: ctx = attention(qkv, mask_add), probs = attention_cache.probs
-        dqkv = attention_backward(dctx, attention_cache, dprobs)         # (B, T, 3C)
-        # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
-        dx, dw, db = linear_backward(dqkv, linear_cache)                 # (B,T,C), (3C,C), (3C,)
-        C = dx.shape[-1]
-        projections = (self.query, self.key, self.value)
-        add_grads([m.weight for m in projections], [dw[i * C:(i + 1) * C] for i in range(3)])
-        add_grads([m.bias for m in projections], [db[i * C:(i + 1) * C] for i in range(3)])
-        return dx
+        return self_attention_backward(self, dctx, (self.query, self.key, self.value))
+
+
+def init_self_attention(module: Module, C: int, std: float, p: float,
+                        rng: np.random.Generator, dtype=np.float32,
+                        names: tuple[str, ...] = ("query", "key", "value")) -> None:
+    """Give a self-attention ``module`` (:class:`BertSelfAttention`, DistilBERT's) its
+    (C, C) Linear layers, named ``names`` and drawn from ``rng`` in that order, the dropout
+    on the attention probabilities (``dropout``, Dropout(p): it holds p and the rng) and
+    empty caches: ``attention_probs`` ((B, NH, T, T) of the last forward, if asked for),
+    ``_cache`` and ``_dprobs`` (an upstream gradient of the probabilities, if given)."""
+    for name in names:
+        setattr(module, name, Linear(C, C, rng=rng, std=std, dtype=dtype))
+    module.dropout = Dropout(p)
+    module.attention_probs = None
+    module._cache = None
+    module._dprobs = None
+
+
+def self_attention_backward(module: Module, dctx, projections):
+    """The backward of a self-attention ``module``'s fused q/k/v step: dctx (B, T, C) ->
+    dx (B, T, C). Takes the module's cache (``(linear_cache, attention_cache)``) and the
+    gradient of the probabilities given by ``add_probs_grad``, and adds the stacked
+    gradient's slices into the weight and bias grads of ``projections`` (query, key,
+    value Linears, in the order they were stacked)."""
+    linear_cache, attention_cache = module.take_cache()
+    dprobs, module._dprobs = module._dprobs, None
+    # forward: ctx = attention(qkv, mask_add), probs = attention_cache.probs
+    dqkv = attention_backward(dctx, attention_cache, dprobs)             # (B, T, 3C)
+    # forward: qkv = x @ [Wq; Wk; Wv]^T + [bq; bk; bv]
+    dx, dw, db = linear_backward(dqkv, linear_cache)                     # (B,T,C), (3C,C), (3C,)
+    C = dx.shape[-1]
+    add_grads([m.weight for m in projections], [dw[i * C:(i + 1) * C] for i in range(3)])
+    add_grads([m.bias for m in projections], [db[i * C:(i + 1) * C] for i in range(3)])
+    return dx
 
 
 class BertOutput(Module):
@@ -629,8 +655,9 @@ class BertModel(BertPreTrainedModel):
     Args:
         config: the hyper-parameters.
         add_pooling_layer: build ``pooler`` (needed by NSP and classification heads).
-        seed: seed of the NumPy generator that draws the initial weights.
+        seed: seed of the NumPy generator that draws the initial weights (unless ``rng``).
         dtype: parameter dtype, float32 for training, float64 for gradient checks.
+        rng: the generator to draw from instead (a model with a head passes its own).
     """
 
     cache_attributes = ("_hidden_meta",)
