@@ -20,7 +20,17 @@ HEADS = [ElectraForSequenceClassification, ElectraForTokenClassification,
          ElectraForQuestionAnswering]
 
 
-def parity_config(data, num_labels: int = 2, dropout: float = 0.0) -> ElectraConfig:
+# Central differences (h = 1e-6) need weights that are not tiny: at initializer_range 0.02
+# and widths of 4, LayerNorm normalises rows of variance near 1e-4 and the loss is so
+# curved that the difference quotient is off by 1e-4 relative on some biases, a property of
+# the check, not of the backward (the parity tests compare every gradient with transformers
+# at 0.02 and 0.3). The gradient checks draw from these, as minibert.testing's
+# bert_configs does (0.5).
+CHECKED_INIT = (0.3, 0.5)
+
+
+def parity_config(data, num_labels: int = 2, dropout: float = 0.0,
+                  init_ranges=(0.02, 0.3)) -> ElectraConfig:
     heads = data.draw(st.sampled_from([1, 2]))
     H = 4 * heads * data.draw(st.integers(1, 2))
     return ElectraConfig(vocab_size=data.draw(st.integers(20, 50)),
@@ -30,7 +40,7 @@ def parity_config(data, num_labels: int = 2, dropout: float = 0.0) -> ElectraCon
                          hidden_act=data.draw(st.sampled_from(["gelu", "gelu_new", "relu"])),
                          hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
                          max_position_embeddings=16, num_labels=num_labels,
-                         initializer_range=data.draw(st.sampled_from([0.02, 0.3])))
+                         initializer_range=data.draw(st.sampled_from(init_ranges)))
 
 
 def rtd_labels(batch, seed):
@@ -42,7 +52,7 @@ def rtd_labels(batch, seed):
 @settings(max_examples=6, deadline=None)
 @given(data=st.data(), seed=seeds)
 def test_electra_model_gradients_random_upstream(data, seed):
-    config = parity_config(data)
+    config = parity_config(data, init_ranges=CHECKED_INIT)
     batch = data.draw(token_batches(config, max_batch=2, max_len=6))
     rng = np.random.default_rng(seed)
     model = ElectraModel(config, seed=seed % 1000, dtype=np.float64)
@@ -62,7 +72,7 @@ def test_electra_model_gradients_random_upstream(data, seed):
 @settings(max_examples=6, deadline=None)
 @given(data=st.data(), dropout=st.sampled_from([0.0, 0.2]), seed=seeds)
 def test_discriminator_gradients_with_loss_upstream_and_fixed_dropout(data, dropout, seed):
-    config = parity_config(data, dropout=dropout)
+    config = parity_config(data, dropout=dropout, init_ranges=CHECKED_INIT)
     batch = data.draw(token_batches(config, max_batch=2, max_len=6))
     labels = rtd_labels(batch, seed)
     model = ElectraForPreTraining(config, seed=seed % 1000, dtype=np.float64)
@@ -91,7 +101,7 @@ def test_discriminator_gradients_with_loss_upstream_and_fixed_dropout(data, drop
 @settings(max_examples=6, deadline=None)
 @given(data=st.data(), seed=seeds)
 def test_generator_gradients_with_loss_and_upstream(data, seed):
-    config = parity_config(data)
+    config = parity_config(data, init_ranges=CHECKED_INIT)
     batch = data.draw(token_batches(config, max_batch=2, max_len=6))
     model = ElectraForMaskedLM(config, seed=seed % 1000, dtype=np.float64)
     rng = np.random.default_rng(seed)
@@ -114,7 +124,7 @@ def test_generator_gradients_with_loss_and_upstream(data, seed):
 @given(data=st.data(), cls=st.sampled_from(HEADS), dropout=st.sampled_from([0.0, 0.2]),
        seed=seeds)
 def test_head_gradients_random_upstream(data, cls, dropout, seed):
-    config = parity_config(data, dropout=dropout)
+    config = parity_config(data, dropout=dropout, init_ranges=CHECKED_INIT)
     batch = data.draw(token_batches(config, max_batch=2, max_len=6))
     model = cls(config, seed=seed % 1000, dtype=np.float64)
     inputs = (batch.input_ids, batch.token_type_ids, batch.attention_mask)
