@@ -140,3 +140,13 @@ def fast_paths_restored():
     fast.set_fast_paths(False)
     yield
     fast.set_fast_paths(False)
+
+
+@pytest.fixture
+def vocab_file(tmp_path):
+    """A 30-token vocab.txt (the five special tokens, then w0 .. w24) for tiny models
+    saved as Hugging Face directories."""
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]
+    p = tmp_path / "vocab.txt"
+    p.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return p

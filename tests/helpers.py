@@ -244,3 +244,15 @@ def assert_student_gradients(model, kw: dict, teacher, rng, seed: int, name: str
     # the teacher learned nothing and kept no activations
     assert not any(p.grad.any() for p in teacher.parameters())
     assert teacher.training is False
+
+
+class SharedDraws:
+    """A dropout generator that gives both devices the same uniforms (drawn on the host
+    from a NumPy generator seeded ``seed``, then moved to the array module ``xp``), so a
+    CPU and a GPU run of a model draw the same masks."""
+
+    def __init__(self, seed, xp):
+        self.rng, self.xp = np.random.default_rng(seed), xp
+
+    def random(self, shape, dtype=np.float64):
+        return self.xp.asarray(self.rng.random(shape, dtype=dtype))

@@ -294,14 +294,6 @@ def test_float32_matches_transformers_to_round_off(cls, groups):
 
 # -- Hugging Face directories ---------------------------------------------------------------
 
-@pytest.fixture
-def vocab_file(tmp_path):
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]
-    p = tmp_path / "vocab.txt"
-    p.write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    return p
-
-
 @pytest.mark.parametrize("groups", [1, 3])
 def test_hf_export_loads_in_transformers_and_back(tmp_path, vocab_file, groups):
     torch = pytest.importorskip("torch")

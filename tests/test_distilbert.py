@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import SharedDraws  # noqa: E402
 
 
 @st.composite
@@ -329,14 +330,6 @@ def test_config_aliases_errors_and_auto_classes():
         m(np.ones((1, 3), np.int64), next_sentence_label=np.zeros(1, np.int64))
 
 
-@pytest.fixture
-def vocab_file(tmp_path):
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]
-    p = tmp_path / "vocab.txt"
-    p.write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    return p
-
-
 def transformers_directory(path: Path, vocab_file: Path, cls_name="DistilBertForMaskedLM",
                            **kw) -> Path:
     """A tiny random DistilBERT saved by transformers' save_pretrained, with a vocab."""
@@ -606,14 +599,6 @@ def test_pretrain_a_distilbert_and_distil_one_from_a_bert_then_finetune(
 
 # -- the GPU path (the real GPU, or the NumPy stand-in of tests/fakecupy.py) ----------------
 
-class SharedDraws:
-    """A dropout generator giving both devices the same uniforms (drawn on the host)."""
-
-    def __init__(self, seed, xp):
-        self.rng, self.xp = np.random.default_rng(seed), xp
-
-    def random(self, shape, dtype=np.float64):
-        return self.xp.asarray(self.rng.random(shape, dtype=dtype))
 
 
 @pytest.mark.gpu

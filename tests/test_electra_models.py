@@ -16,6 +16,8 @@ from minibert.gradcheck import random_token_batch, rel_error
 from minibert.pretraining import PretrainingBatch
 from minibert.testing import assert_parameter_gradients, seeds, token_batches
 
+from helpers import SharedDraws
+
 HEADS = [ElectraForSequenceClassification, ElectraForTokenClassification,
          ElectraForQuestionAnswering]
 
@@ -282,14 +284,6 @@ def test_float32_matches_transformers_to_round_off(cls, E):
 
 
 # -- Hugging Face directories ---------------------------------------------------------------
-
-@pytest.fixture
-def vocab_file(tmp_path):
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]
-    p = tmp_path / "vocab.txt"
-    p.write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    return p
-
 
 def tiny(**kw) -> ElectraConfig:
     base = dict(vocab_size=30, embedding_size=6, hidden_size=8, num_hidden_layers=2,
@@ -674,14 +668,6 @@ def test_electra_is_core_it_loads_numpy_and_the_core_only():
 
 # -- the GPU path (a real GPU, else the NumPy stand-in tests/fakecupy.py) -------------------
 
-class _SharedDraws:
-    """A dropout generator that gives both devices the same uniforms (drawn on the host)."""
-
-    def __init__(self, seed, xp):
-        self.rng, self.xp = np.random.default_rng(seed), xp
-
-    def random(self, shape, dtype=np.float64):
-        return self.xp.asarray(self.rng.random(shape, dtype=dtype))
 
 
 @pytest.mark.gpu
@@ -711,7 +697,7 @@ def test_gpu_gradients_match_the_cpu_and_a_step_reads_nothing_back(cuda, cls):
     gpu = cls(config, dtype=np.float64).to("cuda")
     losses = []
     for model, xp in ((cpu, np), (gpu, cp)):
-        model.set_dropout_rng(_SharedDraws(7, xp))
+        model.set_dropout_rng(SharedDraws(7, xp))
         x = {k: xp.asarray(v) for k, v in host.items()}
         model.zero_grad()
         if xp is cp:

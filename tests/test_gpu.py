@@ -23,6 +23,8 @@ from minibert.optim import adamw_update as formula
 from minibert.pretraining import PretrainingBatch
 from minibert.training import TrainingConfig, train_step
 
+from helpers import SharedDraws
+
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
 
@@ -35,14 +37,6 @@ ALBERT_CONFIG = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, nu
                              attention_probs_dropout_prob=0.1)
 
 
-class SharedDraws:
-    """A dropout generator that gives both devices the same uniforms (drawn on the host)."""
-
-    def __init__(self, seed, xp):
-        self.rng, self.xp = np.random.default_rng(seed), xp
-
-    def random(self, shape, dtype=np.float64):
-        return self.xp.asarray(self.rng.random(shape, dtype=dtype))
 
 
 def inputs(xp, B=3, T=10):
