@@ -114,10 +114,8 @@ def fast_path(name: str, x):
     None while the fast paths are off (:func:`set_fast_paths`): the caller then runs its
     formula. When on: for a NumPy array ``minibert.fast_cpu.FAST_PATHS[name]``; for a CuPy
     array ``minibert.gpu_kernels.FAST_PATHS.get(name)`` (None where the GPU has no fused
-    kernel for it and runs the formula); None on NumPy arrays for the GPU-only names
-    (dropout, split_heads, merge_head_grads, bias_dropout_add_forward,
-    linear_backward_into, layernorm_backward_into, add_grads, bias_gelu_forward,
-    clip_grad_norm, masked_softmax_forward, dropout_softmax_backward).
+    kernel for it and runs the formula); None on NumPy arrays for the names of
+    :data:`_GPU_ONLY`.
 
     Raises:
         KeyError: ``name`` has no CPU fast path (on NumPy arrays, with the fast paths on).

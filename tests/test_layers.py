@@ -294,3 +294,90 @@ def test_log_softmax_is_the_log_of_a_distribution_and_scipys(rows, k, axis, scal
     np.testing.assert_allclose(logp, scipy_log_softmax(x, axis=axis), rtol=1e-12, atol=1e-9)
     half = log_softmax(x.astype(np.float16), axis=axis)                 # reduced in float32
     assert half.dtype == np.float16
+
+
+# -- the function pairs the fused GPU kernels sit behind, each checked on its own ---------
+
+def _checked(f, x, analytic, name):
+    """check_tensor of ``f`` at ``x`` (entry by entry) must pass."""
+    from minibert.gradcheck import check_tensor
+    row = check_tensor(f, x, analytic, name, full=True)
+    assert row.passed, row
+
+
+@settings(max_examples=15, deadline=None)
+@given(B=st.integers(1, 2), T=st.integers(1, 4), NH=st.integers(1, 2), HS=st.integers(1, 3),
+       with_bias=st.booleans(), seed=seeds)
+def test_split_heads_backward_is_merge_head_grads(B, T, NH, HS, with_bias, seed):
+    """d/dqkv of sum(Gq q + Gk k + Gv v), (q, k, v) = split_heads(qkv [+ bias]), is
+    merge_head_grads(Gq, Gk, Gv, scale), float64, random upstream gradients; the bias
+    gradient is its sum over (B, T)."""
+    from minibert.nn.attention import merge_head_grads, split_heads
+    rng = np.random.default_rng(seed)
+    C = NH * HS
+    qkv, bias = rng.standard_normal((B, T, 3 * C)), rng.standard_normal(3 * C)
+    G = [rng.standard_normal((B, NH, T, HS)) for _ in range(3)]
+
+    def f():
+        *heads, _ = split_heads(qkv, NH, bias if with_bias else None)
+        return float(sum((g * h).sum() for g, h in zip(G, heads)))
+    _, _, _, scale = split_heads(qkv, NH)
+    dqkv = merge_head_grads(*G, scale)                                  # (B, T, 3C)
+    _checked(f, qkv, dqkv, "qkv")
+    if with_bias:
+        _checked(f, bias, dqkv.reshape(-1, 3 * C).sum(0), "bias")
+
+
+@settings(max_examples=15, deadline=None)
+@given(B=st.integers(1, 2), NH=st.integers(1, 2), T=st.integers(1, 5),
+       p=st.sampled_from([0.0, 0.3]),
+       seed=seeds)
+def test_masked_softmax_backward_with_a_fixed_dropout_mask(B, NH, T, p, seed):
+    """d/dscores of sum(G dropout(softmax(scores + mask))) is dropout_softmax_backward,
+    float64, random upstream, a padded key, the dropout mask fixed by its seed."""
+    from minibert.nn.attention import dropout_softmax_backward, masked_softmax_forward
+    rng = np.random.default_rng(seed)
+    scores = rng.standard_normal((B, NH, T, T))
+    mask = np.zeros((B, 1, 1, T))
+    mask[..., -1] = -10000.0 if T > 1 else 0.0                          # pad the last key
+    G = rng.standard_normal((B, NH, T, T))
+
+    def run():
+        probs, cache = masked_softmax_forward(scores.copy(), mask)     # in place: a copy
+        if p == 0:
+            return probs, cache, None
+        dropped, dcache = dropout_forward(probs, p, DropoutRNG("cpu").reseed(seed))
+        return dropped, cache, dcache
+    out, cache, dcache = run()
+    dscores = dropout_softmax_backward(G.copy(), dcache, cache)
+    _checked(lambda: float((G * run()[0]).sum()), scores, dscores, "scores")
+
+
+@settings(max_examples=15, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+       p=st.sampled_from([0.0, 0.3]),
+       seed=seeds)
+def test_bias_dropout_add_and_bias_gelu_gradients(shape, p, seed):
+    """bias_dropout_add_forward: d/dx is dropout's backward of dout, d/db its column sum,
+    d/dresidual dout; bias_gelu_forward: gelu's backward at x + b, and its column sum for
+    b. Float64, random upstream, the dropout mask fixed by its seed."""
+    from minibert.nn.activations import bias_gelu_forward, gelu_backward
+    from minibert.nn.dropout import bias_dropout_add_forward
+    rng = np.random.default_rng(seed)
+    x, res = rng.standard_normal(shape), rng.standard_normal(shape)
+    b, G = rng.standard_normal(shape[-1]), rng.standard_normal(shape)
+
+    def f():
+        out, _ = bias_dropout_add_forward(x, b, res, p, DropoutRNG("cpu").reseed(seed))
+        return float((G * out).sum())
+    _, cache = bias_dropout_add_forward(x, b, res, p, DropoutRNG("cpu").reseed(seed))
+    dx = G if cache is None else dropout_backward(G, cache)
+    _checked(f, x, dx, "x")
+    _checked(f, b, dx.reshape(-1, shape[-1]).sum(0), "b")
+    _checked(f, res, G, "residual")
+
+    _, gcache = bias_gelu_forward(x, b)
+    dh = gelu_backward(G, gcache)
+    _checked(lambda: float((G * bias_gelu_forward(x, b)[0]).sum()), x, dh, "gelu x")
+    _checked(lambda: float((G * bias_gelu_forward(x, b)[0]).sum()), b,
+             dh.reshape(-1, shape[-1]).sum(0), "gelu b")
