@@ -364,9 +364,11 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         for name, (dtype, shape) in header.items():     # one tensor's bytes at a time
             begin, end = spans[name]["data_offsets"]
             f.seek(8 + n + begin)
-            a = np.frombuffer(f.read(end - begin), dtype=SAFETENSORS_NUMPY[dtype]).reshape(shape)
-            a = bfloat16_to_float32(a) if dtype == "BF16" else a.astype(a.dtype.newbyteorder("="))
-            out[name] = np.array(a)     # a copy: native order, writable, owns its memory
+            raw = np.frombuffer(f.read(end - begin), dtype=SAFETENSORS_NUMPY[dtype])
+            # one new array each (native order, writable, owning its memory): the widened
+            # bfloat16, or astype's copy of the read-only buffer
+            out[name] = (bfloat16_to_float32(raw) if dtype == "BF16"
+                         else raw.astype(raw.dtype.newbyteorder("="))).reshape(shape)
     return out
 
 
