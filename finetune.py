@@ -53,7 +53,7 @@ def add_data_arguments(p) -> None:
                         "test has is reported)")
     g.add_argument("--max-seq-length", type=int_at_least(3), default=None,
                    help="tokens per sequence, [CLS]/[SEP] included (default: 128; 384 for "
-                        "question-answering). Classification: longest-first truncation; "
+                        "question-answering; at most the tokenizer's model_max_length). Classification: longest-first truncation; "
                         "tagging: longer sentences are cut into windows at word boundaries "
                         "(with a warning); QA: the context is cut into overlapping windows")
     g.add_argument("--label-all-tokens", action="store_true",

@@ -117,7 +117,8 @@ class HFCheckpoint:
     vocab_file: path of ``vocab.txt`` (for a tokenizer.json-only directory, the vocab.txt
         written from it: :func:`vocab_of_directory`).
     tokenizer_options: keyword arguments for :class:`minibert.tokenization.BertTokenizer`
-        (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``).
+        (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``,
+        ``model_max_length`` when a tokenizer file sets one).
     id2label: {int: str} from config.json, or None.
     architectures: config.json's ``architectures`` (e.g. ``["BertForTokenClassification"]``),
         [] if absent.
@@ -418,6 +419,30 @@ _SPECIAL_DEFAULTS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[
                      "cls_token": "[CLS]", "mask_token": "[MASK]"}
 
 
+# transformers' model_max_length above this means "no limit" (its LARGE_INTEGER; the
+# sentinel it writes is VERY_LARGE_INTEGER = int(1e30), tokenization_utils_base.py)
+UNSET_MAX_LENGTH_ABOVE = int(1e20)
+
+
+def max_length_field(value: Any, path: Path, name: str) -> int | None:
+    """The sequence length a tokenizer file gives under ``name``
+    (``tokenizer_config.json``'s ``model_max_length``, ``tokenizer.json``'s
+    ``truncation.max_length``): a positive integer (an integral float is taken), or None
+    for null or anything above :data:`UNSET_MAX_LENGTH_ABOVE` (transformers' "unset"
+    sentinel ``1e30``).
+
+    Raises:
+        UntrustedFileError: another type, a fraction, or a value below 1, naming the field.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and (
+            value > UNSET_MAX_LENGTH_ABOVE or float(value).is_integer()):
+        return None if value > UNSET_MAX_LENGTH_ABOVE else int(value)
+    raise UntrustedFileError(f"{path}: field {name!r} is {value!r:.40}, expected a positive "
+                             "integer (or null / 1e30 for no limit)")
+
+
 def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
                         source: str = "config.json") -> tuple[list[str], dict[str, Any]]:
     """The WordPiece vocabulary and :class:`~minibert.tokenization.BertTokenizer` options of
@@ -430,7 +455,9 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
     ``handle_chinese_chars`` -> tokenize_chinese_chars, ``clean_text`` true), the
     ``pre_tokenizer`` (``BertPreTokenizer``), [CLS] / [SEP] from the ``post_processor``,
     [PAD] from ``padding``; ``added_tokens`` (which transformers never splits) must be
-    those special tokens, in the vocabulary.
+    those special tokens, in the vocabulary; ``truncation.max_length`` -> model_max_length
+    (the ``tokenizers`` library truncates there; transformers' ``__call__`` does not,
+    going by ``tokenizer_config.json`` alone, which :func:`read_tokenizer_options` lets win).
 
     Args:
         path: the file (read when at most ``vocab_size`` x 2 x VOCAB_LINE_BYTES + 1 MiB).
@@ -438,8 +465,8 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
         source: where vocab_size comes from, for messages.
     Returns:
         (tokens in id order, options: do_lower_case, strip_accents,
-        tokenize_chinese_chars, max_input_chars_per_word and the special tokens that
-        differ from BERT's defaults).
+        tokenize_chinese_chars, max_input_chars_per_word, model_max_length when set, and
+        the special tokens that differ from BERT's defaults).
     Raises:
         HFFormatError: not a WordPiece BERT tokenizer (BPE, Unigram, WordLevel, another
             normaliser or pre-tokeniser, added tokens other than the special tokens),
@@ -460,6 +487,13 @@ def read_tokenizer_json(path: str | os.PathLike, vocab_size: int,
     if isinstance(mic, int) and not isinstance(mic, bool) and mic > 0 and mic != 100:
         opts["max_input_chars_per_word"] = mic
     opts.update(_tokenizer_json_specials(path, d, model, set(tokens)))
+    trunc = d.get("truncation")
+    if trunc is not None and not isinstance(trunc, dict):
+        raise UntrustedFileError(f"{path}: \"truncation\" is {trunc!r:.40}, expected an "
+                                 "object or null")
+    length = max_length_field((trunc or {}).get("max_length"), path, "truncation.max_length")
+    if length is not None:
+        opts["model_max_length"] = length
     return tokens, opts
 
 
@@ -615,7 +649,8 @@ def read_tokenizer_options(directory: Path,
     """BertTokenizer options from ``tokenizer_config.json`` when present, over ``defaults``
     (e.g. what ``tokenizer.json`` says; default: lower-case): ``do_lower_case``,
     ``tokenize_chinese_chars`` and ``clean_up_tokenization_spaces`` booleans,
-    ``strip_accents`` a boolean or null.
+    ``strip_accents`` a boolean or null, ``model_max_length`` (:func:`max_length_field`;
+    its "unset" leaves ``defaults``' length, i.e. tokenizer.json's, standing).
 
     Raises:
         UntrustedFileError: the file is not a JSON object, or an option of another type.
@@ -632,6 +667,9 @@ def read_tokenizer_options(directory: Path,
                 raise UntrustedFileError(f"{tc}: field {k!r} is {t[k]!r:.40}, expected true or "
                                          "false" + (" or null" if k == "strip_accents" else ""))
             opts[k] = t[k]
+        length = max_length_field(t.get("model_max_length"), tc, "model_max_length")
+        if length is not None:
+            opts["model_max_length"] = length
     return opts
 
 

@@ -67,8 +67,9 @@ class Pipeline:
         model: a minibert model (the class the task needs, see :func:`pipeline`).
         tokenizer: its :class:`~minibert.tokenization.BertTokenizer`.
         batch_size: inputs per forward (>= 1).
-        max_length: tokens per input, special tokens included (default and cap: the
-            model's ``max_position_embeddings``); longer inputs are truncated.
+        max_length: tokens per input, special tokens included (default: the tokenizer's
+            ``model_max_length`` when set; cap: the model's ``max_position_embeddings``);
+            longer inputs are truncated.
         **defaults: call options (e.g. ``top_k``) used when a call does not give them.
     Raises:
         PipelineError: a batch size below 1, or a model of the wrong class.
@@ -89,7 +90,8 @@ class Pipeline:
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = int(batch_size)
         cap = model.config.max_position_embeddings
-        self.max_length = min(int(max_length), cap) if max_length else cap
+        self.max_length = min(int(max_length or getattr(tokenizer, "model_max_length", None)
+                                  or cap), cap)
         self.defaults = self._check_options(defaults)
         self.xp = get_array_module(next(iter(model.parameters())).data)
 

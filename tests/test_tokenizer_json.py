@@ -162,3 +162,117 @@ def test_added_tokens_beyond_the_special_ones_are_refused(tmp_path):
     (d / "vocab.txt").unlink(missing_ok=True)
     with pytest.raises(RunError, match="added token 'hello'"):
         load_start(d)
+
+
+# -- max_length from the tokenizer files (model_max_length / truncation.max_length) -----
+LONG = " ".join(corpus_lines(40))         # some 900 tokens: longer than every bound below
+
+
+def vocab_txt_dir(path: Path, model_max_length) -> Path:
+    """vocab.txt + tokenizer_config.json (what a slow BertTokenizer's save_pretrained
+    writes), no tokenizer.json."""
+    tiny_model_dir(path)
+    (path / "vocab.txt").write_bytes(UNCASED_VOCAB.read_bytes())
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": True,
+         "model_max_length": model_max_length}), encoding="utf-8")
+    return path
+
+
+def python_bert_tokenizer():
+    """transformers' pure-Python BERT tokenizer (BertTokenizerLegacy in v5)."""
+    return getattr(transformers, "BertTokenizerLegacy", transformers.BertTokenizer)
+
+
+@pytest.mark.parametrize("model_max_length", [13, 40, int(1e30), 1e30])
+@pytest.mark.parametrize("files", ["vocab.txt", "tokenizer.json"])
+def test_model_max_length_bounds_truncation_as_transformers(files, model_max_length, tmp_path):
+    """tokenizer_config.json's model_max_length is the length ``truncation=True`` cuts to
+    when no max_length is given, as transformers' tokenizers loaded from the same
+    directory; its sentinel 1e30 (int or float) means no limit."""
+    d = tmp_path / "m"
+    if files == "vocab.txt":
+        vocab_txt_dir(d, model_max_length)
+        theirs = [python_bert_tokenizer().from_pretrained(d),
+                  transformers.BertTokenizerFast.from_pretrained(d)]
+    else:
+        tokenizer_json_dir(d, model_max_length=model_max_length)
+        theirs = [transformers.BertTokenizerFast.from_pretrained(d)]
+    pre = load_start(d)
+    ours = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
+    bounded = model_max_length < 1e20
+    assert ours.model_max_length == (int(model_max_length) if bounded else None)
+    for t in theirs:
+        for args in [(LONG,), (LONG, corpus_lines(3)[2])]:
+            want = t(*args, truncation=True)["input_ids"]
+            assert ours(*args, truncation=True)["input_ids"] == want
+            assert ours.encode(*args, truncation=True) == want
+            assert (len(want) == model_max_length) if bounded else len(want) > 500
+        if bounded:   # padding to max_length pads to it; an explicit max_length wins
+            short = ours("a b", padding="max_length")["input_ids"]
+            assert short == t("a b", padding="max_length")["input_ids"]
+            assert len(short) == model_max_length
+        assert ours(LONG, truncation=True, max_length=20)["input_ids"] == t(
+            LONG, truncation=True, max_length=20)["input_ids"]
+
+
+def test_tokenizer_json_truncation_max_length_is_read(tmp_path):
+    """A tokenizer.json-only directory whose tokenizers file truncates (truncation.max_length)
+    gives that length, as the tokenizers library applies it (transformers' __call__ goes by
+    tokenizer_config.json only); tokenizer_config.json's model_max_length wins over it, and
+    its 1e30 sentinel leaves it standing."""
+    d = tokenizer_json_dir(tmp_path / "m", keep_config=False)
+    j = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    j["truncation"] = {"direction": "Right", "max_length": 17, "strategy": "LongestFirst",
+                       "stride": 0}
+    (d / "tokenizer.json").write_text(json.dumps(j), encoding="utf-8")
+    ref = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    for text in (LONG, "a short one"):
+        ours = BertTokenizer(**{"vocab_file": load_start(d).vocab_file,
+                                **load_start(d).tokenizer_options})
+        assert ours.model_max_length == 17
+        assert ours.encode(text, truncation=True) == ref.encode(text).ids
+    for config, want in [({"model_max_length": 9}, 9), ({"model_max_length": 1e30}, 17)]:
+        (d / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+        assert load_start(d).tokenizer_options["model_max_length"] == want
+
+
+@pytest.mark.parametrize("where,value", [
+    ("tokenizer_config.json", "512"), ("tokenizer_config.json", -1),
+    ("tokenizer_config.json", 12.5), ("tokenizer_config.json", True),
+    ("tokenizer.json", 0)])
+def test_a_bad_max_length_is_one_error_line(where, value, tmp_path, capsys):
+    d = tokenizer_json_dir(tmp_path / "m")
+    j = json.loads((d / where).read_text(encoding="utf-8"))
+    if where == "tokenizer.json":
+        j["truncation"] = {"direction": "Right", "max_length": value,
+                           "strategy": "LongestFirst", "stride": 0}
+    else:
+        j["model_max_length"] = value
+    (d / where).write_text(json.dumps(j), encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        minibert_main(["predict", "fill-mask", str(d), "a [MASK]"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    lines = [l for l in err.splitlines() if "error:" in l]
+    assert len(lines) == 1 and where in lines[0] and "max_length" in lines[0], err
+
+
+def test_pipelines_and_finetuning_default_to_the_tokenizer_length(tmp_path):
+    """The default length of the pipelines and of finetune.py is the tokenizer's
+    model_max_length, capped at the model's 64 positions; an explicit length wins."""
+    from minibert.finetuning.config import FinetuningConfig
+    from minibert.finetuning.job import read_data
+    from minibert.pipelines import pipeline
+    for mml, want in [(13, 13), (100, 64), (int(1e30), 64)]:
+        d = vocab_txt_dir(tmp_path / f"m{mml}", mml)
+        assert pipeline("fill-mask", d).max_length == want
+        assert pipeline("feature-extraction", d, max_length=20).max_length == 20
+        pre = load_start(d)
+        tok = BertTokenizer(pre.vocab_file, **pre.tokenizer_options)
+        cfg = FinetuningConfig(task="sequence-classification", init=str(d),
+                               max_train_examples=8)
+        assert read_data(cfg, pre, tok)[2] == min(want, 128)
+        cfg = FinetuningConfig(task="sequence-classification", init=str(d),
+                               max_train_examples=8, max_seq_length=40)
+        assert read_data(cfg, pre, tok)[2] == 40

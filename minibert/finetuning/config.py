@@ -35,7 +35,8 @@ class FinetuningConfig(JobOptions):
     dev: str | None = None
     test: str | None = None            # "none": no test split
     labels: str | None = None          # the label (tag) set, one per line
-    max_seq_length: int | None = None  # tokens per sequence, >= 3 (None: 128; QA 384)
+    max_seq_length: int | None = None  # tokens per sequence, >= 3 (None: 128; QA 384;
+    #                                    at most the tokenizer's model_max_length)
     label_all_tokens: bool = False     # tagging: train on every piece of a word
     doc_stride: int = 128              # QA: tokens two context windows share, >= 0
     max_query_length: int = 64         # QA: tokens of a question, >= 1

@@ -109,8 +109,8 @@ def split_paths(cfg: FinetuningConfig, task) -> dict[str, Path | None]:
 def read_data(cfg: FinetuningConfig, pre, tokenizer, data_root: Path = DATA_ROOT):
     """The task of ``--task`` and its data: (task, :class:`~.tasks.TaskData`, max_len).
     Fills in ``cfg.data`` (DATA_ROOT/the task's sample) and ``cfg.max_seq_length`` (the
-    task's default) when not given; max_len is the latter capped at the model's
-    positions. Warnings (e.g. sentences cut into windows) go to stderr.
+    task's default, or the tokenizer's ``model_max_length`` when smaller) when not given;
+    max_len is the latter capped at the model's positions. Warnings (e.g. sentences cut into windows) go to stderr.
 
     Raises:
         DatasetError: a missing, empty or malformed split file. ValueError: a ``--metric``
@@ -120,7 +120,8 @@ def read_data(cfg: FinetuningConfig, pre, tokenizer, data_root: Path = DATA_ROOT
     if cfg.data is None:
         cfg.data = str(data_root / task.data_subdir)
     if cfg.max_seq_length is None:
-        cfg.max_seq_length = task.default_max_seq_length
+        cfg.max_seq_length = min(task.default_max_seq_length,
+                                 tokenizer.model_max_length or task.default_max_seq_length)
     max_len = min(cfg.max_seq_length, pre.config.max_position_embeddings)
     if cfg.task == "question-answering" and cfg.predict and len(cfg.predict) != 2:
         raise ValueError("--predict: question-answering takes QUESTION CONTEXT")

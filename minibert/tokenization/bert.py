@@ -130,12 +130,18 @@ class BertTokenizer:
         max_input_chars_per_word: longer words become ``unk_token`` (100).
         clean_up_tokenization_spaces: default for ``decode``: remove the space before
             ``. , ? !`` and in English contractions, as transformers does.
+        model_max_length: the longest input the model takes, in tokens (specials
+            included), or None (unset). Truncation or ``padding='max_length'`` without a
+            ``max_length`` use it, as transformers' ``model_max_length`` (where its
+            "unset" is the sentinel ``int(1e30)``); read from ``tokenizer_config.json`` /
+            ``tokenizer.json`` by :mod:`minibert.hf`.
 
     Raises:
         FileNotFoundError: ``vocab_file`` does not exist.
         VocabError (a ``ValueError``): the vocab file is empty, not UTF-8, or has a token on
             two lines (see :func:`~minibert.tokenization.vocab.read_vocab_tokens`).
-        ValueError: the vocabulary lacks one of the special tokens.
+        ValueError: the vocabulary lacks one of the special tokens, a
+            ``model_max_length`` that is not a positive int or None.
 
     Source of the semantics: transformers ``tokenization_bert.py`` (Python tokenizer) and
     google-research/bert ``tokenization.py``.
@@ -156,7 +162,13 @@ class BertTokenizer:
         strip_accents: bool | None = None,
         max_input_chars_per_word: int = 100,
         clean_up_tokenization_spaces: bool = True,
+        model_max_length: int | None = None,
     ):
+        if model_max_length is not None and (isinstance(model_max_length, bool) or not isinstance(
+                model_max_length, (int, np.integer)) or model_max_length < 1):
+            raise ValueError(f"model_max_length must be a positive int or None, got "
+                             f"{model_max_length!r}")
+        self.model_max_length = None if model_max_length is None else int(model_max_length)
         self.vocab_file = str(vocab_file)
         self.vocab: dict[str, int] = load_vocab(vocab_file)
         self.ids_to_tokens: dict[int, str] = {i: t for t, i in self.vocab.items()}
@@ -477,8 +489,10 @@ class BertTokenizer:
             return [int(i) for i in text]  # already ids
         raise TypeError(f"expected a str (or a list of int ids), got {type(text).__name__}")
 
-    @staticmethod
-    def _check_options(truncation, padding, max_length):
+    def _check_options(self, truncation, padding, max_length):
+        """(truncation mode, padding mode, max_length): ``max_length`` None becomes
+        :attr:`model_max_length` when truncating or padding to a length (transformers'
+        ``_get_padding_truncation_strategies``). Raises ValueError naming a bad option."""
         if truncation not in _TRUNCATION:
             raise ValueError(
                 f"truncation must be one of {[k for k in _TRUNCATION]}; got {truncation!r}"
@@ -487,9 +501,13 @@ class BertTokenizer:
             raise ValueError(f"padding must be one of {[k for k in _PADDING]}; got {padding!r}")
         if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 1):
             raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
-        if _PADDING[padding] == "max_length" and max_length is None:
-            raise ValueError("padding='max_length' needs max_length, got None")
-        return _TRUNCATION[truncation], _PADDING[padding]
+        trunc, pad = _TRUNCATION[truncation], _PADDING[padding]
+        if max_length is None and (trunc is not None or pad == "max_length"):
+            max_length = self.model_max_length
+        if pad == "max_length" and max_length is None:
+            raise ValueError("padding='max_length' needs max_length (or a model_max_length), "
+                             "got None")
+        return trunc, pad, max_length
 
     def encode(
         self,
@@ -506,8 +524,10 @@ class BertTokenizer:
             text, text_pair: strings (or lists of ids, used as they are).
             add_special_tokens: add [CLS] / [SEP].
             truncation: ``False`` / ``True`` (= ``'longest_first'``) / ``'only_first'`` /
-                ``'only_second'``; applied when ``max_length`` is given.
-            max_length: the length (in tokens, specials included) to truncate / pad to.
+                ``'only_second'``; applied when ``max_length`` (or
+                :attr:`model_max_length`) is set.
+            max_length: the length (in tokens, specials included) to truncate / pad to
+                (None: :attr:`model_max_length`).
             padding: ``'max_length'`` pads with ``pad_token_id`` up to ``max_length``.
 
         Returns:
@@ -516,7 +536,7 @@ class BertTokenizer:
         Raises:
             ValueError: bad option, or a truncation that cannot reach ``max_length``.
         """
-        trunc, pad = self._check_options(truncation, padding, max_length)
+        trunc, pad, max_length = self._check_options(truncation, padding, max_length)
         ids, _, _ = self._encode_one(text, text_pair, add_special_tokens, trunc, max_length)
         if pad == "max_length" and len(ids) < max_length:
             ids = ids + [self.pad_token_id] * (max_length - len(ids))
@@ -554,7 +574,8 @@ class BertTokenizer:
                 row; ``'max_length'`` pads to ``max_length``. Padding is on the right
                 with ``pad_token_id`` (token type 0, attention 0, offsets ``(0, 0)``).
             truncation: see :meth:`encode`.
-            max_length: target length in tokens (special tokens included).
+            max_length: target length in tokens (special tokens included; None:
+                :attr:`model_max_length`).
             pad_to_multiple_of: round the padded length up to a multiple of this.
             return_tensors: ``None`` (lists) or ``'np'`` (int64 arrays; shape ``(T,)`` for one
                 example, ``(B, T)`` for a batch, which must then be padded to one length;
@@ -598,8 +619,8 @@ class BertTokenizer:
         Source of the semantics: transformers ``PreTrainedTokenizerFast.__call__`` and
         ``tokenizers``' ``truncate_encodings`` / ``Encoding.truncate`` (windows).
         """
-        trunc, pad = self._check_call_options(truncation, padding, max_length, return_tensors,
-                                              stride)
+        trunc, pad, max_length = self._check_call_options(truncation, padding, max_length,
+                                                          return_tensors, stride)
         batched, examples = self._examples(text, text_pair, is_split_into_words)
         rows, sample_of_row = self._encode_rows(
             examples, is_split_into_words, return_offsets_mapping, add_special_tokens, trunc,
@@ -616,12 +637,12 @@ class BertTokenizer:
     def _check_call_options(self, truncation, padding, max_length, return_tensors, stride):
         """:meth:`_check_options` (the truncation and padding modes), then
         ``return_tensors`` and ``stride``. Raises ValueError naming the bad option."""
-        trunc, pad = self._check_options(truncation, padding, max_length)
+        trunc, pad, max_length = self._check_options(truncation, padding, max_length)
         if return_tensors not in (None, "np"):
             raise ValueError(f"return_tensors must be None or 'np', got {return_tensors!r}")
         if not isinstance(stride, (int, np.integer)) or stride < 0:
             raise ValueError(f"stride must be an int >= 0, got {stride!r}")
-        return trunc, pad
+        return trunc, pad, max_length
 
     def _batch_encoding(self, rows: list[_Row], target, columns: list[str], batched: bool,
                         sample_of_row: list[int] | None, return_length: bool,
