@@ -415,6 +415,48 @@ def test_objective_discriminator_exports_as_transformers_electra_and_loads_back(
                              norm_position="pre")).to_electra()
 
 
+def generator_logits(run_model, ids, mask=None):
+    """(B, T, V) MLM logits of the --objective electra model's generator at every position."""
+    h = run_model.generator.bert(ids, attention_mask=mask).last_hidden_state   # (B, T, H)
+    return run_model.generator.lm_head(h.reshape(-1, h.shape[-1])).reshape(*ids.shape, -1)
+
+
+def test_objective_generator_exports_as_transformers_electra_for_masked_lm(tmp_path,
+                                                                          vocab_file):
+    """The objective's generator (depth-reduced, E = H) is transformers' ElectraForMaskedLM
+    with embedding_size = hidden_size: the same logits on every position, padding in the
+    batch; a generator with another activation than GELU is refused, naming hidden_act."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from minibert import BertConfig
+    from minibert.hf import save_hf_directory
+    from minibert.objectives.electra import ElectraForPreTraining as Objective
+    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=12, max_position_embeddings=12,
+                        initializer_range=0.3, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    run_model = Objective(config, generator_layers=2, seed=4).eval()
+    rng = np.random.default_rng(5)
+    for p in run_model.parameters():         # biases and LayerNorms off their zeros / ones
+        p.data[...] = p.data + rng.normal(0, 0.3, p.data.shape).astype(p.data.dtype)
+    gen = run_model.generator_to_electra()
+    assert gen.config.num_hidden_layers == 2 and gen.config.embedding_size == 8
+    out = save_hf_directory(gen, tmp_path / "gen", vocab_file)
+    ids = rng.integers(5, 30, (2, 7))
+    mask = np.ones_like(ids)
+    mask[0, 4:] = 0
+    mine = generator_logits(run_model, ids, mask)
+    ref = transformers.ElectraForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids),
+                     attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="hidden_act 'relu'"):
+        Objective(BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2,
+                             num_attention_heads=2, intermediate_size=12,
+                             hidden_act="relu")).generator_to_electra()
+
+
 # -- an ELECTRA start through finetune.py ---------------------------------------------------
 
 @pytest.mark.parametrize("E", [8, 16])
@@ -519,6 +561,14 @@ def test_train_mlm_objective_electra_export_hf_is_a_transformers_electra(tmp_pat
     with torch.no_grad():
         theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
     np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    # the generator beside it, as transformers' ElectraForMaskedLM
+    gen = json.loads((export / "generator" / "config.json").read_text())
+    assert gen["architectures"] == ["ElectraForMaskedLM"] and gen["num_hidden_layers"] == 1
+    ref_gen = transformers.ElectraForMaskedLM.from_pretrained(
+        export / "generator", attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = ref_gen(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(generator_logits(run_model, ids), theirs, rtol=1e-4, atol=1e-5)
     # and back: minibert reads the directory as ELECTRA, with the same logits
     ck = load_hf_directory(export)
     again = ElectraForPreTraining(ck.config).eval()

@@ -33,8 +33,11 @@ Export: :meth:`ElectraForPreTraining.to_electra` gives the discriminator as a
 :class:`minibert.electra.ElectraForPreTraining` (``model_type`` "electra", E = H so no
 ``embeddings_project``; ``bert.*`` renamed ``electra.*``), which
 :func:`minibert.hf.save_hf_directory` writes as a directory transformers loads as
-``ElectraForPreTraining``. The generator is not exported: it is a depth-reduced BERT
-(``generator.*``, hidden size H), not transformers' width-reduced ``ElectraForMaskedLM``.
+``ElectraForPreTraining``. :meth:`ElectraForPreTraining.generator_to_electra` gives the
+generator as an ``ElectraForMaskedLM`` of ``embedding_size`` = ``hidden_size`` = H (a
+depth-reduced generator is one transformers' class expresses exactly when ``hidden_act``
+is "gelu", the activation its generator head hard-codes); ``--export-hf DIR`` writes it
+as ``DIR/generator``.
 
 Metrics: the generator's MLM ones (:meth:`Objective.stats`), to which
 :class:`ReplacedTokenDetection` adds the discriminator's ``rtd_loss`` (nats per real
@@ -140,19 +143,43 @@ class ElectraForPreTraining(BertPreTrainedModel):
             ValueError: a config transformers' ELECTRA cannot express (pre-LN, sinusoidal
                 positions, mean pooling), naming the field.
         """
-        from ..electra import ElectraConfig
         from ..electra import ElectraForPreTraining as Discriminator
-        c = self.config
-        if c.position_embedding_type != "absolute":
-            raise ValueError(f"position_embedding_type {c.position_embedding_type!r}: "
-                             "transformers' ELECTRA has learned absolute positions only")
-        fields = {k: getattr(c, k)
-                  for k in (*_SHARED_FIELDS, "norm_position", "classifier_pooling")}
-        config = ElectraConfig(embedding_size=c.hidden_size, **fields)
-        model = Discriminator(config, dtype=self.dtype)
+        model = Discriminator(_electra_config(self.config), dtype=self.dtype)
         state = {("electra." + k[len("bert."):] if k.startswith("bert.") else k): v
                  for k, v in self.state_dict().items()
                  if k.startswith(("bert.", "discriminator_predictions."))}
+        model.load_state_dict(state)
+        return model
+
+    def generator_to_electra(self):
+        """The generator as a :class:`minibert.electra.ElectraForMaskedLM` with a copy of
+        its weights, on the host, in this model's dtype: transformers'
+        ``ElectraForMaskedLM`` with ``embedding_size`` = ``hidden_size`` = H and
+        ``generator_layers`` layers. The map is exact: ``generator.bert.*`` ->
+        ``electra.*`` (the embeddings are the shared tables), BERT's MLM transform
+        ``cls.predictions.transform.{dense,LayerNorm}`` (H -> H, activation, LayerNorm) ->
+        ``generator_predictions.{dense,LayerNorm}`` (H -> E = H, GELU, LayerNorm), the
+        decoder bias -> ``generator_lm_head.bias`` (its weight is the word embeddings
+        on both sides).
+
+        Raises:
+            ValueError: ``hidden_act`` other than "gelu" (transformers' generator head
+                applies the exact GELU whatever ``hidden_act`` says, ours ``hidden_act``),
+                or what :meth:`to_electra` refuses, naming the field.
+        """
+        from ..electra import ElectraForMaskedLM
+        c = self.generator.config
+        if c.hidden_act != "gelu":
+            raise ValueError(f"hidden_act {c.hidden_act!r}: transformers' ELECTRA generator "
+                             "head applies the exact GELU, this generator's MLM head "
+                             f"{c.hidden_act!r}")
+        model = ElectraForMaskedLM(_electra_config(c), dtype=self.dtype)
+        renames = (("generator.bert.", "electra."),
+                   ("generator.cls.predictions.transform.", "generator_predictions."),
+                   ("generator.cls.predictions.bias", "generator_lm_head.bias"))
+        state = {new + k[len(old):]: v for k, v in self.state_dict().items()
+                 for old, new in renames if k.startswith(old)}
+        state["generator_lm_head.weight"] = state["electra.embeddings.word_embeddings.weight"]
         model.load_state_dict(state)
         return model
 
@@ -238,6 +265,21 @@ class ElectraForPreTraining(BertPreTrainedModel):
         self.bert.backward(self.discriminator_predictions.backward(dz.astype(dtype)), None)
         # forward: loss = mlm_loss + disc_weight * rtd_loss  ->  the generator's part
         self.generator.backward(dloss)
+
+
+def _electra_config(c: BertConfig):
+    """The :class:`minibert.electra.ElectraConfig` (E = H) of the BERT-shaped ``c``.
+
+    Raises:
+        ValueError: sinusoidal positions, or what ElectraConfig refuses (pre-LN, mean
+            pooling), naming the field.
+    """
+    from ..electra import ElectraConfig
+    if c.position_embedding_type != "absolute":
+        raise ValueError(f"position_embedding_type {c.position_embedding_type!r}: "
+                         "transformers' ELECTRA has learned absolute positions only")
+    fields = {k: getattr(c, k) for k in (*_SHARED_FIELDS, "norm_position", "classifier_pooling")}
+    return ElectraConfig(embedding_size=c.hidden_size, **fields)
 
 
 def from_electra(config, state: dict) -> tuple[BertConfig, dict]:

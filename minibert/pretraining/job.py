@@ -38,7 +38,7 @@ from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
 from ..provenance import check_same_data, data_fingerprint, file_fingerprint
 from ..optim import AdamW
-from ..runs import RunError, load_start, write_args
+from ..runs import HF_MODEL_FILES, RunError, load_start, write_args
 from ..tokenization import BertTokenizer, train_wordpiece
 from .config import PretrainingConfig
 from .batches import iterate_batches, make_eval_batches
@@ -736,16 +736,30 @@ def export_hf(cfg: PretrainingConfig, model, vocab_file) -> Path:
     """``--export-hf``: the trained model as a Hugging Face directory
     (:func:`minibert.hf.save_hf_directory`); for ``--objective electra`` the discriminator
     (:meth:`minibert.objectives.electra.ElectraForPreTraining.to_electra`: transformers'
-    ``ElectraForPreTraining``), the generator left out.
+    ``ElectraForPreTraining``) and, in ``DIR/generator``, the generator
+    (:meth:`~minibert.objectives.electra.ElectraForPreTraining.generator_to_electra`:
+    ``ElectraForMaskedLM``; left out with a ``note:`` line when its activation is not
+    GELU). Files of an earlier export's generator there are removed first.
 
     A model a Hugging Face directory cannot express (pre-LN, sinusoidal positions) or a
     failed write ends the job with ``train_mlm.py: error: --export-hf DIR: ...``.
     """
     from ..hf import HFFormatError, save_hf_directory
+    tok = {"do_lower_case": cfg.lowercase}
+    gen_dir = Path(cfg.export_hf) / "generator"
     try:
         exported = model.to_electra() if hasattr(model, "to_electra") else model
-        d = save_hf_directory(exported, cfg.export_hf, vocab_file,
-                              tokenizer_options={"do_lower_case": cfg.lowercase})
+        d = save_hf_directory(exported, cfg.export_hf, vocab_file, tokenizer_options=tok)
+        for name in HF_MODEL_FILES if gen_dir.is_dir() else ():
+            (gen_dir / name).unlink(missing_ok=True)
+        if hasattr(model, "generator_to_electra"):
+            try:
+                generator = model.generator_to_electra()
+            except ValueError as e:
+                print(f"note: the generator is not exported: {e}")
+            else:
+                save_hf_directory(generator, gen_dir, vocab_file, tokenizer_options=tok)
+                print(f"wrote Hugging Face directory {gen_dir} (the generator)")
     except (HFFormatError, ValueError, OSError) as e:
         fail("train_mlm.py", f"--export-hf {cfg.export_hf}: {e}")
     print(f"wrote Hugging Face directory {d}")
