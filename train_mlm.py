@@ -43,7 +43,8 @@ def add_data_arguments(p) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--corpus", nargs="+", default=[str(DEFAULT_CORPUS)],
                    help="text files or directories (their *.txt): one sentence per line, "
-                        "a blank line between documents")
+                        "a blank line between documents; or finetune.py .tsv files (one "
+                        "document a row; labels are not read)")
     g.add_argument("--exclude-documents", nargs="+", metavar="FILE",
                    default=[str(DEFAULT_EXCLUDE)],
                    help="leave out of the corpus (training, held-out split and a learned "

@@ -37,6 +37,7 @@ from ..nn.losses import IGNORE_INDEX
 from ..textfiles import utf8_lines
 from .errors import CorpusError
 from .exclusion import DocumentExclusion
+from .tsv_text import TSV_SUFFIX, tsv_documents
 
 _TAG_SPLIT = 404  # first word of the SeedSequence entropy of the held-out split
 _STORE_FORMAT = 1
@@ -93,7 +94,8 @@ def iter_documents(files: Sequence[str | os.PathLike], progress: tqdm | None = N
     line closes the current document and empty documents are dropped. Unlike the
     reference, the end of a file also closes a document (the reference would glue the
     last document of one file to the first of the next when a file lacks a final blank
-    line). A UTF-8 byte-order mark at the start of a file is dropped.
+    line). A UTF-8 byte-order mark at the start of a file is dropped. A ``.tsv`` file is
+    a fine-tuning TSV, one document a row (:func:`~.tsv_text.tsv_documents`; labels unread).
 
     Inputs:
         files: paths of UTF-8 text files (see ``resolve_corpus_files``).
@@ -110,6 +112,9 @@ def iter_documents(files: Sequence[str | os.PathLike], progress: tqdm | None = N
         path = Path(path)
         if not path.is_file():
             raise CorpusError(f"corpus file not found: {path}")
+        if path.suffix.lower() == TSV_SUFFIX:
+            yield from tsv_documents(path, progress, exclude)
+            continue
         doc: list[str] = []
         for _, line in utf8_lines(path, error=CorpusError,
                                   on_bytes=None if progress is None else progress.update):

@@ -48,6 +48,7 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
 from .exclusion import DocumentExclusion
 from .masking import VocabInfo
 from .samples import MaskSamples, pick_samples
+from .tsv_text import TSV_SUFFIX
 from ..training import TrainingConfig, TrainingError, train
 from ..evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
 
@@ -332,7 +333,8 @@ def prepare_tokenizer(cfg: PretrainingConfig, run, files, objective, reuse: bool
     """The run's tokenizer: its own vocab.txt when ``reuse`` (a resumed run, or a rank
     other than 0, which reads what rank 0 wrote), else ``--vocab`` copied into the run
     directory (so the run is self-contained for finetune.py), else a WordPiece vocab
-    learned from the corpus files, less the documents ``exclude`` lists.
+    learned from the corpus files (a TSV's text columns), less the documents ``exclude``
+    lists.
 
     Raises:
         CorpusError: ``--vocab`` missing; an empty corpus, or fewer documents than the
@@ -357,7 +359,8 @@ def prepare_tokenizer(cfg: PretrainingConfig, run, files, objective, reuse: bool
         t0 = time.time()
         algorithm = {"algorithm": cfg.vocab_algorithm} if cfg.vocab_algorithm else {}
         text = ((s for doc in iter_documents(files, exclude=exclude) for s in doc)
-                if exclude.listed else [str(f) for f in files])
+                if exclude.listed or any(f.suffix.lower() == TSV_SUFFIX for f in files)
+                else [str(f) for f in files])          # a TSV's text, not its labels
         train_wordpiece(text, vocab_size=cfg.vocab_size,
                         lowercase=cfg.lowercase, output=str(run.vocab),
                         show_progress=cfg.progress, **algorithm)
