@@ -633,8 +633,12 @@ def vocab_of_directory(directory: Path, vocab_size: int,
         return vocab, {}
     tj = directory / TOKENIZER_JSON_NAME
     if not tj.is_file():
+        spm = next((n for n in ("spiece.model", "sentencepiece.bpe.model")
+                    if (directory / n).is_file()), None)
         raise HFFormatError(f"{directory}: no {VOCAB_NAME} or {TOKENIZER_JSON_NAME} (a "
-                            "WordPiece vocabulary is needed)")
+                            "WordPiece vocabulary is needed)" + (
+                                f"; its {spm} is a SentencePiece model (as ALBERT's, T5's, "
+                                "XLNet's), which minibert does not read" if spm else ""))
     tokens, opts = read_tokenizer_json(tj, vocab_size, source)
     digest = hashlib.sha256(tj.read_bytes()).hexdigest()[:32]
     out = Path(tempfile.gettempdir()) / "minibert-vocab" / digest / VOCAB_NAME

@@ -276,3 +276,12 @@ def test_pipelines_and_finetuning_default_to_the_tokenizer_length(tmp_path):
         cfg = FinetuningConfig(task="sequence-classification", init=str(d),
                                max_train_examples=8, max_seq_length=40)
         assert read_data(cfg, pre, tok)[2] == 40
+
+
+def test_a_sentencepiece_only_directory_is_refused_naming_its_model(tmp_path):
+    """ALBERT's own checkpoints (albert-base-v2) ship spiece.model, a SentencePiece
+    Unigram model, and no WordPiece vocabulary."""
+    d = tiny_model_dir(tmp_path / "m")
+    (d / "spiece.model").write_bytes(b"\x0a\x05hello")
+    with pytest.raises(RunError, match="spiece.model is a SentencePiece model"):
+        load_start(d)
