@@ -290,7 +290,8 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
 class _FinetunedPipeline(Pipeline):
     """A pipeline over a fine-tuned model: its :class:`~minibert.finetuning.tasks.TaskBase`
     (``task_obj``, the settings it was trained with, whose ``max_seq_length`` is the
-    default ``max_length``) and label set (``labels``; default ``LABEL_0`` ... as
+    default ``max_length``; when they hold none, e.g. a transformers directory, the task's
+    default length bounded by the tokenizer's ``model_max_length``) and label set (``labels``; default ``LABEL_0`` ... as
     transformers)."""
 
     finetune_task = ""
@@ -302,8 +303,11 @@ class _FinetunedPipeline(Pipeline):
         if n and len(self.labels) != n:
             raise PipelineError(f"{len(self.labels)} labels for a model with {n} outputs")
         self.task_obj = task_obj or make_task(self.finetune_task, None, None, self.labels)
-        super().__init__(model, tokenizer, max_length=max_length or self.task_obj.max_len(
-            model.config), **kwargs)
+        default = self.task_obj.max_len(model.config)
+        trained = self.task_obj.option("max_seq_length", None) is not None   # recorded
+        if not trained and getattr(tokenizer, "model_max_length", None):
+            default = min(default, tokenizer.model_max_length)
+        super().__init__(model, tokenizer, max_length=max_length or default, **kwargs)
 
 
 class TextClassificationPipeline(_FinetunedPipeline):

@@ -276,6 +276,14 @@ def test_pipelines_and_finetuning_default_to_the_tokenizer_length(tmp_path):
         cfg = FinetuningConfig(task="sequence-classification", init=str(d),
                                max_train_examples=8, max_seq_length=40)
         assert read_data(cfg, pre, tok)[2] == 40
+    # a classifier transformers saved: no recorded length, so the tokenizer's bounds it
+    d = vocab_txt_dir(tmp_path / "cls", 13)
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(transformers.BertConfig.from_pretrained(
+        d, num_labels=2)).save_pretrained(d)
+    assert pipeline("text-classification", d).max_length == 13
+    (d / "tokenizer_config.json").write_text("{}", encoding="utf-8")
+    assert pipeline("text-classification", d).max_length == 128
 
 
 def test_a_sentencepiece_only_directory_is_refused_naming_its_model(tmp_path):
