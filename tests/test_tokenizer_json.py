@@ -280,10 +280,10 @@ def test_pipelines_and_finetuning_default_to_the_tokenizer_length(tmp_path):
     d = vocab_txt_dir(tmp_path / "cls", 13)
     torch.manual_seed(0)
     transformers.BertForSequenceClassification(transformers.BertConfig.from_pretrained(
-        d, num_labels=2)).save_pretrained(d)
+        d, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})).save_pretrained(d)
     assert pipeline("text-classification", d).max_length == 13
     (d / "tokenizer_config.json").write_text("{}", encoding="utf-8")
-    assert pipeline("text-classification", d).max_length == 128
+    assert pipeline("text-classification", d).max_length == 64     # its positions
 
 
 def test_a_sentencepiece_only_directory_is_refused_naming_its_model(tmp_path):
