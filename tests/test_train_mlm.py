@@ -97,8 +97,8 @@ def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeyp
     from minibert import training
     real_save = training.save_checkpoint
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 4:
             raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
 
@@ -312,8 +312,8 @@ def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch
     from minibert import training
     real_save = training.save_checkpoint
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 4:
             raise KeyboardInterrupt
 
