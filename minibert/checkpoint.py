@@ -73,6 +73,19 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
     return atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
+def rewrite_checkpoint(src: str | os.PathLike, dst: str | os.PathLike,
+                       trainer_state: dict[str, Any]) -> Path:
+    """Write the arrays of the checkpoint ``src`` (read with :func:`load_checkpoint`
+    before, so known to be sound) to ``dst``, atomically, with ``trainer_state`` as its
+    trainer record. Returns the path written."""
+    with np.load(src, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
+    meta["trainer"] = trainer_state
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    return atomic_write(dst, lambda f: np.savez(f, **arrays))
+
+
 def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`, checking it before its arrays
     are read: every member's size against its header and the memory available

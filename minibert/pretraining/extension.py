@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import math
 
-from ..atomic import atomic_copy
-from ..checkpoint import CheckpointError, load_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint, rewrite_checkpoint
 from ..cli import float_in
 from ..optim import decay_phase_start
 from ..runs import RunError
@@ -111,12 +110,13 @@ def check_extension(cfg, resumed: dict, stable_path) -> dict | None:
 
 def extend_run(cfg, run, resumed: dict, stable: dict | None, leader: bool) -> dict:
     """The checkpoint an extended run goes on from (``stable`` if given, else ``resumed``);
-    says so on stdout. The leader removes the finished run's summary.json and, going back,
-    copies the stable-phase checkpoint over checkpoint.npz (atomically), so that the run
-    directory never holds a checkpoint past records that were dropped.
+    says so on stdout. The leader first writes that checkpoint as checkpoint.npz
+    (atomically) with ``--max-steps`` N in its arguments, so that the run directory never
+    holds a checkpoint past records that were dropped and a plain ``--resume`` after an
+    interruption goes on to step N; and removes the finished run's summary.json.
 
     Raises:
-        WriteError: the copy cannot be written."""
+        WriteError: checkpoint.npz cannot be written."""
     planned = int(resumed["trainer"].get("args", {}).get("max_steps", cfg.max_steps))
     if cfg.max_steps == planned:
         return resumed
@@ -125,11 +125,14 @@ def extend_run(cfg, run, resumed: dict, stable: dict | None, leader: bool) -> di
              if stable is not None else f"from step {resumed['trainer'].get('step')}")
     print(f"extending the run from {planned} to {cfg.max_steps} steps, {where}; the decay "
           f"is planned again to end at step {cfg.max_steps}")
+    source = stable if stable is not None else resumed
     if leader:
+        trainer = dict(source["trainer"])
+        trainer["args"] = {**trainer.get("args", {}), "max_steps": cfg.max_steps}
+        rewrite_checkpoint(run.checkpoint if stable is None else run.stable_checkpoint,
+                           run.checkpoint, trainer)
         run.summary.unlink(missing_ok=True)
-        if stable is not None:
-            atomic_copy(run.stable_checkpoint, run.checkpoint)
-    return stable if stable is not None else resumed
+    return source
 
 
 def pinned_ramp_steps(cfg, resumed: dict | None) -> int:
