@@ -410,8 +410,10 @@ def test_a_new_run_refuses_an_existing_run_unless_overwrite(corpus, tmp_path, ca
     assert "--resume" in capsys.readouterr().err
     assert (out / "checkpoint.npz").read_bytes() == before
     (out / "checkpoint.npz.x1y2.tmp").write_bytes(b"torn")  # a killed write
+    (out / "checkpoint-stable.npz").write_bytes(before)     # the old run's, as if WSD
     assert train_mlm.main(args_for(corpus, out, "--max-steps", "3", "--overwrite")) == 0
     assert load_checkpoint(out / "checkpoint.npz")["trainer"]["step"] == 3
+    assert not (out / "checkpoint-stable.npz").exists()     # gone with the run it belonged to
     assert not list(out.glob("*.tmp"))
     assert [r["step"] for r in records(out, "train")] == [1, 2, 3]
 
