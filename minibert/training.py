@@ -620,6 +620,7 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
     try:
         while (step := state.step) < cfg.max_steps:
             if step == stable_at:          # the state before the first step of the decay
+                guard.check(state.step)
                 out.save(model, optimizer, workload, state, guard, window, ema,
                          stable_checkpoint_path)
             lr = scheduled_lr(step, cfg)

@@ -329,3 +329,35 @@ def test_the_ema_decay_warms_up_as_tensorflows_num_updates_rule():
     assert ema_decay_at(8990, 0.999) == pytest.approx(0.999) and ema_decay_at(10**6, 0.999) == 0.999
     with pytest.raises(ValueError, match="decay"):
         WeightAverage(AdamW(toy()[0].named_parameters()), 1.0)
+
+
+def test_evaluations_and_checkpoints_see_the_average_and_training_the_raw_weights(tmp_path):
+    """Each evaluation runs with the average swapped in; the next step trains on the raw
+    weights, as a run without evaluations does; the checkpoint offers the average as its
+    model, the raw weights for resuming."""
+    from minibert.checkpoint import load_checkpoint
+
+    def fit(evaluate):
+        model, data = toy()
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        ema, task = WeightAverage(opt, 0.9), ToyTask(data, 4)
+        seen = []
+        if evaluate:
+            task.evaluate = lambda step: seen.append((opt.flat.data.copy(),
+                                                      ema.average.copy())) or {}
+        cfg = TrainingConfig(max_steps=6, lr=1e-2, warmup_steps=1, eval_every=2,
+                             save_every=6, progress=False)
+        train(model, opt, task, cfg, TrainState(), metrics_path=tmp_path / "m.jsonl",
+              checkpoint_path=tmp_path / f"c{evaluate}.npz", ema=ema)
+        return opt.flat.data.copy(), ema, seen, model
+
+    raw, ema, seen, model = fit(True)
+    assert len(seen) == 3 and all(np.array_equal(w, a) for w, a in seen)
+    np.testing.assert_array_equal(raw, fit(False)[0])
+    ckpt = load_checkpoint(tmp_path / "cTrue.npz")
+    with ema.swapped_in():
+        averaged_state = model.state_dict()
+    for name, v in model.state_dict().items():
+        np.testing.assert_array_equal(ckpt["train"][name], v)
+        np.testing.assert_array_equal(ckpt["model"][name], averaged_state[name])
+    assert not np.array_equal(ema.average, raw)
