@@ -50,11 +50,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import backend
+from .averaging import WeightAverage, averaged
 from .backend import get_array_module
 from .checkpoint import save_checkpoint
 from .distributed import Communicator, shard_rows
 from .fast import frozen_parameters
-from .averaging import WeightAverage, averaged
 from .optim import (clip_grad_norm, decay_phase_start, linear_schedule_with_warmup,
                     warmup_stable_decay_schedule)
 
