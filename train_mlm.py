@@ -7,6 +7,8 @@
                                             # sentence order, n-gram masking
     python train_mlm.py --preset mini --max-steps 20000 --device cuda
     python train_mlm.py --resume runs/pretrain      # continue from the last checkpoint
+    python train_mlm.py --resume runs/pretrain --max-steps 6000   # go on longer (a run with
+                                            # --lr-scheduler-type warmup_stable_decay)
     python train_mlm.py --init-checkpoint runs/pretrain --corpus more.txt --output-dir runs/more
                                             # a new run (new schedule) from trained weights
     python train_mlm.py --teacher runs/big --student-init every-other-layer --objective mlm
@@ -35,6 +37,7 @@ from minibert.modeling import PRESETS
 from minibert.objectives import OBJECTIVES
 from minibert.pretraining import PretrainingConfig, run_pretraining
 from minibert.pretraining.config import DEFAULT_CORPUS, DEFAULT_EXCLUDE, DEFAULT_PAIRS
+from minibert.pretraining.extension import add_schedule_arguments
 from minibert.tokenization.trainer import ALGORITHMS
 
 
@@ -185,6 +188,7 @@ def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
                 max_nonfinite_steps=5)
     g.add_argument("--warmup-steps", type=non_negative_int, default=None,
                    help="linear warmup steps (default: 10%% of --max-steps)")
+    add_schedule_arguments(g)
     g.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.0,
                    help="MLM label smoothing")
     add_options(g, seed=0, device=None, tf32=False, fast_cpu=True,

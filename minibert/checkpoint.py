@@ -3,6 +3,12 @@
 Layout of the archive (NumPy ``.npz``, no pickles):
     ``model/<name>``  parameter arrays under their HF names (tied names included);
     ``optim/<key>``   AdamW moments and step count (``AdamW.state_dict``);
+    ``train/<name>``  only with a weight average (``--ema-decay``): the raw training
+                      weights, which a resumed run trains on; ``model/`` then holds the
+                      average, cast to the model's dtype, so every tool that reads the
+                      checkpoint gets it;
+    ``ema/<name>``    only with a weight average: the average itself, at its own precision
+                      (:meth:`minibert.averaging.WeightAverage.state_dict`);
     ``meta``          UTF-8 JSON: {"format", "config", "trainer"} as a uint8 array; "config"
                       holds the config's fields and its ``model_type`` ("bert" when absent,
                       as in checkpoints written before ALBERT), so an ALBERT checkpoint
@@ -36,9 +42,10 @@ FORMAT = "minibert-checkpoint-1"
 _OLD_PRE_LN = re.compile(r"(^|\.)encoder\.layer\.(\d+)\.(attention\.)?output\.LayerNorm\.")
 
 
-# the most a checkpoint stores per parameter: float64 weights, AdamW's two moments and
-# float32 master weights
-CHECKPOINT_BYTES_PER_PARAMETER = 32
+# the most a checkpoint stores per parameter: float64 weights, AdamW's two moments and,
+# with a weight average, the raw weights and the average (float16 runs: float32 master
+# weights instead of larger weights)
+CHECKPOINT_BYTES_PER_PARAMETER = 40
 
 
 class CheckpointError(ValueError):
@@ -46,16 +53,37 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None,
-                    trainer_state: dict[str, Any] | None = None) -> Path:
+                    trainer_state: dict[str, Any] | None = None, ema=None) -> Path:
     """Write ``model`` (its config and state_dict), ``optimizer`` (if given) and a JSON-able
-    ``trainer_state`` to ``path`` atomically. Returns the path written."""
+    ``trainer_state`` to ``path`` atomically; with ``ema`` (a
+    :class:`~minibert.averaging.WeightAverage`) the average as ``model/`` and the raw
+    weights as ``train/`` (see the module docstring). Returns the path written."""
     arrays = {"model/" + k: v for k, v in model.state_dict().items()}
+    if ema is not None:
+        with ema.swapped_in():
+            averaged = model.state_dict()
+        arrays = {**{"train/" + k[6:]: v for k, v in arrays.items()},
+                  **{"model/" + k: v for k, v in averaged.items()},
+                  **{"ema/" + k: v for k, v in ema.state_dict().items()}}
     if optimizer is not None:
         arrays.update({"optim/" + k: v for k, v in optimizer.state_dict().items()})
     meta = {"format": FORMAT, "config": model.config.to_record(),
             "trainer": trainer_state or {}}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     return atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def rewrite_checkpoint(src: str | os.PathLike, dst: str | os.PathLike,
+                       trainer_state: dict[str, Any]) -> Path:
+    """Write the arrays of the checkpoint ``src`` (read with :func:`load_checkpoint`
+    before, so known to be sound) to ``dst``, atomically, with ``trainer_state`` as its
+    trainer record. Returns the path written."""
+    with np.load(src, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
+    meta["trainer"] = trainer_state
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    return atomic_write(dst, lambda f: np.savez(f, **arrays))
 
 
 def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, Any]:
@@ -73,7 +101,8 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
             "meta" entry (config and trainer record), e.g. to see whose run it is.
     Returns:
         {"config": BertConfig or AlbertConfig, "model": {name: array}, "optim": {key: array},
-         "trainer": dict} (the two array dicts empty when ``arrays`` is False).
+         "train": {name: array}, "ema": {name: array}, "trainer": dict} (the array dicts
+        empty when ``arrays`` is False; "train" and "ema" empty without a weight average).
     Raises:
         CheckpointError: missing file, not a minibert checkpoint, a damaged archive, a
             member or config that fails a check, non-finite weights (the message names
@@ -98,16 +127,18 @@ def load_checkpoint(path: str | os.PathLike, arrays: bool = True) -> dict[str, A
         raise CheckpointError(f"checkpoint {e}") from None
     except Exception as e:
         raise CheckpointError(f"checkpoint {path}: cannot be read as .npz ({e})") from e
-    model = {k[6:]: v for k, v in files.items() if k.startswith("model/")}
-    optim = {k[6:]: v for k, v in files.items() if k.startswith("optim/")}
+    model, optim, train, ema = ({k[len(g):]: v for k, v in files.items() if k.startswith(g)}
+                                for g in ("model/", "optim/", "train/", "ema/"))
     try:
-        check_state_matches_config(model, config, str(path))
-        check_finite(model, str(path))
+        for weights in (model, train) if train else (model,):
+            check_state_matches_config(weights, config, str(path))
+            check_finite(weights, str(path))
     except UntrustedFileError as e:
         raise CheckpointError(f"checkpoint {e}") from None
     if getattr(config, "norm_position", "post") == "pre":
         model, optim = rename_old_pre_ln_keys(model), rename_old_pre_ln_keys(optim)
-    return {"config": config, "model": model, "optim": optim, "trainer": trainer}
+    return {"config": config, "model": model, "optim": optim, "train": train, "ema": ema,
+            "trainer": trainer}
 
 
 def _read_meta(meta: np.ndarray, path: Path) -> tuple[ModelConfig, dict[str, Any]]:

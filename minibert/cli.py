@@ -290,16 +290,17 @@ class Job:
     resumed: dict | None = None
     checked: Any = None
 
-    def train_state(self, optimizer, prog: str):
+    def train_state(self, optimizer, prog: str, ema=None):
         """The loop's :class:`~minibert.training.TrainState`: fresh, or the resumed
-        checkpoint's (the optimizer's moments restored into ``optimizer``), which is then
-        let go. Ends the job with ``PROG: error:`` on a checkpoint that does not fit."""
+        checkpoint's (the optimizer's moments restored into ``optimizer``, the weight
+        average into ``ema`` if given), which is then let go. Ends the job with
+        ``PROG: error:`` on a checkpoint that does not fit."""
         from . import distributed
         from .training import TrainingError, TrainState, resume_state
         if self.resumed is None:
             return TrainState()
         try:
-            state = resume_state(self.resumed, optimizer)
+            state = resume_state(self.resumed, optimizer, ema)
         except TrainingError as e:
             fail(prog, f"checkpoint {self.run.checkpoint}: {e}")
         print(f"resuming {self.run.checkpoint} at step {state.step} (epoch {state.epoch}, "

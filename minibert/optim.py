@@ -1,4 +1,5 @@
-"""AdamW, the warmup + linear-decay schedule, and global-norm gradient clipping.
+"""AdamW, the learning-rate schedules (warmup + linear decay; warmup-stable-decay) and
+global-norm gradient clipping.
 
 BERT's optimizer is ``AdamWeightDecayOptimizer`` in google-research/bert
 ``optimization.py``: Adam (Kingma & Ba 2015) *without* bias correction, eps 1e-6, and
@@ -280,6 +281,33 @@ def linear_schedule_with_warmup(step: int, peak_lr: float, warmup_steps: int,
     if step < warmup_steps:
         return peak_lr * step / max(1, warmup_steps)
     return peak_lr * max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+def decay_phase_start(warmup_steps: int, decay_steps: int, total_steps: int) -> int:
+    """The first step (0-based) of a warmup-stable-decay schedule's decay phase:
+    total_steps - decay_steps, but never inside the warmup (at least ``warmup_steps``)."""
+    return max(warmup_steps, total_steps - decay_steps)
+
+
+def warmup_stable_decay_schedule(step: int, peak_lr: float, warmup_steps: int,
+                                 decay_steps: int, total_steps: int) -> float:
+    """Learning rate at 0-based ``step`` of a warmup-stable-decay (WSD) schedule (MiniCPM,
+    Hu et al. 2024, section 4.1; HF ``get_wsd_schedule``): linear warmup from 0 over
+    ``warmup_steps``, then ``peak_lr`` held, then from step D = :func:`decay_phase_start`
+    a "1-sqrt" decay over the last ``decay_steps`` steps, lr = peak (1 - sqrt((step - D) /
+    (total_steps - D))), which is peak at D and reaches 0 at ``total_steps`` (Hägele et
+    al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations",
+    section 3: 1-sqrt cooldowns beat linear ones; HF's ``decay_type="1-sqrt"``).
+
+    Everything before D is independent of ``total_steps``, so a run can be extended by
+    re-planning the decay at a later end (:mod:`minibert.pretraining.extension`).
+    Returns the rate (same unit as peak_lr)."""
+    if step < warmup_steps:
+        return peak_lr * step / max(1, warmup_steps)
+    start = decay_phase_start(warmup_steps, decay_steps, total_steps)
+    if step < start:
+        return peak_lr
+    return peak_lr * max(0.0, 1.0 - math.sqrt((step - start) / max(1, total_steps - start)))
 
 
 def clip_grad_norm(parameters: Iterable, max_norm: float):

@@ -5,6 +5,9 @@ A run directory (``--output-dir``) belongs to one run of one job (``pretrain`` o
 
     checkpoint.npz   the latest resumable state: model, optimizer, trainer record
                      (job, step, epoch, position in the epoch, the run's fixed arguments)
+    checkpoint-stable.npz  pretraining with ``--lr-scheduler-type warmup_stable_decay``:
+                     the state at the start of the decay phase, from which ``--resume
+                     --max-steps N`` continues a longer run (pretraining/extension.py)
     best_model.npz   fine-tuning only: the model with the best dev metric so far
     vocab.txt        the WordPiece vocabulary the model reads
     config.json      the model's config (BertConfig or AlbertConfig) and its model_type
@@ -53,6 +56,7 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .modeling import ModelConfig
 
 CHECKPOINT = "checkpoint.npz"
+STABLE_CHECKPOINT = "checkpoint-stable.npz"
 BEST_MODEL = "best_model.npz"
 VOCAB = "vocab.txt"
 CONFIG = "config.json"
@@ -79,6 +83,7 @@ class RunDir:
     job: str
 
     checkpoint = property(lambda self: self.path / CHECKPOINT)
+    stable_checkpoint = property(lambda self: self.path / STABLE_CHECKPOINT)
     best_model = property(lambda self: self.path / BEST_MODEL)
     vocab = property(lambda self: self.path / VOCAB)
     config = property(lambda self: self.path / CONFIG)
@@ -361,7 +366,8 @@ def prepare_run_dir(output_dir: str | os.PathLike, job: str, *, resume: bool = F
                            f"{step}); pass --resume to continue it, --overwrite to replace "
                            f"it, or another {option}")
         else:  # nothing of the old run may be read as the new one's (vocab.txt is rewritten)
-            for f in (run.checkpoint, run.best_model, run.metrics, run.summary, run.args,
+            for f in (run.checkpoint, run.stable_checkpoint, run.best_model, run.metrics,
+                      run.summary, run.args,
                       run.config, *path.glob("predictions_*.tsv"),
                       *path.glob("predictions_*.json"), *path.glob("*.png"),
                       path / "labels.json"):

@@ -444,8 +444,8 @@ def _check_interrupted_run(at_step: str, *train_argv: str) -> int:
     from . import training
     real_save, stop = training.save_checkpoint, int(at_step)
 
-    def save_then_stop(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_stop(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == stop:
             raise KeyboardInterrupt(f"selftest: stopped after the step-{stop} checkpoint")
 

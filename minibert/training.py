@@ -8,7 +8,8 @@ One optimizer step (:func:`train`):
     clip the global norm          (the norm is measured even when clipping is off)
     non-finite check              (on the device: a bad step zeroes its gradients and
                                    its learning rate, so the parameters stay as they were)
-    optimizer step at the scheduled learning rate
+    optimizer step at the scheduled learning rate (:func:`scheduled_lr`)
+    weight average update         (with an EMA of the weights, :mod:`minibert.averaging`)
 
 Nothing in a step reads a device value on the host: losses, metric sums and the
 non-finite counters stay on the device and are read at log steps, evaluations and
@@ -49,11 +50,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import backend
+from .averaging import WeightAverage, averaged
 from .backend import get_array_module
 from .checkpoint import save_checkpoint
 from .distributed import Communicator, shard_rows
 from .fast import frozen_parameters
-from .optim import clip_grad_norm, linear_schedule_with_warmup
+from .optim import (clip_grad_norm, decay_phase_start, linear_schedule_with_warmup,
+                    warmup_stable_decay_schedule)
 
 
 class TrainingError(RuntimeError):
@@ -104,7 +107,9 @@ class TrainingConfig:
     """The loop's settings (units: optimizer steps unless stated).
 
     max_steps: optimizer steps of the run (>= 1). lr: peak learning rate.
-    warmup_steps: linear warmup, then linear decay to 0 at max_steps.
+    warmup_steps: linear warmup, then (``lr_scheduler_type``) "linear": linear decay to 0
+        at max_steps; "warmup_stable_decay": the peak held, then a 1-sqrt decay to 0 over
+        the last ``decay_steps`` steps (:func:`scheduled_lr`).
     max_grad_norm: global-norm clipping threshold; 0 = no clipping.
     gradient_accumulation_steps: micro-batches per step (>= 1; fewer in the last step of an
         epoch), each weighted 1/k: the
@@ -125,6 +130,8 @@ class TrainingConfig:
     max_steps: int
     lr: float
     warmup_steps: int = 0
+    lr_scheduler_type: str = "linear"
+    decay_steps: int = 0
     max_grad_norm: float = 1.0
     gradient_accumulation_steps: int = 1
     batch_size_ramp_steps: int = 0
@@ -167,20 +174,45 @@ class TrainState:
                    int(d.get("world_size", 1)))
 
 
-def resume_state(checkpoint: dict, optimizer) -> TrainState:
-    """Load a checkpoint's optimizer state into ``optimizer`` and return its TrainState.
+def resume_state(checkpoint: dict, optimizer, ema: WeightAverage | None = None) -> TrainState:
+    """Load a checkpoint's optimizer state into ``optimizer`` (and its weight average into
+    ``ema``) and return its TrainState.
 
     Args:
         checkpoint: :func:`minibert.checkpoint.load_checkpoint`'s dict.
     Raises:
         TrainingError: the optimizer state does not fit the model (moments missing or of
-            another shape).
+            another shape), or ``ema`` is given and the checkpoint's average is missing
+            or does not fit.
     """
     try:
         optimizer.load_state_dict(checkpoint["optim"])
     except (KeyError, ValueError) as e:
         raise TrainingError(f"optimizer state: {e}") from None
+    if ema is not None:
+        try:
+            ema.load_state_dict(checkpoint.get("ema") or {})
+        except (KeyError, ValueError) as e:
+            raise TrainingError(f"weight average: {e}") from None
     return TrainState.from_dict(checkpoint["trainer"])
+
+
+def decay_start(cfg: TrainingConfig) -> int | None:
+    """The first step (0-based) of a warmup_stable_decay schedule's decay phase
+    (:func:`~minibert.optim.decay_phase_start`); None for the linear schedule."""
+    if cfg.lr_scheduler_type != "warmup_stable_decay":
+        return None
+    return decay_phase_start(cfg.warmup_steps, cfg.decay_steps, cfg.max_steps)
+
+
+def scheduled_lr(step: int, cfg: TrainingConfig) -> float:
+    """The learning rate of optimizer step ``step`` (0-based): ``cfg.lr_scheduler_type``
+    "linear" (:func:`~minibert.optim.linear_schedule_with_warmup`) or
+    "warmup_stable_decay" (:func:`~minibert.optim.warmup_stable_decay_schedule`)."""
+    if cfg.lr_scheduler_type == "warmup_stable_decay":
+        return warmup_stable_decay_schedule(step, cfg.lr, cfg.warmup_steps, cfg.decay_steps,
+                                            cfg.max_steps)
+    return linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
 
 
 def ramped_accumulation(step: int, k: int, ramp_steps: int) -> int:
@@ -500,16 +532,18 @@ class _RunOutputs:
         return record
 
     def save(self, model, optimizer, workload: Workload, state: TrainState,
-             guard: NonfiniteGuard, window: LogWindow) -> None:
-        """Write the resumable state: parameters, optimizer, ``workload.trainer_record()`` and
-        ``state`` with the open window and the guard's counters (a collective: every rank
-        calls it at the same step; the leader writes)."""
+             guard: NonfiniteGuard, window: LogWindow, ema: WeightAverage | None = None,
+             path=None) -> None:
+        """Write the resumable state to ``path`` (default the checkpoint): parameters,
+        optimizer, the weight average (if any), ``workload.trainer_record()`` and ``state``
+        with the open window and the guard's counters (a collective: every rank calls it at
+        the same step; the leader writes)."""
         state.window = window.totals()
         state.nonfinite_run, state.nonfinite_since = int(guard.run), int(guard.since)
         state.elapsed_s = self.elapsed()
         if self.leader:
-            save_checkpoint(self.checkpoint_path, model, optimizer,
-                            {**workload.trainer_record(), **state.to_dict()})
+            save_checkpoint(path or self.checkpoint_path, model, optimizer,
+                            {**workload.trainer_record(), **state.to_dict()}, ema=ema)
 
     def close(self) -> None:
         self.bar.close()
@@ -547,7 +581,8 @@ def _start(model, optimizer, cfg: TrainingConfig, state: TrainState, comm: Commu
 
 def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: TrainState, *,
           metrics_path, checkpoint_path, comm: Communicator | None = None,
-          device: str | None = None) -> tuple[TrainState, dict | None]:
+          device: str | None = None, ema: WeightAverage | None = None,
+          stable_checkpoint_path=None) -> tuple[TrainState, dict | None]:
     """Train ``model`` from ``state`` to ``cfg.max_steps``; returns the final state and the
     last evaluation record (None without evaluation).
 
@@ -563,6 +598,11 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
             process). Rank 0's parameters are broadcast first; only rank 0 writes
             ``metrics_path`` and ``checkpoint_path``, shows progress and evaluates (the
             others return None as the evaluation record).
+        ema: a :class:`~minibert.averaging.WeightAverage` updated after every step; it is
+            swapped into the model for each evaluation and saved with each checkpoint.
+        stable_checkpoint_path: with the warmup_stable_decay schedule, where the state at
+            the start of the decay phase is saved (atomically), the point from which a
+            longer run continues (:mod:`minibert.pretraining.extension`).
     Raises:
         TrainingError: the model's parameters no longer alias the optimizer's buffer;
             see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite steps in a
@@ -576,13 +616,20 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
     groups, dropout_rng = step_batches(workload, cfg, state), backend.DropoutRNG(device)
     out, last_eval = _RunOutputs(metrics_path, checkpoint_path, cfg, state, comm.is_leader), None
     model.train()
+    stable_at = decay_start(cfg) if stable_checkpoint_path else None
     try:
         while (step := state.step) < cfg.max_steps:
-            lr = linear_schedule_with_warmup(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
+            if step == stable_at:          # the state before the first step of the decay
+                guard.check(state.step)
+                out.save(model, optimizer, workload, state, guard, window, ema,
+                         stable_checkpoint_path)
+            lr = scheduled_lr(step, cfg)
             window.count_tokens(micro := next(groups))
             loss, grad_norm, finite, step_sums = train_step(
                 model, optimizer, workload, micro, step, lr, cfg, comm=comm, device=device,
                 dropout_rng=dropout_rng)
+            if ema is not None:
+                ema.update(step)
             guard.update(step, finite, loss, loss_scaled=optimizer.scaler is not None)
             window.add(loss, grad_norm, finite, step_sums)
             state.step += 1
@@ -594,11 +641,12 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
                 guard.check(state.step)
                 out.log_train(state, lr, window, workload, optimizer)
             if out.leader and workload.evaluate and _due(cfg.eval_every, state.step, end):
-                last_eval = out.log_eval(state.step, workload)
+                with averaged(ema):
+                    last_eval = out.log_eval(state.step, workload)
                 model.train()
             if _due(cfg.save_every, state.step, end):
                 guard.check(state.step)
-                out.save(model, optimizer, workload, state, guard, window)
+                out.save(model, optimizer, workload, state, guard, window, ema)
     except KeyboardInterrupt:
         raise Interrupted(state.step) from None
     finally:

@@ -109,8 +109,8 @@ def test_albert_resume_after_a_crash_continues_the_same_curve(albert_run, moby30
     real_save, real_mask = training.save_checkpoint, batches_module.create_masked_lm_predictions
     ngrams = set()
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 4:
             raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
 

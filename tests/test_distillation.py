@@ -450,8 +450,8 @@ def test_resume_continues_the_same_distillation_curve(corpus, teacher_run, stude
     from minibert import training
     real_save = training.save_checkpoint
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 6:
             raise KeyboardInterrupt("simulated crash after the step-6 checkpoint")
 

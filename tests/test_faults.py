@@ -176,6 +176,37 @@ def straight(moby30, moby_vocab, tmp_path_factory):
     return out, io.ops
 
 
+@pytest.mark.parametrize("k", [1, 5])     # its create, a write in the middle of it
+def test_a_failed_stable_phase_checkpoint_write_with_an_average_resumes_exactly(
+        k, moby30, moby_vocab, tmp_path, monkeypatch, capsys):
+    """With --ema-decay and the warmup-stable-decay schedule an 8-step run saves at step
+    4, at the start of its decay (step 7, checkpoint-stable.npz) and at step 8. The
+    stable-phase save fails: one line names it and the step-4 checkpoint, nothing torn
+    is left; --resume then ends where the uninterrupted run ends: weights, raw weights,
+    average, optimizer, and the stable-phase checkpoint itself."""
+    extra = ("--ema-decay", "0.9", "--lr-scheduler-type", "warmup_stable_decay")
+    full, out = tmp_path / "full", tmp_path / "run"
+    assert train_mlm.main(tiny_pretrain_argv(moby30, moby_vocab, full, *extra)) == 0
+    argv = tiny_pretrain_argv(moby30, moby_vocab, out, *extra)
+    fail_save(monkeypatch, FaultyIO(monkeypatch), save=2, k=k)
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(argv)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert e.value.code == 1 and f"cannot write {out / 'checkpoint-stable.npz'}" in line
+    assert f"the last checkpoint, {out / 'checkpoint.npz'} (step 4), is unchanged" in line
+    assert not (out / "checkpoint-stable.npz").exists() and not list(out.glob("*.tmp"))
+    monkeypatch.undo()
+    assert train_mlm.main([*argv, "--resume"]) == 0
+    assert train_losses(out) == train_losses(full)
+    for name in ("checkpoint.npz", "checkpoint-stable.npz"):
+        a, b = load_checkpoint(full / name), load_checkpoint(out / name)
+        assert a["trainer"]["step"] == b["trainer"]["step"] == (8 if name[10] == "." else 7)
+        for group in ("model", "train", "ema", "optim"):
+            assert a[group] and a[group].keys() == b[group].keys()
+            for key, v in a[group].items():
+                np.testing.assert_array_equal(v, b[group][key], err_msg=f"{name} {group}/{key}")
+
+
 PICKS = {"create": lambda ops: 1,
          "first write": lambda ops: ops.index("write") + 1,
          "middle write": lambda ops: [i for i, o in enumerate(ops) if o == "write"][

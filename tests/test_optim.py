@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from minibert import BertConfig, BertForPreTraining, BertForSequenceClassification
 from minibert.nn import Module, Parameter
-from minibert.optim import AdamW, clip_grad_norm, decays, linear_schedule_with_warmup
+from minibert.optim import (AdamW, clip_grad_norm, decay_phase_start, decays,
+                            linear_schedule_with_warmup, warmup_stable_decay_schedule)
 from minibert.testing import seeds
 
 from helpers import cpu_blocking
@@ -147,6 +148,39 @@ def test_linear_schedule_with_warmup():
     assert lrs[0] == 0.0 and lrs[5] == 0.5 and lrs[10] == 1.0
     assert lrs[60] == pytest.approx(0.5) and lrs[110] == 0.0
     assert all(x >= y for x, y in zip(lrs[10:], lrs[11:]))
+
+
+def test_warmup_stable_decay_schedule_at_its_boundaries():
+    """Warmup 10, decay 20 of 110 steps: 0 at step 0, the peak from step 10 through the
+    decay's first step 90, then peak x (1 - sqrt((s - 90) / 20)), 0 at step 110."""
+    lrs = [warmup_stable_decay_schedule(s, 2.0, 10, 20, 110) for s in range(111)]
+    assert lrs[0] == 0.0 and lrs[5] == 1.0 and lrs[9] == pytest.approx(1.8)
+    assert lrs[10:91] == [2.0] * 81                       # stable, and the decay's first step
+    assert lrs[91] == pytest.approx(2.0 * (1 - 0.05 ** 0.5))
+    assert lrs[100] == pytest.approx(2.0 * (1 - 0.5 ** 0.5))
+    assert lrs[109] == pytest.approx(2.0 * (1 - 0.95 ** 0.5)) and lrs[110] == 0.0
+    assert all(x >= y for x, y in zip(lrs[10:], lrs[11:]))
+    # a decay longer than what follows the warmup starts where the warmup ends
+    assert decay_phase_start(10, 200, 110) == 10
+    assert warmup_stable_decay_schedule(10, 1.0, 10, 200, 110) == 1.0
+    assert warmup_stable_decay_schedule(60, 1.0, 10, 200, 110) == pytest.approx(1 - 0.5 ** 0.5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(total=st.integers(1, 5000), more=st.integers(1, 5000), warmup=st.integers(0, 600),
+       ratio=st.floats(0.01, 0.99))
+def test_a_longer_wsd_run_has_the_same_rates_up_to_the_shorter_ones_decay(total, more,
+                                                                        warmup, ratio):
+    """What an extended run relies on: the decay starts no earlier in the longer plan, and
+    every step before the shorter plan's decay has the same rate in both."""
+    from minibert.pretraining.extension import decay_steps
+    short = decay_phase_start(warmup, decay_steps(ratio, total), total)
+    long = decay_phase_start(warmup, decay_steps(ratio, total + more), total + more)
+    assert long >= short
+    for s in {0, warmup // 2, max(0, short - 1), short}:    # the decay's first step too
+        assert warmup_stable_decay_schedule(s, 1.0, warmup, decay_steps(ratio, total),
+                                            total) == warmup_stable_decay_schedule(
+            s, 1.0, warmup, decay_steps(ratio, total + more), total + more)
 
 
 @settings(max_examples=20, deadline=None)

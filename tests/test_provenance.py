@@ -104,8 +104,8 @@ def test_checkpoint_records_the_data_and_resume_refuses_a_changed_corpus(
     from minibert import training
     real_save = training.save_checkpoint
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 2:
             raise KeyboardInterrupt("simulated crash after the step-2 checkpoint")
 

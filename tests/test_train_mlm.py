@@ -89,29 +89,51 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
         [[r["token_str"] for r in f] for f in filled]
 
 
-def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeypatch):
+# a weight average and the warmup-stable-decay schedule, whose decay starts at step 7 of 8
+EMA_WSD = ("--ema-decay", "0.9", "--lr-scheduler-type", "warmup_stable_decay")
+
+
+def assert_same_checkpoints(a, b, name="checkpoint.npz"):
+    """Every array of the two runs' checkpoints (weights, optimizer, raw weights and
+    average) and their trainer records but the clock are equal."""
+    a, b = load_checkpoint(a / name), load_checkpoint(b / name)
+    for group in ("model", "optim", "train", "ema"):
+        assert a[group].keys() == b[group].keys(), group
+        for k, v in a[group].items():
+            np.testing.assert_array_equal(v, b[group][k], err_msg=f"{group}/{k}")
+    from minibert.runs import INVOCATION_ARGS
+    ta, tb = ({**t["trainer"], "elapsed_s": 0, "args": {k: v for k, v in t["trainer"][
+        "args"].items() if k not in INVOCATION_ARGS}} for t in (a, b))
+    assert ta == tb
+
+
+@pytest.mark.parametrize("extra", [(), EMA_WSD], ids=["default", "ema+wsd"])
+def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeypatch, extra):
     straight = tmp_path / "straight"
-    assert train_mlm.main(args_for(corpus, straight)) == 0
+    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
 
     crashed = tmp_path / "crashed"
     from minibert import training
     real_save = training.save_checkpoint
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 4:
             raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
 
     monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
     with pytest.raises(SystemExit, match="130"):  # Ctrl-C's exit status
-        train_mlm.main(args_for(corpus, crashed))
+        train_mlm.main(args_for(corpus, crashed, *extra))
     monkeypatch.setattr(training, "save_checkpoint", real_save)
-    assert train_mlm.main(args_for(corpus, crashed, "--resume")) == 0
+    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
 
     assert curve(crashed) == curve(straight)
-    a, b = load_checkpoint(straight / "checkpoint.npz"), load_checkpoint(crashed / "checkpoint.npz")
-    for k, v in a["model"].items():
-        np.testing.assert_array_equal(v, b["model"][k], err_msg=k)
+    assert [r["mlm_loss"] for r in records(crashed, "eval")] == \
+        [r["mlm_loss"] for r in records(straight, "eval")]
+    assert_same_checkpoints(straight, crashed)
+    if extra:
+        assert_same_checkpoints(straight, crashed, "checkpoint-stable.npz")
+        assert load_checkpoint(crashed / "checkpoint-stable.npz")["trainer"]["step"] == 7
 
 
 def test_resume_refuses_a_different_model_or_data_setting(corpus, tmp_path, capsys):
@@ -312,8 +334,8 @@ def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch
     from minibert import training
     real_save = training.save_checkpoint
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 4:
             raise KeyboardInterrupt
 
@@ -335,6 +357,9 @@ def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch
     (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps"),
     (["--batch-size-ramp", "1"], "--batch-size-ramp"),
     (["--batch-size-ramp", "-0.1"], "--batch-size-ramp"),
+    (["--ema-decay", "1"], "--ema-decay"), (["--ema-decay", "-0.1"], "--ema-decay"),
+    (["--decay-ratio", "0"], "--decay-ratio"), (["--decay-ratio", "1"], "--decay-ratio"),
+    (["--lr-scheduler-type", "cosine"], "--lr-scheduler-type"),
 ])
 def test_bad_options_get_an_error_line_naming_the_option(corpus, tmp_path, capsys, argv, option):
     with pytest.raises(SystemExit) as e:
@@ -385,8 +410,10 @@ def test_a_new_run_refuses_an_existing_run_unless_overwrite(corpus, tmp_path, ca
     assert "--resume" in capsys.readouterr().err
     assert (out / "checkpoint.npz").read_bytes() == before
     (out / "checkpoint.npz.x1y2.tmp").write_bytes(b"torn")  # a killed write
+    (out / "checkpoint-stable.npz").write_bytes(before)     # the old run's, as if WSD
     assert train_mlm.main(args_for(corpus, out, "--max-steps", "3", "--overwrite")) == 0
     assert load_checkpoint(out / "checkpoint.npz")["trainer"]["step"] == 3
+    assert not (out / "checkpoint-stable.npz").exists()     # gone with the run it belonged to
     assert not list(out.glob("*.tmp"))
     assert [r["step"] for r in records(out, "train")] == [1, 2, 3]
 
@@ -403,11 +430,13 @@ def test_files_honour_the_umask(corpus, tmp_path):
         assert (out / name).stat().st_mode & 0o777 == 0o644, name
 
 
-def test_killed_and_resumed_reproduces_the_loss_curve(corpus, tmp_path):
+@pytest.mark.parametrize("extra", [(), EMA_WSD], ids=["default", "ema+wsd"])
+def test_killed_and_resumed_reproduces_the_loss_curve(corpus, tmp_path, extra):
     from helpers import kill_when_checkpointed, train_losses
     import subprocess
     base = [sys.executable, str(ROOT / "train_mlm.py"), *args_for(corpus, "X", "--max-steps",
-                                                                  "24", "--save-every", "3")]
+                                                                  "24", "--save-every", "3",
+                                                                  *extra)]
     cmd = lambda out, *more: [str(out) if a == "X" else a for a in base] + list(more)
     full, cut = tmp_path / "full", tmp_path / "cut"
     subprocess.run(cmd(full), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -415,3 +444,120 @@ def test_killed_and_resumed_reproduces_the_loss_curve(corpus, tmp_path):
     subprocess.run(cmd(cut, "--resume"), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     assert train_losses(cut / "metrics.jsonl") == train_losses(full / "metrics.jsonl")
     assert not list(cut.glob("*.tmp"))
+    assert_same_checkpoints(full, cut)
+
+
+# ---------------------------------------------------------------- runs that can go on
+WSD = ("--lr-scheduler-type", "warmup_stable_decay", "--warmup-steps", "2", "--ema-decay",
+       "0.9", "--save-every", "5")
+
+
+@pytest.fixture(scope="module")
+def planned(corpus, tmp_path_factory):
+    """A warmup-stable-decay run planned for 24 steps from the start (decay from step 21)."""
+    out = tmp_path_factory.mktemp("planned") / "run"
+    assert train_mlm.main(args_for(corpus, out, *WSD, "--max-steps", "24")) == 0
+    return out
+
+
+def assert_same_run(a, b):
+    """Same train records (loss, lr ...), evaluations, samples and final checkpoint."""
+    assert curve(a) == curve(b)
+    for kind in ("eval", "samples"):
+        strip = lambda r: {k: v for k, v in r.items() if k != "elapsed_s"}
+        assert [strip(r) for r in records(a, kind)] == [strip(r) for r in records(b, kind)]
+    assert_same_checkpoints(a, b)
+
+
+@pytest.mark.parametrize("when", ["finished", "before its decay"])
+def test_an_extended_run_is_the_run_planned_for_the_longer_schedule(
+        corpus, tmp_path, monkeypatch, planned, when):
+    """12 steps (decay from step 10) extended to 24: finished, the run goes back to its
+    step-10 stable-phase checkpoint (its records after step 10 are dropped); interrupted at
+    step 5, it goes on from there. Either way every step sees the same batch, masks,
+    dropout and rate as in the run planned for 24 (same warmup), so the records, the
+    weights, the average and the optimizer state are equal to the last bit."""
+    short = tmp_path / "short"
+    if when == "finished":
+        assert train_mlm.main(args_for(corpus, short, *WSD, "--max-steps", "12")) == 0
+        assert load_checkpoint(short / "checkpoint-stable.npz")["trainer"]["step"] == 10
+        assert max(r["step"] for r in records(short)) == 12
+    else:
+        from minibert import training
+        real_save = training.save_checkpoint
+
+        def save_then_crash(path, model, optimizer, state, **kw):
+            real_save(path, model, optimizer, state, **kw)
+            if state["step"] == 5:
+                raise KeyboardInterrupt
+        monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
+        with pytest.raises(SystemExit, match="130"):
+            train_mlm.main(args_for(corpus, short, *WSD, "--max-steps", "12"))
+        monkeypatch.setattr(training, "save_checkpoint", real_save)
+        assert not (short / "checkpoint-stable.npz").exists()
+    assert train_mlm.main(["--resume", str(short), "--max-steps", "24", "--no-progress"]) == 0
+    assert_same_run(short, planned)
+    assert json.loads((short / "summary.json").read_text())["steps"] == 24
+    assert load_checkpoint(short / "checkpoint-stable.npz")["trainer"]["step"] == 21
+    # the saved weights other tools load are the average, not the raw training weights
+    ckpt = load_checkpoint(short / "checkpoint.npz")
+    for name, v in ckpt["ema"].items():
+        np.testing.assert_array_equal(ckpt["model"][name], v)
+    assert any(not np.array_equal(v, ckpt["train"][k]) for k, v in ckpt["model"].items())
+
+
+def test_an_extension_interrupted_after_going_back_goes_on_exactly(corpus, tmp_path,
+                                                                  monkeypatch, planned):
+    """Going back to the stable phase writes it as checkpoint.npz at once, with the new
+    --max-steps: a crash in the extended run before its next checkpoint leaves no
+    checkpoint past the records kept, and a plain --resume (the command the
+    interruption's message names) finishes the run planned for 24 steps."""
+    short = tmp_path / "short"
+    assert train_mlm.main(args_for(corpus, short, *WSD, "--max-steps", "12")) == 0
+    from minibert import training
+    monkeypatch.setattr(training, "train_step", _crash_at_step(training.train_step, 14))
+    with pytest.raises(SystemExit, match="130"):
+        train_mlm.main(["--resume", str(short), "--max-steps", "24", "--no-progress"])
+    monkeypatch.undo()
+    trainer = load_checkpoint(short / "checkpoint.npz")["trainer"]
+    assert (trainer["step"], trainer["args"]["max_steps"]) == (10, 24)
+    assert not (short / "summary.json").exists()
+    assert train_mlm.main(["--resume", str(short), "--no-progress"]) == 0
+    assert_same_run(short, planned)
+
+
+def _crash_at_step(real, at):
+    def step(model, optimizer, workload, micro, step, *a, **kw):
+        if step == at:
+            raise KeyboardInterrupt
+        return real(model, optimizer, workload, micro, step, *a, **kw)
+    return step
+
+
+def test_what_cannot_go_on_gets_an_error_line(corpus, tmp_path, capsys):
+    linear, wsd = tmp_path / "linear", tmp_path / "wsd"
+    assert train_mlm.main(args_for(corpus, linear)) == 0
+    assert train_mlm.main(args_for(corpus, wsd, *WSD, "--max-steps", "12")) == 0
+    before = (wsd / "checkpoint.npz").read_bytes(), (wsd / "metrics.jsonl").read_bytes()
+    cases = [
+        (linear, ["--max-steps", "16"], "--max-steps 16: the run's learning rate decays "
+         "linearly to 0 at step 8"),
+        (wsd, ["--max-steps", "10"], "--max-steps 10: the run is planned for 12 steps"),
+        (wsd, ["--max-steps", "24", "--ema-decay", "0.5"],
+         "--ema-decay: checkpoint 0.9, now 0.5"),
+        (wsd, ["--max-steps", "24", "--decay-ratio", "0.2"],
+         "--decay-ratio: checkpoint 0.1, now 0.2"),
+        (linear, ["--lr-scheduler-type", "warmup_stable_decay"],
+         "--lr-scheduler-type: checkpoint 'linear', now 'warmup_stable_decay'"),
+    ]
+    for run, argv, message in cases:
+        with pytest.raises(SystemExit) as e:
+            train_mlm.main(["--resume", str(run), "--no-progress", *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and "Traceback" not in err, err
+    (wsd / "checkpoint-stable.npz").unlink()
+    with pytest.raises(SystemExit):
+        train_mlm.main(["--resume", str(wsd), "--no-progress", "--max-steps", "24"])
+    err = capsys.readouterr().err
+    assert "is in its decay phase (step 12 of 12)" in err and "no such file" in err
+    assert ((wsd / "checkpoint.npz").read_bytes(), (wsd / "metrics.jsonl").read_bytes()) == before

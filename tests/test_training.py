@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from minibert import BertConfig
 from minibert.heads import BertForSequenceClassification
+from minibert.averaging import WeightAverage
 from minibert.optim import AdamW
 from minibert.runs import MetricsLog
 from minibert.training import (LogWindow, NonfiniteGuard, TrainingConfig, TrainingError,
@@ -97,7 +98,8 @@ class Guarded(np.ndarray):
     __float__ = __int__ = __bool__ = __index__ = item = tolist = _refuse
 
 
-def test_a_training_step_reads_no_device_value(tmp_path, monkeypatch):
+@pytest.mark.parametrize("with_ema", [False, True])
+def test_a_training_step_reads_no_device_value(tmp_path, monkeypatch, with_ema):
     model, data = toy(dtype=np.float32)
     task = ToyTask(data, 8)
     from minibert import training
@@ -110,12 +112,14 @@ def test_a_training_step_reads_no_device_value(tmp_path, monkeypatch):
     for owner, name in ((opt.flat, "data"), (opt.flat, "grad"), (opt, "m"), (opt, "v"),
                         (opt, "_tmp")):
         setattr(owner, name, getattr(owner, name).view(Guarded))
+    ema = WeightAverage(opt, 0.9) if with_ema else None       # its buffers guarded too
+    assert ema is None or isinstance(ema.average, Guarded) and isinstance(ema._scratch, Guarded)
     cfg = TrainingConfig(max_steps=3, lr=1e-3, log_every=10**6, progress=False)
     monkeypatch.setattr(training, "save_checkpoint", lambda *a, **k: None)
     with pytest.raises(AssertionError, match="host read"):
         # the final log step reads the sums: that is the first read, after 3 steps
         train(model, opt, task, cfg, TrainState(), metrics_path=tmp_path / "m.jsonl",
-              checkpoint_path=tmp_path / "c")
+              checkpoint_path=tmp_path / "c", ema=ema)
     assert task.calls == 3  # every forward of the 3 steps ran before the first read
 
 
@@ -265,3 +269,95 @@ def test_accumulated_steps_end_with_their_epoch(tmp_path):
     assert (state.epoch, state.batch_in_epoch, task.calls) == (0, 5, 5)
     state, _ = run(model, ToyTask(data, 2), tmp_path / "b", steps=6, k=2)
     assert (state.epoch, state.batch_in_epoch) == (1, 5)
+
+
+class RecordingAverage(WeightAverage):
+    """A WeightAverage that records the step and the weights of every update."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.seen = []
+
+    def update(self, step):
+        self.seen.append((step, self._weights().copy()))
+        super().update(step)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_the_weight_average_is_the_ema_of_the_weights_after_each_step(tmp_path, dtype):
+    """The loop updates the average once after every optimizer step, with that step's
+    weights: ema_0 = w_0, ema_{t+1} = d_t ema_t + (1 - d_t) w_{t+1}, d_t = min(d, (1 + t) /
+    (10 + t)), computed here directly in float64 (float16 runs average the float32
+    master weights)."""
+    model, data = toy(dtype=dtype)
+    opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.01, correct_bias=True)
+    w0 = (opt.flat.data if opt.master is None else opt.master).astype(np.float64)
+    ema = RecordingAverage(opt, 0.95)
+    cfg = TrainingConfig(max_steps=40, lr=1e-2, warmup_steps=1, log_every=100, progress=False)
+    train(model, opt, ToyTask(data, 4), cfg, TrainState(), metrics_path=tmp_path / "m.jsonl",
+          checkpoint_path=tmp_path / "c.npz", ema=ema)
+    assert [t for t, _ in ema.seen] == list(range(40))
+    final = opt.flat.data if opt.master is None else opt.master
+    np.testing.assert_array_equal(ema.seen[-1][1], final)        # after the optimizer step
+    expected = w0
+    for t, w in ema.seen:
+        d = min(0.95, (1 + t) / (10 + t))
+        expected = d * expected + (1 - d) * w.astype(np.float64)
+    assert ema.average.dtype == (np.float64 if dtype == np.float64 else np.float32)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(ema.average, expected, rtol=tol, atol=tol)
+    assert not np.allclose(expected, final.astype(np.float64), rtol=1e-3, atol=0)
+    # swapped in: the parameters hold the average; put back bit for bit, also on an error
+    raw = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="inside"):
+        with ema.swapped_in():
+            np.testing.assert_array_equal(opt.flat.data, ema.average.astype(dtype))
+            raise RuntimeError("inside")
+    for p, r in zip(model.parameters(), raw):
+        np.testing.assert_array_equal(p.data, r)
+    # the checkpoint form round-trips
+    other = WeightAverage(AdamW(toy(dtype=dtype)[0].named_parameters()), 0.95)
+    other.load_state_dict(ema.state_dict())
+    np.testing.assert_array_equal(other.average, ema.average)
+    with pytest.raises(KeyError, match="no entry"):
+        other.load_state_dict({})
+
+
+def test_the_ema_decay_warms_up_as_tensorflows_num_updates_rule():
+    from minibert.averaging import ema_decay_at
+    assert [ema_decay_at(t, 0.999) for t in (0, 8, 80)] == [0.1, 0.5, 0.9]
+    assert ema_decay_at(8990, 0.999) == pytest.approx(0.999) and ema_decay_at(10**6, 0.999) == 0.999
+    with pytest.raises(ValueError, match="decay"):
+        WeightAverage(AdamW(toy()[0].named_parameters()), 1.0)
+
+
+def test_evaluations_and_checkpoints_see_the_average_and_training_the_raw_weights(tmp_path):
+    """Each evaluation runs with the average swapped in; the next step trains on the raw
+    weights, as a run without evaluations does; the checkpoint offers the average as its
+    model, the raw weights for resuming."""
+    from minibert.checkpoint import load_checkpoint
+
+    def fit(evaluate):
+        model, data = toy()
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        ema, task = WeightAverage(opt, 0.9), ToyTask(data, 4)
+        seen = []
+        if evaluate:
+            task.evaluate = lambda step: seen.append((opt.flat.data.copy(),
+                                                      ema.average.copy())) or {}
+        cfg = TrainingConfig(max_steps=6, lr=1e-2, warmup_steps=1, eval_every=2,
+                             save_every=6, progress=False)
+        train(model, opt, task, cfg, TrainState(), metrics_path=tmp_path / "m.jsonl",
+              checkpoint_path=tmp_path / f"c{evaluate}.npz", ema=ema)
+        return opt.flat.data.copy(), ema, seen, model
+
+    raw, ema, seen, model = fit(True)
+    assert len(seen) == 3 and all(np.array_equal(w, a) for w, a in seen)
+    np.testing.assert_array_equal(raw, fit(False)[0])
+    ckpt = load_checkpoint(tmp_path / "cTrue.npz")
+    with ema.swapped_in():
+        averaged_state = model.state_dict()
+    for name, v in model.state_dict().items():
+        np.testing.assert_array_equal(ckpt["train"][name], v)
+        np.testing.assert_array_equal(ckpt["model"][name], averaged_state[name])
+    assert not np.array_equal(ema.average, raw)

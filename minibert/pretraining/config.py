@@ -98,6 +98,9 @@ class PretrainingConfig(JobOptions):
     max_grad_norm: float = 1.0          # global-norm clip, >= 0 (0: none)
     max_nonfinite_steps: int = 5        # non-finite steps in a row before stopping, >= 1
     warmup_steps: int | None = None     # linear warmup, >= 0; None: 10% of max_steps
+    lr_scheduler_type: str = "linear"   # "linear" or "warmup_stable_decay" (extensible)
+    decay_ratio: float = 0.1            # warmup_stable_decay: share of max_steps decayed
+    ema_decay: float = 0.0              # EMA of the weights, in [0, 1) (0: off)
     label_smoothing: float = 0.0        # MLM label smoothing, in [0, 1)
     seed: int = 0                       # weights, data order and dropout, >= 0
     device: str | None = None           # "cpu" or "cuda"; None: $MINIBERT_DEVICE or cpu
@@ -145,6 +148,9 @@ class PretrainingConfig(JobOptions):
         "batch_size_ramp": float_in(0.0, 1.0, high_open=True), "lr": non_negative_float,
         "weight_decay": non_negative_float, "max_grad_norm": non_negative_float,
         "max_nonfinite_steps": positive_int, "warmup_steps": non_negative_int,
+        "lr_scheduler_type": ("linear", "warmup_stable_decay"),
+        "decay_ratio": float_in(0.0, 1.0, low_open=True, high_open=True),
+        "ema_decay": float_in(0.0, 1.0, high_open=True),
         "label_smoothing": float_in(0.0, 1.0, high_open=True), "seed": non_negative_int,
         "device": ("cpu", "cuda"), "dtype": ("float32", "float64", "float16"),
         "distributed": ("auto", "none", "mpi", "nccl"), "log_every": positive_int,

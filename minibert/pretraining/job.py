@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import distillation, distributed
+from ..averaging import WeightAverage, averaged
 from ..albert import AlbertConfig
 from ..atomic import WriteError, atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
@@ -38,7 +39,7 @@ from ..modeling import BertConfig, ModelConfig
 from ..objectives import get_objective
 from ..provenance import check_same_data, data_fingerprint, file_fingerprint
 from ..optim import AdamW
-from ..runs import HF_MODEL_FILES, RunError, load_start, write_args
+from ..runs import HF_MODEL_FILES, STABLE_CHECKPOINT, RunError, load_start, write_args
 from ..tokenization import BertTokenizer, train_wordpiece
 from .config import PretrainingConfig
 from .batches import iterate_batches, make_eval_batches
@@ -46,6 +47,7 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
                      resolve_corpus_files, split_documents, token_counts,
                      unigram_cross_entropy)
 from .exclusion import DocumentExclusion
+from .extension import check_extension, decay_steps, extend_run, pinned_ramp_steps
 from .masking import VocabInfo
 from .samples import MaskSamples, pick_samples
 from .tsv_text import TSV_SUFFIX
@@ -60,12 +62,15 @@ ELECTRA_OPTIONS = ("generator_layers", "disc_weight")
 ALBERT_OPTIONS = ("embedding_size", "num_hidden_groups", "inner_group_num")
 # Arguments a resumed run may change; every other one decides the data stream, the
 # schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
+# --max-steps may grow where the schedule allows it (extension.check_extension).
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
-               "save_every", "max_nonfinite_steps", "allow_data_change", "export_hf")
+               "save_every", "max_nonfinite_steps", "allow_data_change", "export_hf",
+               "max_steps")
 # The value of an argument added later, for checkpoints written before it existed.
-RESUME_DEFAULTS = {"exclude_documents": ["none"]}   # older runs left nothing out
+RESUME_DEFAULTS = {"exclude_documents": ["none"],   # older runs left nothing out
+                   "lr_scheduler_type": "linear", "decay_ratio": 0.1, "ema_decay": 0.0}
 
 
 @dataclass
@@ -74,12 +79,15 @@ class Start:
     :class:`~minibert.runs.Pretrained`, or None), the ``--teacher`` (Pretrained or None),
     the :class:`~minibert.distillation.DistillationWeights` and the student's config
     (:class:`~minibert.modeling.BertConfig` or :class:`~minibert.albert.AlbertConfig`;
-    None unless distilling)."""
+    None unless distilling); for a resumed run extended past the start of its decay
+    phase, the stable-phase checkpoint it goes back to (``stable``,
+    :func:`~.extension.check_extension`)."""
 
     init: Any = None
     teacher: Any = None
     weights: Any = None
     config: ModelConfig | None = None
+    stable: dict | None = None
 
 
 def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None) -> Start:
@@ -95,7 +103,8 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
             HFFormatError: unreadable weights. ValueError: model sizes that do not fit
             together (the config's message, naming the field). DataChangedError: a
             resumed run whose corpus or vocab changed since its checkpoint
-            (:func:`check_resumed_data`).
+            (:func:`check_resumed_data`); a resumed run's ``--max-steps`` that its
+            schedule cannot reach (:func:`~.extension.check_extension`).
     """
     check_model_options(cfg, given)
     if cfg.export_hf and cfg.vocab_algorithm == "bpe":
@@ -104,6 +113,9 @@ def check_options(cfg: PretrainingConfig, given: set[str], resumed: dict | None)
     if resumed is not None:
         check_resumed_data(cfg, resumed)
     start = Start()
+    if resumed is not None:
+        start.stable = check_extension(cfg, resumed,
+                                       Path(cfg.output_dir) / STABLE_CHECKPOINT)
     if resumed is None and cfg.init_checkpoint:
         start.init = _load_init_checkpoint(cfg)
     if cfg.teacher:
@@ -514,7 +526,7 @@ def build_pretraining_model(cfg: PretrainingConfig, config: ModelConfig, data: P
               f"not used: {report['unused'] or 'none'}")
     if resumed is not None:
         check_same_config(resumed["config"], config, checkpoint)
-        model.load_state_dict(resumed["model"])
+        model.load_state_dict(resumed.get("train") or resumed["model"])   # the raw weights
     return model
 
 
@@ -584,6 +596,7 @@ class PretrainingWorkload:
         self.reference = reference
         self.eval_batches, self.model, self.xp = eval_batches, model, xp
         self.evaluate = self._evaluate if eval_batches else None
+        self.pinned: dict = {}       # schedule values kept across an extension (trainer record)
         picked = (pick_samples(data.held_out, data.tokenizer, cfg.eval_samples, cfg.seed + 3)
                   if eval_batches and cfg.eval_samples else [])
         self.mlm = getattr(model, "generator", model)   # ELECTRA: its generator fills masks
@@ -630,7 +643,7 @@ class PretrainingWorkload:
     def trainer_record(self) -> dict:
         return {"job": "pretrain", "args": self.cfg.to_dict(),
                 "tokenizer": {"do_lower_case": self.cfg.lowercase},
-                "data": self.data_fingerprint}
+                "data": self.data_fingerprint, **self.pinned}
 
 
 def pairs_probe(cfg: PretrainingConfig, tokenizer) -> PairsProbe | None:
@@ -704,10 +717,15 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
                     resume_defaults=RESUME_DEFAULTS,
                     check=lambda resumed: check_options(cfg, given, resumed))
     print(fast_paths_line(cfg.fast_cpu))
+    if job.resumed is not None:
+        job.resumed = extend_run(cfg, job.run, job.resumed, job.checked.stable,
+                                 job.comm.is_leader)
+    schedule = training_config(cfg, pinned_ramp_steps(cfg, job.resumed))
     model, data, config = _prepare(cfg, job, prog)
     optimizer = AdamW(model.named_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                       correct_bias=cfg.correct_bias)
-    state = job.train_state(optimizer, prog)
+    ema = WeightAverage(optimizer, cfg.ema_decay) if cfg.ema_decay else None
+    state = job.train_state(optimizer, prog, ema)
     comm = job.comm
     if comm.is_leader:
         atomic_write_bytes(job.run.config, config.to_json().encode())
@@ -719,19 +737,23 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
     if comm.world_size > 1:
         print(distributed.describe(comm, cfg.batch_size))
     workload = PretrainingWorkload(cfg, data, eval_batches, reference, model, job.xp)
+    workload.pinned = {"batch_size_ramp_steps": schedule.batch_size_ramp_steps}
     t0 = time.perf_counter()
     try:
-        state, last_eval = train(model, optimizer, workload, training_config(cfg), state,
+        state, last_eval = train(model, optimizer, workload, schedule, state,
                                  metrics_path=job.run.metrics,
                                  checkpoint_path=job.run.checkpoint, comm=comm,
-                                 device=job.device)
+                                 device=job.device, ema=ema,
+                                 stable_checkpoint_path=job.run.stable_checkpoint)
     except (TrainingError, CorpusError) as e:
         fail(prog, str(e))
     if not comm.is_leader:
         return None
-    summary = write_summary(cfg, job.run, workload, state, last_eval, time.perf_counter() - t0)
-    if cfg.export_hf:
-        export_hf(cfg, model, job.run.vocab)
+    with averaged(ema):          # the run's result is its weight average, when it keeps one
+        summary = write_summary(cfg, job.run, workload, state, last_eval,
+                                time.perf_counter() - t0)
+        if cfg.export_hf:
+            export_hf(cfg, model, job.run.vocab)
     return summary
 
 
@@ -792,12 +814,17 @@ def _prepare(cfg: PretrainingConfig, job, prog: str):
     return model, data, config
 
 
-def training_config(cfg: PretrainingConfig) -> TrainingConfig:
-    """The loop's :class:`~minibert.training.TrainingConfig` of a pretraining run."""
+def training_config(cfg: PretrainingConfig, ramp_steps: int | None = None) -> TrainingConfig:
+    """The loop's :class:`~minibert.training.TrainingConfig` of a pretraining run;
+    ``ramp_steps``: the batch-size ramp's steps when pinned by the run
+    (:func:`~.extension.pinned_ramp_steps`), default --batch-size-ramp x --max-steps."""
+    ramp = round(cfg.batch_size_ramp * cfg.max_steps) if ramp_steps is None else ramp_steps
     return TrainingConfig(max_steps=cfg.max_steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                          lr_scheduler_type=cfg.lr_scheduler_type,
+                          decay_steps=decay_steps(cfg.decay_ratio, cfg.max_steps),
                           max_grad_norm=cfg.max_grad_norm,
                           gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                          batch_size_ramp_steps=round(cfg.batch_size_ramp * cfg.max_steps),
+                          batch_size_ramp_steps=ramp,
                           seed=cfg.seed, log_every=cfg.log_every, eval_every=cfg.eval_every,
                           save_every=cfg.save_every,
                           max_nonfinite_steps=cfg.max_nonfinite_steps,
