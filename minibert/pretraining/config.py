@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..cli import (JobOptions, dropout_probability, float_in, int_at_least, non_negative_float,
                    non_negative_int, positive_float, positive_int, probability)
-from .masking import check_replacement, default_max_predictions
+from .masking import default_max_predictions
 
 DATA = Path(__file__).resolve().parents[2] / "data"   # the repository's shipped data
 DEFAULT_CORPUS = DATA / "pretrain" / "en"
@@ -156,15 +156,6 @@ class PretrainingConfig(JobOptions):
         "distributed": ("auto", "none", "mpi", "nccl"), "log_every": positive_int,
         "eval_every": positive_int, "log_grad_norms": non_negative_int,
         "save_every": positive_int}
-
-    def check_combinations(self, given: set[str]) -> None:
-        """The replacement rule sums to at most 1 (ValueError naming both options)."""
-        try:
-            check_replacement(self.mask_replace_prob, self.random_replace_prob)
-        except ValueError:
-            raise ValueError(f"--mask-replace-prob {self.mask_replace_prob:g} + "
-                             f"--random-replace-prob {self.random_replace_prob:g} is over 1 "
-                             "(the rest of the chosen tokens stay themselves)") from None
 
     def with_defaults(self) -> "PretrainingConfig":
         """Fill, in place, what was left at None with its derived value and return self:

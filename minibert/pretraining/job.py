@@ -46,7 +46,7 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
                      resolve_corpus_files, split_documents, token_counts,
                      unigram_cross_entropy)
 from .exclusion import DocumentExclusion
-from .masking import VocabInfo
+from .masking import VocabInfo, check_replacement
 from .samples import MaskSamples, pick_samples
 from .schedule import BatchSteps, masked_lm_prob_at
 from ..training import TrainingConfig, TrainingError, train
@@ -175,13 +175,20 @@ def _check_objective_options(cfg: PretrainingConfig, given: set[str]) -> None:
 
     Raises:
         RunError: ``--teacher`` with ``--objective electra``, ELECTRA options with
-            another objective, ``--line-by-line`` with a sentence-pair objective,
+            another objective, a replacement rule over 1 (``--mask-replace-prob`` +
+            ``--random-replace-prob``), ``--line-by-line`` with a sentence-pair objective,
             ``--batch-size-ramp`` without gradient accumulation.
     """
     if cfg.objective == "electra" and cfg.teacher:
         raise RunError("--teacher works with the BERT objectives, not --objective electra")
     if cfg.objective != "electra" and (stray := [n for n in ELECTRA_OPTIONS if n in given]):
         raise RunError(", ".join(map(flag, stray)) + ": ELECTRA options, only with --objective electra")
+    try:      # after --resume took the run's own values of the options not given
+        check_replacement(cfg.mask_replace_prob, cfg.random_replace_prob)
+    except ValueError:
+        raise RunError(f"--mask-replace-prob {cfg.mask_replace_prob:g} + --random-replace-prob "
+                       f"{cfg.random_replace_prob:g} is over 1 (the rest of the chosen tokens "
+                       "stay themselves)") from None
     if cfg.line_by_line and get_objective(cfg.objective).sentence_task is not None:
         raise RunError(f"--line-by-line gives one line per sequence; --objective "
                        f"{cfg.objective} needs sentence pairs: use --objective mlm or electra")
