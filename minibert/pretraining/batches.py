@@ -13,7 +13,10 @@ Randomness. Every draw comes from a ``numpy.random.Generator`` seeded by a
 (seed, copy, d) (:func:`minibert.objectives.segment_rng`), its masks from
 (seed, mask copy, d), the epoch's document order and shuffle from (seed, epoch). A batch
 therefore depends only on the arguments, which is what makes ``start_batch`` resumption
-exact.
+exact. Where a sequence's masking rate is only known once its batch is (a masking-rate
+schedule) or batches are formed before masking (``line_by_line``, :mod:`.lines`), each
+sequence is masked with a generator of its own, seeded by (seed, mask copy, d, number of
+the sequence in document d).
 
 Shape legend: B = batch, T = max_seq_length, P = max_predictions_per_seq, L = one
 instance's length, P' = one instance's number of predictions, D = documents.
