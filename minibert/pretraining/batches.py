@@ -431,21 +431,15 @@ def iterate_batches(
     instance generation up to that point (no collation), which costs about the time of
     generating those instances.
 
-    A masking-rate schedule (``batch_masked_lm_prob``): batch k is masked at rate
-    ``batch_masked_lm_prob(k)`` (called once per batch, k increasing from
-    ``start_batch``), each sequence with a generator of its own, seeded by (seed, mask
-    copy, document, number of the sequence in its document), so that the masks do not
-    depend on the order in which sequences are masked. The segments and their order are
-    those of ``iterate_instances``; the masks differ from its (which draws one generator
-    per document). The batch records its rate (``PretrainingBatch.masked_lm_prob``).
-
-    ``line_by_line``: one line of the corpus per sequence, batches of similar length, each
-    (B, T_b) with T_b its longest line and P_b its most predictions (:mod:`.lines`);
-    ``mlm`` and ``electra`` only. Every line comes once per epoch (the last batch may be
-    short; ``drop_last`` drops it), masked as under a schedule; resuming skips the batches
-    before ``start_batch`` without generating them. ``shuffle_buffer``,
-    ``short_seq_prob`` and ``dupe_factor`` (except through ``masking="static"``) do not
-    apply.
+    ``batch_masked_lm_prob`` (a masking-rate schedule): batch k is masked at rate
+    ``batch_masked_lm_prob(k)`` (called once per batch, k increasing from ``start_batch``),
+    each sequence with a generator of its own (same sequences and order, other masks than
+    without it), and records its rate in ``PretrainingBatch.masked_lm_prob``.
+    ``line_by_line``: one corpus line per sequence, batches of lines of similar length,
+    each (B, T_b) and (B, P_b) with T_b its longest line and P_b its most predictions
+    (:mod:`.lines`); ``mlm`` and ``electra`` only; every line once per epoch (``drop_last``
+    drops the one short batch); resuming skips the earlier batches without making them;
+    ``shuffle_buffer`` and ``short_seq_prob`` do not apply.
 
     Inputs:
         batch_size: B.
@@ -476,7 +470,19 @@ def iterate_batches(
                                  start_batch, masking, dupe_factor, rule, drop_last,
                                  batch_masked_lm_prob)
         return
-    deferred = batch_masked_lm_prob is not None
+    yield from _packed_batches(obj, store, vocab, batch_size, max_seq_length, epoch, seed,
+                               start_batch, masking, dupe_factor, short_seq_prob, rule,
+                               shuffle_buffer, drop_last, batch_masked_lm_prob)
+
+
+def _packed_batches(obj: Objective, store: TokenStore, vocab: VocabInfo, batch_size: int,
+                    max_seq_length: int, epoch: int, seed: int, start_batch: int, masking: str,
+                    dupe_factor: int, short_seq_prob: float, rule: _Masking,
+                    shuffle_buffer: int, drop_last: bool,
+                    rate_of: Callable[[int], float] | None) -> Iterator[PretrainingBatch]:
+    """:func:`iterate_batches` of the objective's segments: the epoch's stream replayed up
+    to ``start_batch``, then cut into batches (masked per batch at ``rate_of(k)`` if given)."""
+    deferred = rate_of is not None
     stream = _epoch_stream(obj, store, vocab, max_seq_length, epoch, seed, masking, dupe_factor,
                            short_seq_prob, rule, shuffle_buffer, deferred)
     seen = sum(1 for _ in itertools.islice(stream, start_batch * batch_size))
@@ -488,7 +494,7 @@ def iterate_batches(
         pending.append(item)
         if len(pending) == batch_size:
             yield _batch(pending, k, deferred, vocab, rule, seed, mask_copy, max_seq_length, P,
-                         batch_masked_lm_prob)
+                         rate_of)
             pending, k = [], k + 1
     if seen == 0 or (drop_last and seen < batch_size):
         raise CorpusError(
@@ -496,7 +502,7 @@ def iterate_batches(
             f"{seen} instances, fewer than batch_size {batch_size}: lower --batch-size or add text")
     if pending and not drop_last:
         yield _batch(pending, k, deferred, vocab, rule, seed, mask_copy, max_seq_length, P,
-                     batch_masked_lm_prob)
+                     rate_of)
 
 
 def _batch(items: list, k: int, deferred: bool, vocab: VocabInfo, rule: _Masking, seed: int,
