@@ -96,7 +96,7 @@ def test_replacement_shares_pass_a_chi_square_test(m, r):
     assert chi_square_p(counts, expected) > 1e-3, (counts, expected)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=8, deadline=None, derandomize=True)  # a fixed set: no flaky p-values
 @given(m=st.floats(0.0, 1.0), r_share=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1))
 def test_drawn_replacement_rules_pass_a_chi_square_test(m, r_share, seed):
     m = round(m, 3)

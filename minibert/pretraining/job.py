@@ -565,6 +565,19 @@ def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, m
     return reference
 
 
+def masking_note(cfg: PretrainingConfig) -> str:
+    """The log's words for masking options away from their defaults ('' with none):
+    line-by-line sequences, the rate schedule, the replacement rule."""
+    parts = (["one line per sequence"] if cfg.line_by_line else []) + (
+        [f"masking rate {cfg.masked_lm_prob:g} -> {cfg.masked_lm_prob_end:g}"]
+        if cfg.masked_lm_prob_end is not None else [])
+    if (cfg.mask_replace_prob, cfg.random_replace_prob) != (0.8, 0.1):
+        keep = max(0.0, 1.0 - cfg.mask_replace_prob - cfg.random_replace_prob)
+        parts.append(f"chosen tokens {cfg.mask_replace_prob:.0%} [MASK] / "
+                     f"{cfg.random_replace_prob:.0%} random / {keep:.0%} kept")
+    return "".join(f", {p}" for p in parts)
+
+
 def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
              reference: dict) -> str:
     """The log lines that say what is trained on what (model, data, baselines, teacher)."""
@@ -576,7 +589,7 @@ def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
             if cfg.teacher and cfg.student_init == "pruned"
             else f"{cfg.preset} {cfg.model.upper()} preset")
     line = (f"model: {arch}, {model.num_parameters():,} parameters, vocab "
-            f"{config.vocab_size}; objective {data.objective.name}; train documents "
+            f"{config.vocab_size}; objective {data.objective.name}{masking_note(cfg)}; train documents "
             f"{data.train.num_documents}, tokens {data.train.num_tokens:,}; held-out documents "
             f"{data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
             "sequences" + "".join(f"; {k.replace('_', ' ')} {v:.3f}"
