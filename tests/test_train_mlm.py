@@ -451,7 +451,8 @@ def test_line_by_line_with_a_rate_schedule_and_no_unmasking_resumes_exactly(
     assert [r["masked_lm_prob"] for r in a] == pytest.approx(
         [0.3 - 0.15 * (s - 1) / 8 for s in range(1, 9)])
     assert all("masked_lm_prob" not in r for r in records(straight, "eval"))
-    ca, cb = load_checkpoint(straight / "checkpoint.npz"), load_checkpoint(crashed / "checkpoint.npz")
+    ca = load_checkpoint(straight / "checkpoint.npz")
+    cb = load_checkpoint(crashed / "checkpoint.npz")
     for k, v in ca["model"].items():
         np.testing.assert_array_equal(v, cb["model"][k], err_msg=k)
     assert json.loads((straight / "args.json").read_text())["line_by_line"] is True

@@ -5,10 +5,10 @@ sequence's tokens are chosen to be predicted; each chosen token becomes [MASK] (
 random token (10%) or stays itself (10%). That replacement rule is two options,
 ``mask_replace_prob`` and ``random_replace_prob`` (transformers'
 ``DataCollatorForLanguageModeling`` names; :func:`check_replacement`): BabyBERTa
-(Huebner et al. 2021) never leaves a chosen token as itself (1.0 / 0.0). Masking rates up to 0.4 work as well or better
-for large models (Wettig et al. 2023, "Should You Mask 15% in Masked Language Modeling?");
-size ``max_predictions_per_seq`` with :func:`default_max_predictions` so the cap does not
-silently lower the rate.
+(Huebner et al. 2021) never leaves a chosen token as itself (1.0 / 0.0). Masking rates up
+to 0.4 work as well or better for large models (Wettig et al. 2023, "Should You Mask 15%
+in Masked Language Modeling?"); size ``max_predictions_per_seq`` with
+:func:`default_max_predictions` so the cap does not silently lower the rate.
 
 The unit of masking is a token, a whole word (``whole_word_mask``), or ALBERT's n-gram of
 up to ``max_ngram`` whole words (Lan et al. 2020, section 4.1; google-research/albert
