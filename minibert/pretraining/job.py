@@ -590,8 +590,8 @@ def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
             else f"{cfg.preset} {cfg.model.upper()} preset")
     line = (f"model: {arch}, {model.num_parameters():,} parameters, vocab "
             f"{config.vocab_size}; objective {data.objective.name}{masking_note(cfg)}; "
-            f"train documents {data.train.num_documents}, tokens {data.train.num_tokens:,}; held-out documents "
-            f"{data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
+            f"train documents {data.train.num_documents}, tokens {data.train.num_tokens:,}; "
+            f"held-out documents {data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
             "sequences" + "".join(f"; {k.replace('_', ' ')} {v:.3f}"
                                   for k, v in reference.items()))
     if left := data.excluded.describe():
