@@ -591,7 +591,8 @@ def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
     line = (f"model: {arch}, {model.num_parameters():,} parameters, vocab "
             f"{config.vocab_size}; objective {data.objective.name}{masking_note(cfg)}; "
             f"train documents {data.train.num_documents}, tokens {data.train.num_tokens:,}; "
-            f"held-out documents {data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
+            f"held-out documents {data.held_out.num_documents}, "
+            f"{sum(len(b.input_ids) for b in eval_batches)} "
             "sequences" + "".join(f"; {k.replace('_', ' ')} {v:.3f}"
                                   for k, v in reference.items()))
     if left := data.excluded.describe():
