@@ -36,7 +36,8 @@ from minibert.albert import ALBERT_PRESETS
 from minibert.modeling import PRESETS
 from minibert.objectives import OBJECTIVES
 from minibert.pretraining import PretrainingConfig, run_pretraining
-from minibert.pretraining.config import DEFAULT_CORPUS, DEFAULT_EXCLUDE, DEFAULT_PAIRS
+from minibert.pretraining.config import (DEFAULT_CORPUS, DEFAULT_EXCLUDE, DEFAULT_PAIRS,
+                                         add_masking_arguments)
 from minibert.pretraining.extension import add_schedule_arguments
 from minibert.tokenization.trainer import ALGORITHMS
 
@@ -83,10 +84,11 @@ def add_data_arguments(p) -> None:
                         "context sooner on a small corpus; BERT used 128, then 512)")
     g.add_argument("--masked-lm-prob", type=float_in(0.0, 1.0, low_open=True), default=0.15,
                    help="share of tokens masked (BERT 0.15; Wettig et al. 2023 find up to "
-                        "0.4 works)")
+                        "0.4 works); the start rate with --masked-lm-prob-end")
+    add_masking_arguments(g)
     g.add_argument("--max-predictions-per-seq", type=positive_int, default=None,
                    help="masked positions per sequence, P of every batch (default: "
-                        "ceil(max_seq_length * masked_lm_prob))")
+                        "ceil(max_seq_length * the larger masking rate))")
     g.add_argument("--short-seq-prob", type=probability, default=0.1,
                    help="probability of a shorter target length (as google-research/bert)")
     g.add_argument("--masking", choices=["dynamic", "static"], default="dynamic",

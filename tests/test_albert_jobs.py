@@ -114,9 +114,9 @@ def test_albert_resume_after_a_crash_continues_the_same_curve(albert_run, moby30
         if state["step"] == 4:
             raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
 
-    def spy(*args):
-        ngrams.add(args[-1])
-        return real_mask(*args)
+    def spy(*args, **kwargs):
+        ngrams.add(args[6])                              # max_ngram, after whole_word_mask
+        return real_mask(*args, **kwargs)
 
     monkeypatch.setattr(batches_module, "create_masked_lm_predictions", spy)
     monkeypatch.setattr(training, "save_checkpoint", save_then_crash)

@@ -561,3 +561,99 @@ def test_what_cannot_go_on_gets_an_error_line(corpus, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is in its decay phase (step 12 of 12)" in err and "no such file" in err
     assert ((wsd / "checkpoint.npz").read_bytes(), (wsd / "metrics.jsonl").read_bytes()) == before
+
+
+MASKING = ("--objective", "mlm", "--line-by-line", "--masked-lm-prob", "0.3",
+           "--masked-lm-prob-end", "0.15", "--mask-replace-prob", "1",
+           "--random-replace-prob", "0", "--gradient-accumulation-steps", "2")
+
+
+def crash_after_step_4(monkeypatch, run):
+    """Run ``run()`` with a Ctrl-C right after the step-4 checkpoint (exit status 130)."""
+    from minibert import training
+    real_save = training.save_checkpoint
+
+    def save_then_crash(path, model, optimizer, state):
+        real_save(path, model, optimizer, state)
+        if state["step"] == 4:
+            raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
+
+    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
+    with pytest.raises(SystemExit, match="130"):
+        run()
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
+
+
+def test_line_by_line_with_a_rate_schedule_and_no_unmasking_resumes_exactly(
+        corpus, tmp_path, monkeypatch):
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert train_mlm.main(args_for(corpus, straight, *MASKING)) == 0
+    crash_after_step_4(monkeypatch, lambda: train_mlm.main(args_for(corpus, crashed, *MASKING)))
+    assert train_mlm.main(["--resume", str(crashed), "--no-progress"]) == 0
+    keys = ("step", "loss", "mlm_loss", "grad_norm", "masked_lm_prob")
+    a, b = records(straight, "train"), records(crashed, "train")
+    assert [{k: r[k] for k in keys} for r in a] == [{k: r[k] for k in keys} for r in b]
+    # the record of step s holds the rate of step s - 1: 0.3 down to 0.15 over 8 steps
+    assert [r["masked_lm_prob"] for r in a] == pytest.approx(
+        [0.3 - 0.15 * (s - 1) / 8 for s in range(1, 9)])
+    assert all("masked_lm_prob" not in r for r in records(straight, "eval"))
+    ca = load_checkpoint(straight / "checkpoint.npz")
+    cb = load_checkpoint(crashed / "checkpoint.npz")
+    for k, v in ca["model"].items():
+        np.testing.assert_array_equal(v, cb["model"][k], err_msg=k)
+    assert json.loads((straight / "args.json").read_text())["line_by_line"] is True
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mask-replace-prob", "0.95"],
+     "--mask-replace-prob 0.95 + --random-replace-prob 0.1 is over 1"),
+    (["--line-by-line"], "--line-by-line gives one line per sequence; --objective mlm+nsp"),
+    (["--line-by-line", "--objective", "mlm+sop"], "--objective mlm+sop needs sentence pairs"),
+    (["--masked-lm-prob-end", "0"], "argument --masked-lm-prob-end: expected a number in (0, 1]"),
+    (["--random-replace-prob", "1.5"], "argument --random-replace-prob:"),
+])
+def test_masking_options_that_do_not_fit_get_an_error_line(corpus, tmp_path, capsys, argv,
+                                                            message):
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(args_for(corpus, tmp_path / "o", *argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "checkpoint.npz").exists()
+
+
+def test_a_run_from_before_the_masking_options_resumes_as_it_was(corpus, tmp_path,
+                                                                   monkeypatch, capsys):
+    """args.json and the checkpoint of an older run lack the new fields: they resume with
+    the defaults (80/10/10, a constant rate, packed sequences), and refuse a change."""
+    straight, old = tmp_path / "straight", tmp_path / "old"
+    assert train_mlm.main(args_for(corpus, straight)) == 0
+    crash_after_step_4(monkeypatch, lambda: train_mlm.main(args_for(corpus, old)))
+    new = ("mask_replace_prob", "random_replace_prob", "masked_lm_prob_end", "line_by_line")
+    ckpt = old / "checkpoint.npz"
+    with np.load(ckpt) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    for name in new:
+        del meta["trainer"]["args"][name]
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(ckpt, **arrays)
+    saved = json.loads((old / "args.json").read_text())
+    (old / "args.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in new}))
+    with pytest.raises(SystemExit):
+        train_mlm.main(["--resume", str(old), "--no-progress", "--mask-replace-prob", "0.9"])
+    assert "--mask-replace-prob: checkpoint 0.8, now 0.9" in capsys.readouterr().err
+    assert train_mlm.main(["--resume", str(old), "--no-progress"]) == 0
+    assert curve(old) == curve(straight)
+
+
+def test_killed_with_the_masking_options_and_resumed_reproduces_the_loss_curve(corpus, tmp_path):
+    from helpers import kill_when_checkpointed, train_losses
+    import subprocess
+    base = [sys.executable, str(ROOT / "train_mlm.py"),
+            *args_for(corpus, "X", "--max-steps", "24", "--save-every", "3", *MASKING)]
+    cmd = lambda out, *more: [str(out) if a == "X" else a for a in base] + list(more)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    subprocess.run(cmd(full), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    assert kill_when_checkpointed(cmd(cut), cut / "checkpoint.npz")
+    subprocess.run(cmd(cut, "--resume"), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    assert train_losses(cut / "metrics.jsonl") == train_losses(full / "metrics.jsonl")

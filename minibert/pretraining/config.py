@@ -49,13 +49,17 @@ class PretrainingConfig(JobOptions):
     generator_layers: int | None = None  # electra: generator layers, >= 1 (None: half)
     disc_weight: float = 50.0           # electra: replaced-token loss weight, > 0
     max_seq_length: int = 32            # tokens per sequence, >= 5
-    masked_lm_prob: float = 0.15        # share of tokens masked, in (0, 1]
-    max_predictions_per_seq: int | None = None  # P, >= 1; None: ceil(T * masked_lm_prob)
+    masked_lm_prob: float = 0.15        # share of tokens masked, in (0, 1] (the start rate)
+    masked_lm_prob_end: float | None = None  # the rate at max_steps, in (0, 1]; None: constant
+    mask_replace_prob: float = 0.8      # share of the chosen tokens replaced by [MASK]
+    random_replace_prob: float = 0.1    # ... by a random token (the rest stay); sum <= 1
+    max_predictions_per_seq: int | None = None  # P, >= 1; None: ceil(T * the larger rate)
     short_seq_prob: float = 0.1         # probability of a shorter target length
     masking: str = "dynamic"            # "dynamic" (fresh each epoch) or "static"
     dupe_factor: int = 10               # distinct pairings / maskings before repeating, >= 1
     whole_word_mask: bool = False       # mask every piece of a chosen word
     max_ngram: int | None = None        # longest masked span in words, >= 1; None: --model's
+    line_by_line: bool = False          # one corpus line per sequence (mlm, electra)
     eval_fraction: float = 0.02         # share of documents held out, in [0, 1)
     eval_instances: int = 1024          # held-out sequences per evaluation, >= 1
     eval_samples: int = 3               # sentences whose masked word is shown, >= 0
@@ -126,6 +130,8 @@ class PretrainingConfig(JobOptions):
         "objective": ("electra", "mlm", "mlm+nsp", "mlm+sop"), "generator_layers": positive_int,
         "disc_weight": float_in(0.0, low_open=True), "max_seq_length": int_at_least(5),
         "masked_lm_prob": float_in(0.0, 1.0, low_open=True),
+        "masked_lm_prob_end": float_in(0.0, 1.0, low_open=True),
+        "mask_replace_prob": probability, "random_replace_prob": probability,
         "max_predictions_per_seq": positive_int, "short_seq_prob": probability,
         "masking": ("dynamic", "static"), "dupe_factor": positive_int, "max_ngram": positive_int,
         "eval_fraction": float_in(0.0, 1.0, high_open=True), "eval_instances": positive_int,
@@ -161,7 +167,8 @@ class PretrainingConfig(JobOptions):
         """Fill, in place, what was left at None with its derived value and return self:
         ``objective``, ``hidden_act``, ``max_ngram`` from ``model``'s recipe
         (:data:`MODEL_DEFAULTS`), ``warmup_steps`` = max(1, max_steps // 10),
-        ``max_predictions_per_seq`` = ceil(max_seq_length * masked_lm_prob); with
+        ``max_predictions_per_seq`` = ceil(max_seq_length * p), p the larger of
+        ``masked_lm_prob`` and ``masked_lm_prob_end``; with
         ``resume`` set, ``output_dir`` becomes it. A resumed run then takes its own values
         over these (they were not given). Idempotent."""
         for name, value in MODEL_DEFAULTS.get(self.model, {}).items():
@@ -170,12 +177,30 @@ class PretrainingConfig(JobOptions):
         if self.warmup_steps is None:
             self.warmup_steps = max(1, self.max_steps // 10)
         if self.max_predictions_per_seq is None:
-            self.max_predictions_per_seq = default_max_predictions(self.max_seq_length,
-                                                                   self.masked_lm_prob)
+            self.max_predictions_per_seq = default_max_predictions(
+                self.max_seq_length, max(self.masked_lm_prob, self.masked_lm_prob_end or 0.0))
         if self.resume:
             self.output_dir = self.resume
         return self
 
 
+def add_masking_arguments(g) -> None:
+    """``train_mlm.py``'s options of the replacement rule, the masking-rate schedule and
+    line-by-line sequences (their defaults are :class:`PretrainingConfig`'s)."""
+    g.add_argument("--masked-lm-prob-end", type=float_in(0.0, 1.0, low_open=True), default=None,
+                   help="masking rate at --max-steps: the rate moves linearly from "
+                        "--masked-lm-prob to it over the run (GPT-BERT: 0.3 to 0.15); "
+                        "held-out batches use it (default: a constant rate)")
+    g.add_argument("--mask-replace-prob", type=probability, default=0.8,
+                   help="share of the chosen tokens replaced by [MASK] (BabyBERTa: 1)")
+    g.add_argument("--random-replace-prob", type=probability, default=0.1,
+                   help="share replaced by a random token; the rest stay themselves "
+                        "(sum <= 1; BERT 0.8/0.1, 90/10/0 is 0.9/0.1)")
+    g.add_argument("--line-by-line", action="store_true",
+                   help="one corpus line per sequence, cut to --max-seq-length, batches "
+                        "of similar length padded to their longest (--objective mlm or "
+                        "electra; HF run_mlm.py's --line_by_line)")
+
+
 __all__ = ["DEFAULT_CORPUS", "DEFAULT_EXCLUDE", "DEFAULT_PAIRS", "MODEL_DEFAULTS",
-           "PretrainingConfig"]
+           "PretrainingConfig", "add_masking_arguments"]

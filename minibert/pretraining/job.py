@@ -48,8 +48,9 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
                      unigram_cross_entropy)
 from .exclusion import DocumentExclusion
 from .extension import check_extension, decay_steps, extend_run, pinned_ramp_steps
-from .masking import VocabInfo
+from .masking import VocabInfo, check_replacement
 from .samples import MaskSamples, pick_samples
+from .schedule import BatchSteps, masked_lm_prob_at
 from .tsv_text import TSV_SUFFIX
 from ..training import TrainingConfig, TrainingError, train
 from ..evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
@@ -70,7 +71,10 @@ RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu"
                "max_steps")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"exclude_documents": ["none"],   # older runs left nothing out
-                   "lr_scheduler_type": "linear", "decay_ratio": 0.1, "ema_decay": 0.0}
+                   "lr_scheduler_type": "linear", "decay_ratio": 0.1, "ema_decay": 0.0,
+                   # older runs masked 80/10/10 at a constant rate, packed sequences
+                   "mask_replace_prob": 0.8, "random_replace_prob": 0.1,
+                   "masked_lm_prob_end": None, "line_by_line": False}
 
 
 @dataclass
@@ -184,12 +188,23 @@ def _check_objective_options(cfg: PretrainingConfig, given: set[str]) -> None:
 
     Raises:
         RunError: ``--teacher`` with ``--objective electra``, ELECTRA options with
-            another objective, ``--batch-size-ramp`` without gradient accumulation.
+            another objective, a replacement rule over 1 (``--mask-replace-prob`` +
+            ``--random-replace-prob``), ``--line-by-line`` with a sentence-pair objective,
+            ``--batch-size-ramp`` without gradient accumulation.
     """
     if cfg.objective == "electra" and cfg.teacher:
         raise RunError("--teacher works with the BERT objectives, not --objective electra")
     if cfg.objective != "electra" and (stray := [n for n in ELECTRA_OPTIONS if n in given]):
         raise RunError(", ".join(map(flag, stray)) + ": ELECTRA options, only with --objective electra")
+    try:      # after --resume took the run's own values of the options not given
+        check_replacement(cfg.mask_replace_prob, cfg.random_replace_prob)
+    except ValueError:
+        raise RunError(f"--mask-replace-prob {cfg.mask_replace_prob:g} + --random-replace-prob "
+                       f"{cfg.random_replace_prob:g} is over 1 (the rest of the chosen tokens "
+                       "stay themselves)") from None
+    if cfg.line_by_line and get_objective(cfg.objective).sentence_task is not None:
+        raise RunError(f"--line-by-line gives one line per sequence; --objective "
+                       f"{cfg.objective} needs sentence pairs: use --objective mlm or electra")
     if cfg.batch_size_ramp > 0 and cfg.gradient_accumulation_steps < 2:
         raise RunError(f"--batch-size-ramp {cfg.batch_size_ramp:g} ramps the micro-batches "
                        "per step up to --gradient-accumulation-steps, which is 1: give it "
@@ -475,19 +490,25 @@ def run_config(cfg: PretrainingConfig, start: Start, resumed: dict | None,
 def fixed_batches(cfg: PretrainingConfig, store: TokenStore, vocab: VocabInfo, objective,
                   seed: int, max_instances: int | None):
     """The same batches every time from ``store`` (held-out evaluation, pruning
-    calibration): :func:`~.batches.make_eval_batches` with the run's data options.
+    calibration): :func:`~.batches.make_eval_batches` with the run's data options, masked
+    at a fixed rate: ``--masked-lm-prob-end`` when the run has a rate schedule (the rate
+    it ends at, as GPT-BERT validates), else ``--masked-lm-prob``.
 
     Returns:
         list of :class:`~.batches.PretrainingBatch`, each (B, T) with B = ``cfg.batch_size`` and
-        T = ``cfg.max_seq_length`` (the last may hold fewer rows), at most
-        ``max_instances`` sequences in all (None: the whole store).
+        T = ``cfg.max_seq_length`` (the last may hold fewer rows; ``--line-by-line``: T the
+        batch's longest line), at most ``max_instances`` sequences in all (None: the whole
+        store).
     """
+    rate = cfg.masked_lm_prob if cfg.masked_lm_prob_end is None else cfg.masked_lm_prob_end
     return make_eval_batches(store, vocab, cfg.batch_size, cfg.max_seq_length, seed=seed,
                              objective=objective, max_instances=max_instances,
-                             short_seq_prob=cfg.short_seq_prob,
-                             masked_lm_prob=cfg.masked_lm_prob,
+                             short_seq_prob=cfg.short_seq_prob, masked_lm_prob=rate,
                              max_predictions_per_seq=cfg.max_predictions_per_seq,
-                             whole_word_mask=cfg.whole_word_mask, max_ngram=cfg.max_ngram)
+                             whole_word_mask=cfg.whole_word_mask, max_ngram=cfg.max_ngram,
+                             mask_replace_prob=cfg.mask_replace_prob,
+                             random_replace_prob=cfg.random_replace_prob,
+                             line_by_line=cfg.line_by_line)
 
 
 def build_pretraining_model(cfg: PretrainingConfig, config: ModelConfig, data: PretrainData,
@@ -559,6 +580,19 @@ def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, m
     return reference
 
 
+def masking_note(cfg: PretrainingConfig) -> str:
+    """The log's words for masking options away from their defaults ('' with none):
+    line-by-line sequences, the rate schedule, the replacement rule."""
+    parts = (["one line per sequence"] if cfg.line_by_line else []) + (
+        [f"masking rate {cfg.masked_lm_prob:g} -> {cfg.masked_lm_prob_end:g}"]
+        if cfg.masked_lm_prob_end is not None else [])
+    if (cfg.mask_replace_prob, cfg.random_replace_prob) != (0.8, 0.1):
+        keep = max(0.0, 1.0 - cfg.mask_replace_prob - cfg.random_replace_prob)
+        parts.append(f"chosen tokens {cfg.mask_replace_prob:.0%} [MASK] / "
+                     f"{cfg.random_replace_prob:.0%} random / {keep:.0%} kept")
+    return "".join(f", {p}" for p in parts)
+
+
 def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
              reference: dict) -> str:
     """The log lines that say what is trained on what (model, data, baselines, teacher)."""
@@ -570,9 +604,10 @@ def describe(cfg: PretrainingConfig, model, data: PretrainData, eval_batches,
             if cfg.teacher and cfg.student_init == "pruned"
             else f"{cfg.preset} {cfg.model.upper()} preset")
     line = (f"model: {arch}, {model.num_parameters():,} parameters, vocab "
-            f"{config.vocab_size}; objective {data.objective.name}; train documents "
-            f"{data.train.num_documents}, tokens {data.train.num_tokens:,}; held-out documents "
-            f"{data.held_out.num_documents}, {sum(len(b.input_ids) for b in eval_batches)} "
+            f"{config.vocab_size}; objective {data.objective.name}{masking_note(cfg)}; "
+            f"train documents {data.train.num_documents}, tokens {data.train.num_tokens:,}; "
+            f"held-out documents {data.held_out.num_documents}, "
+            f"{sum(len(b.input_ids) for b in eval_batches)} "
             "sequences" + "".join(f"; {k.replace('_', ' ')} {v:.3f}"
                                   for k, v in reference.items()))
     if left := data.excluded.describe():
@@ -586,9 +621,13 @@ class PretrainingWorkload:
     """The pretraining job for :func:`minibert.training.train`: batches of the training
     store, the objective's forward statistics (with a distillation model, its terms too)
     and, when there are held-out batches, an evaluation on them with the ``reference``
-    baselines beside it."""
+    baselines beside it. ``start``: the :class:`~minibert.training.TrainState` the run
+    starts from (None: a fresh run), where a masking-rate schedule
+    (``--masked-lm-prob-end``) counts the steps of the batches from; with a schedule the
+    train records carry the window's mean ``masked_lm_prob``."""
 
-    def __init__(self, cfg, data: PretrainData, eval_batches, reference: dict, model, xp):
+    def __init__(self, cfg, data: PretrainData, eval_batches, reference: dict, model, xp,
+                 start=None):
         self.cfg, self.objective, self.store, self.vocab = (cfg, data.objective, data.train,
                                                              data.vocab)
         self.data_fingerprint = data.fingerprint
@@ -607,13 +646,36 @@ class PretrainingWorkload:
                             masked_lm_prob=cfg.masked_lm_prob,
                             max_predictions_per_seq=cfg.max_predictions_per_seq,
                             whole_word_mask=cfg.whole_word_mask,
-                            max_ngram=cfg.max_ngram)
+                            max_ngram=cfg.max_ngram,
+                            mask_replace_prob=cfg.mask_replace_prob,
+                            random_replace_prob=cfg.random_replace_prob)
+        if cfg.line_by_line:   # every line once per epoch: the short last batch too
+            self.data_kw.update(line_by_line=True, drop_last=False)
+        # --masked-lm-prob-end: the step of each batch, from the run's position on
+        self.steps = None if cfg.masked_lm_prob_end is None else BatchSteps(
+            *((start.step, start.epoch, start.batch_in_epoch) if start else (0, 0, 0)),
+            cfg.gradient_accumulation_steps, round(cfg.batch_size_ramp * cfg.max_steps))
 
     def batches(self, epoch: int, start_batch: int):
-        return iterate_batches(self.store, self.vocab, self.cfg.batch_size,
-                               self.cfg.max_seq_length, epoch=epoch, seed=self.cfg.seed,
-                               start_batch=start_batch, objective=self.objective,
-                               **self.data_kw)
+        """The batches of ``epoch`` from ``start_batch`` on (:func:`~.batches.iterate_batches`
+        with the run's options); with a rate schedule, each masked at the rate of the step
+        it belongs to (:mod:`.schedule`)."""
+        if self.steps is None:
+            return iterate_batches(self.store, self.vocab, self.cfg.batch_size,
+                                   self.cfg.max_seq_length, epoch=epoch, seed=self.cfg.seed,
+                                   start_batch=start_batch, objective=self.objective,
+                                   **self.data_kw)
+        return self._scheduled_batches(epoch, start_batch)
+
+    def _scheduled_batches(self, epoch: int, start_batch: int):
+        cfg, steps = self.cfg, self.steps
+        steps.start_epoch(epoch, start_batch)
+        yield from iterate_batches(
+            self.store, self.vocab, cfg.batch_size, cfg.max_seq_length, epoch=epoch,
+            seed=cfg.seed, start_batch=start_batch, objective=self.objective, **self.data_kw,
+            batch_masked_lm_prob=lambda k: masked_lm_prob_at(
+                steps.next_batch(), cfg.masked_lm_prob, cfg.masked_lm_prob_end, cfg.max_steps))
+        steps.end_epoch()
 
     def forward(self, model, batch):
         inputs = {k: self.xp.asarray(v) for k, v in batch.model_inputs().items()}
@@ -624,11 +686,16 @@ class PretrainingWorkload:
         sums = self.objective.stats(out, inputs)
         if isinstance(model, distillation.DistillationModel):
             sums.update(model.stats(out, inputs))
+        if batch.masked_lm_prob is not None:   # a rate schedule's batch: its rate, averaged
+            sums.update(masked_lm_prob_sum=self.xp.asarray(batch.masked_lm_prob),
+                        masked_lm_prob_count=self.xp.asarray(1.0))
         return out.loss, sums
 
     def summarize(self, totals: dict) -> dict:
+        rate = ({"masked_lm_prob": totals["masked_lm_prob_sum"] / totals["masked_lm_prob_count"]}
+                if totals.get("masked_lm_prob_count") else {})
         return {**self.objective.summarize(totals),
-                **distillation.DistillationModel.summarize(totals)}
+                **distillation.DistillationModel.summarize(totals), **rate}
 
     def _evaluate(self, step: int) -> dict:
         self.model.eval()
@@ -736,7 +803,7 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
     print(describe(cfg, model, data, eval_batches, reference))
     if comm.world_size > 1:
         print(distributed.describe(comm, cfg.batch_size))
-    workload = PretrainingWorkload(cfg, data, eval_batches, reference, model, job.xp)
+    workload = PretrainingWorkload(cfg, data, eval_batches, reference, model, job.xp, state)
     workload.pinned = {"batch_size_ramp_steps": schedule.batch_size_ramp_steps}
     t0 = time.perf_counter()
     try:

@@ -2,10 +2,13 @@
 
 google-research/bert ``create_masked_lm_predictions``: about ``masked_lm_prob`` of a
 sequence's tokens are chosen to be predicted; each chosen token becomes [MASK] (80%), a
-random token (10%) or stays itself (10%). Masking rates up to 0.4 work as well or better
-for large models (Wettig et al. 2023, "Should You Mask 15% in Masked Language Modeling?");
-size ``max_predictions_per_seq`` with :func:`default_max_predictions` so the cap does not
-silently lower the rate.
+random token (10%) or stays itself (10%). That replacement rule is two options,
+``mask_replace_prob`` and ``random_replace_prob`` (transformers'
+``DataCollatorForLanguageModeling`` names; :func:`check_replacement`): BabyBERTa
+(Huebner et al. 2021) never leaves a chosen token as itself (1.0 / 0.0). Masking rates up
+to 0.4 work as well or better for large models (Wettig et al. 2023, "Should You Mask 15%
+in Masked Language Modeling?"); size ``max_predictions_per_seq`` with
+:func:`default_max_predictions` so the cap does not silently lower the rate.
 
 The unit of masking is a token, a whole word (``whole_word_mask``), or ALBERT's n-gram of
 up to ``max_ngram`` whole words (Lan et al. 2020, section 4.1; google-research/albert
@@ -18,20 +21,47 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
 from typing import Mapping
 
 import numpy as np
 
 from ..tokenization.vocab import SPECIAL_TOKENS
 
-__all__ = ["VocabInfo", "check_probability", "choose_word_spans", "create_masked_lm_predictions",
-           "default_max_predictions", "ngram_probabilities"]
+__all__ = ["VocabInfo", "check_probability", "check_replacement", "choose_word_spans",
+           "create_masked_lm_predictions", "default_max_predictions", "keep_share",
+           "ngram_probabilities"]
 
 
 def check_probability(name: str, p: float) -> None:
     """Raises ValueError unless ``p`` is a number in [0, 1] (the message names ``name``)."""
     if not 0.0 <= p <= 1.0:  # also refuses nan
         raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
+
+
+def check_replacement(mask_replace_prob: float, random_replace_prob: float) -> None:
+    """Raises ValueError unless both are probabilities whose sum is at most 1 (the rest of
+    the chosen tokens stay themselves). The sum is taken on the numbers as written
+    (shortest decimal form), so 0.9 + 0.1 is exactly 1."""
+    check_probability("mask_replace_prob", mask_replace_prob)
+    check_probability("random_replace_prob", random_replace_prob)
+    if Fraction(repr(float(mask_replace_prob))) + Fraction(repr(float(random_replace_prob))) > 1:
+        raise ValueError(f"mask_replace_prob + random_replace_prob must be at most 1, got "
+                         f"{mask_replace_prob:g} + {random_replace_prob:g}")
+
+
+@lru_cache(maxsize=64)   # once per rule, not once per sequence
+def keep_share(mask_replace_prob: float, random_replace_prob: float) -> float:
+    """The share of the chosen tokens *not* replaced by [MASK] that stay themselves:
+    keep / (1 - mask) with keep = 1 - mask - random, computed exactly on the numbers as
+    written and rounded once, so google-research/bert's 0.8 / 0.1 gives exactly 0.5 (its
+    ``rng.random() < 0.5``; in floating point (1 - 0.8 - 0.1) / (1 - 0.8) is 0.4999...).
+    0 when mask_replace_prob is 1 (nothing is left to share). Raises as
+    :func:`check_replacement`."""
+    check_replacement(mask_replace_prob, random_replace_prob)
+    m, r = Fraction(repr(float(mask_replace_prob))), Fraction(repr(float(random_replace_prob)))
+    return 0.0 if m == 1 else float((1 - m - r) / (1 - m))
 
 
 def default_max_predictions(max_seq_length: int, masked_lm_prob: float) -> int:
@@ -194,6 +224,8 @@ def create_masked_lm_predictions(
     rng: np.random.Generator,
     whole_word_mask: bool = False,
     max_ngram: int = 1,
+    mask_replace_prob: float = 0.8,
+    random_replace_prob: float = 0.1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Choose MLM positions and corrupt them (reference ``create_masked_lm_predictions``).
 
@@ -206,8 +238,14 @@ def create_masked_lm_predictions(
     [SEP] starts its own group instead of joining the last word of A.) With
     ``max_ngram`` > 1 the unit is ALBERT's n-gram of up to ``max_ngram`` whole words
     (:func:`choose_word_spans`; whole words whatever ``whole_word_mask`` says). Each chosen
-    position independently becomes [MASK] with probability 0.8, stays unchanged with
-    0.1, or becomes a random id from ``vocab.random_ids`` with 0.1.
+    position independently becomes [MASK] with probability ``mask_replace_prob`` (0.8), a
+    random id from ``vocab.random_ids`` with ``random_replace_prob`` (0.1), or stays
+    unchanged with the rest (0.1).
+
+    Draws, in this order (the reference's rule, and the same arrays for 0.8 / 0.1 as
+    before the rule was an option): the positions; u (P',) uniform, [MASK] where
+    u < mask_replace_prob; keep (P',) uniform, unchanged where keep < :func:`keep_share`
+    (else random); then P' random ids, drawn whether used or not.
 
     Inputs:
         input_ids: (L,) integer ids; not modified.
@@ -215,14 +253,16 @@ def create_masked_lm_predictions(
         max_predictions_per_seq: >= 1, the cap on P' (see ``default_max_predictions``).
         rng: the generator every draw comes from.
         max_ngram: >= 1; above 1, n-gram masking (ALBERT's max_ngram is 3).
+        mask_replace_prob, random_replace_prob: the replacement rule, sum <= 1.
     Returns:
         output_ids (L,) int32, masked_positions (P',) int32 increasing,
         masked_labels (P',) int32 original ids, with P' <= num_to_predict.
     Raises:
-        ValueError: masked_lm_prob outside [0, 1], max_predictions_per_seq < 1 or
-            max_ngram < 1.
+        ValueError: masked_lm_prob outside [0, 1], max_predictions_per_seq < 1,
+            max_ngram < 1 or a bad replacement rule (:func:`check_replacement`).
     """
     check_probability("masked_lm_prob", masked_lm_prob)
+    keep = keep_share(mask_replace_prob, random_replace_prob)
     if max_predictions_per_seq < 1:
         raise ValueError(f"max_predictions_per_seq must be >= 1, got {max_predictions_per_seq}")
     if max_ngram < 1:
@@ -242,7 +282,8 @@ def create_masked_lm_predictions(
     keep_draw = rng.random(k)
     replacement = vocab.random_ids[rng.integers(0, len(vocab.random_ids), size=k)]
     out = ids.astype(np.int32, copy=True)
-    new = np.where(u < 0.8, vocab.mask_id, np.where(keep_draw < 0.5, ids[positions], replacement))
+    new = np.where(u < mask_replace_prob, vocab.mask_id,
+                   np.where(keep_draw < keep, ids[positions], replacement))
     out[positions] = new
     order = np.argsort(positions, kind="stable")
     positions = positions[order].astype(np.int32)
