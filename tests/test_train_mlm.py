@@ -573,8 +573,8 @@ def crash_after_step_4(monkeypatch, run):
     from minibert import training
     real_save = training.save_checkpoint
 
-    def save_then_crash(path, model, optimizer, state):
-        real_save(path, model, optimizer, state)
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
         if state["step"] == 4:
             raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
 
