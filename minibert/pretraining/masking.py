@@ -268,23 +268,35 @@ def create_masked_lm_predictions(
     if max_ngram < 1:
         raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
     ids = np.asarray(input_ids)
-    L = len(ids)
-    num_to_predict = min(max_predictions_per_seq, max(1, int(round(L * masked_lm_prob))))
+    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(ids) * masked_lm_prob))))
+    positions = _choose_positions(ids, vocab, num_to_predict, rng, whole_word_mask, max_ngram)
+    out = _replace(ids, positions, vocab, rng, mask_replace_prob, keep)
+    positions = np.sort(positions, kind="stable").astype(np.int32)
+    return out, positions, ids[positions].astype(np.int32)
+
+
+def _choose_positions(ids: np.ndarray, vocab: VocabInfo, num_to_predict: int,
+                      rng: np.random.Generator, whole_word_mask: bool,
+                      max_ngram: int) -> np.ndarray:
+    """:func:`create_masked_lm_predictions`' first draws: (P',) int64 positions to
+    predict, in the order chosen (whole-word / n-gram spans, or single candidates)."""
     if whole_word_mask or max_ngram > 1:
         spans = choose_word_spans(ids, vocab, num_to_predict, max_ngram, rng)
-        positions = np.sort([p for a, b, _ in spans for p in range(a, b)]).astype(np.int64)
-    else:
-        cand = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id) & (ids != vocab.pad_id))
-        positions = cand[rng.permutation(len(cand))[:num_to_predict]]
+        return np.sort([p for a, b, _ in spans for p in range(a, b)]).astype(np.int64)
+    cand = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id) & (ids != vocab.pad_id))
+    return cand[rng.permutation(len(cand))[:num_to_predict]]
 
+
+def _replace(ids: np.ndarray, positions: np.ndarray, vocab: VocabInfo,
+             rng: np.random.Generator, mask_replace_prob: float, keep: float) -> np.ndarray:
+    """(L,) int32 copy of ``ids`` with ``positions`` corrupted by the replacement rule:
+    draws u (P',), then keep (P',), then P' random ids (see
+    :func:`create_masked_lm_predictions`)."""
     k = len(positions)
     u = rng.random(k)
     keep_draw = rng.random(k)
     replacement = vocab.random_ids[rng.integers(0, len(vocab.random_ids), size=k)]
     out = ids.astype(np.int32, copy=True)
-    new = np.where(u < mask_replace_prob, vocab.mask_id,
-                   np.where(keep_draw < keep, ids[positions], replacement))
-    out[positions] = new
-    order = np.argsort(positions, kind="stable")
-    positions = positions[order].astype(np.int32)
-    return out, positions, ids[positions].astype(np.int32)
+    out[positions] = np.where(u < mask_replace_prob, vocab.mask_id,
+                              np.where(keep_draw < keep, ids[positions], replacement))
+    return out
