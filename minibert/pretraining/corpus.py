@@ -298,25 +298,12 @@ def build_store(
     tokens = array("i")
     sent_ends = array("q", [0])
     doc_ends = array("q", [0])
-    n_tok = 0
     empty_files = []
     with tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing corpus",
               disable=not show_progress) as bar:
         for f in files:
-            before = len(doc_ends)
-            for doc in iter_documents([f], progress=bar, exclude=exclude):
-                n_sent = 0
-                for line in doc:
-                    ids = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(line))
-                    if not ids:
-                        continue
-                    tokens.extend(ids)
-                    n_tok += len(ids)
-                    sent_ends.append(n_tok)
-                    n_sent += 1
-                if n_sent:
-                    doc_ends.append(doc_ends[-1] + n_sent)
-            if len(doc_ends) == before:
+            docs = iter_documents([f], progress=bar, exclude=exclude)
+            if not _tokenize_documents(docs, tokenizer, tokens, sent_ends, doc_ends):
                 empty_files.append(f)
     n_docs = len(doc_ends) - 1
     if n_docs == 0:
@@ -330,6 +317,26 @@ def build_store(
         np.frombuffer(sent_ends, dtype=np.int64).copy(),
         np.frombuffer(doc_ends, dtype=np.int64).copy(),
     )
+
+
+def _tokenize_documents(documents: Iterable[list[str]], tokenizer, tokens: array,
+                        sent_ends: array, doc_ends: array) -> bool:
+    """Append the ids of every non-empty line of ``documents`` to ``tokens``, the end of
+    each such line (tokens so far) to ``sent_ends`` and the end of each document left
+    non-empty (sentences so far) to ``doc_ends``. Returns whether a document was added."""
+    before = len(doc_ends)
+    for doc in documents:
+        n_sent = 0
+        for line in doc:
+            ids = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(line))
+            if not ids:
+                continue
+            tokens.extend(ids)
+            sent_ends.append(len(tokens))
+            n_sent += 1
+        if n_sent:
+            doc_ends.append(doc_ends[-1] + n_sent)
+    return len(doc_ends) > before
 
 
 def _check_documents(n_docs: int, min_documents: int, files: Sequence[Path]) -> None:
