@@ -287,23 +287,12 @@ def _shuffled(items: Iterator, rng: np.random.Generator, cap: int) -> Iterator:
 
 
 def iterate_instances(
-    store: TokenStore,
-    vocab: VocabInfo,
-    max_seq_length: int,
-    epoch: int,
-    seed: int,
-    *,
-    objective: str | Objective = "mlm+nsp",
-    masking: str = "dynamic",
-    dupe_factor: int = 10,
-    short_seq_prob: float = 0.1,
-    masked_lm_prob: float = 0.15,
-    max_predictions_per_seq: int | None = None,
-    whole_word_mask: bool = False,
-    shuffle_buffer: int = 10_000,
-    max_ngram: int = 1,
-    mask_replace_prob: float = 0.8,
-    random_replace_prob: float = 0.1,
+    store: TokenStore, vocab: VocabInfo, max_seq_length: int, epoch: int, seed: int, *,
+    objective: str | Objective = "mlm+nsp", masking: str = "dynamic", dupe_factor: int = 10,
+    short_seq_prob: float = 0.1, masked_lm_prob: float = 0.15,
+    max_predictions_per_seq: int | None = None, whole_word_mask: bool = False,
+    shuffle_buffer: int = 10_000, max_ngram: int = 1,
+    mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
 ) -> Iterator[Instance]:
     """Yield one epoch of masked instances, shuffled, generated on the fly from the store.
 
@@ -340,13 +329,23 @@ def iterate_instances(
             epoch, a probability outside [0, 1], max_predictions_per_seq < 1, a replacement
             rule that sums over 1, or max_seq_length below the objective's minimum.
     """
+    obj, rule = _checked(objective, store, seed, epoch, max_seq_length, short_seq_prob,
+                         masked_lm_prob, max_predictions_per_seq, whole_word_mask, max_ngram,
+                         mask_replace_prob, random_replace_prob)
+    yield from _epoch_stream(obj, store, vocab, max_seq_length, epoch, seed, masking,
+                             dupe_factor, short_seq_prob, rule, shuffle_buffer, deferred=False)
+
+
+def _checked(objective: str | Objective, store: TokenStore, seed: int, epoch: int,
+             max_seq_length: int, short_seq_prob: float,
+             *masking_args) -> tuple[Objective, _Masking]:
+    """The first steps of :func:`iterate_instances` and :func:`iterate_batches`: the
+    objective, checked against the store, seed and epoch checked, then the masking rule
+    (``masking_args``: :func:`_masking`'s from ``masked_lm_prob`` on). Raises as they do."""
     obj = get_objective(objective)
     _check_store(store, obj)
     check_seed(seed=seed, epoch=epoch)
-    rule = _masking(obj, max_seq_length, short_seq_prob, masked_lm_prob, max_predictions_per_seq,
-                    whole_word_mask, max_ngram, mask_replace_prob, random_replace_prob)
-    yield from _epoch_stream(obj, store, vocab, max_seq_length, epoch, seed, masking,
-                             dupe_factor, short_seq_prob, rule, shuffle_buffer, deferred=False)
+    return obj, _masking(obj, max_seq_length, short_seq_prob, *masking_args)
 
 
 def _epoch_stream(obj: Objective, store: TokenStore, vocab: VocabInfo, max_seq_length: int,
@@ -399,28 +398,14 @@ def count_instances(
 
 
 def iterate_batches(
-    store: TokenStore,
-    vocab: VocabInfo,
-    batch_size: int,
-    max_seq_length: int,
-    epoch: int,
-    seed: int,
-    start_batch: int = 0,
-    *,
-    objective: str | Objective = "mlm+nsp",
-    masking: str = "dynamic",
-    dupe_factor: int = 10,
-    short_seq_prob: float = 0.1,
-    masked_lm_prob: float = 0.15,
-    max_predictions_per_seq: int | None = None,
-    whole_word_mask: bool = False,
-    shuffle_buffer: int = 10_000,
-    drop_last: bool = True,
-    max_ngram: int = 1,
-    mask_replace_prob: float = 0.8,
-    random_replace_prob: float = 0.1,
-    batch_masked_lm_prob: Callable[[int], float] | None = None,
-    line_by_line: bool = False,
+    store: TokenStore, vocab: VocabInfo, batch_size: int, max_seq_length: int, epoch: int,
+    seed: int, start_batch: int = 0, *,
+    objective: str | Objective = "mlm+nsp", masking: str = "dynamic", dupe_factor: int = 10,
+    short_seq_prob: float = 0.1, masked_lm_prob: float = 0.15,
+    max_predictions_per_seq: int | None = None, whole_word_mask: bool = False,
+    shuffle_buffer: int = 10_000, drop_last: bool = True, max_ngram: int = 1,
+    mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
+    batch_masked_lm_prob: Callable[[int], float] | None = None, line_by_line: bool = False,
 ) -> Iterator[PretrainingBatch]:
     """Yield the batches of one epoch, starting at batch ``start_batch``; reproducible and resumable.
 
@@ -431,16 +416,6 @@ def iterate_batches(
     instance generation up to that point (no collation), which costs about the time of
     generating those instances.
 
-    ``batch_masked_lm_prob`` (a masking-rate schedule): batch k is masked at rate
-    ``batch_masked_lm_prob(k)`` (called once per batch, k increasing from ``start_batch``),
-    each sequence with a generator of its own (same sequences and order, other masks than
-    without it), and records its rate in ``PretrainingBatch.masked_lm_prob``.
-    ``line_by_line``: one corpus line per sequence, batches of lines of similar length,
-    each (B, T_b) and (B, P_b) with T_b its longest line and P_b its most predictions
-    (:mod:`.lines`); ``mlm`` and ``electra`` only; every line once per epoch (``drop_last``
-    drops the one short batch); resuming skips the earlier batches without making them;
-    ``shuffle_buffer`` and ``short_seq_prob`` do not apply.
-
     Inputs:
         batch_size: B.
         max_seq_length: T, the width of every batch (the most, line by line).
@@ -449,6 +424,14 @@ def iterate_batches(
         drop_last: drop the last, smaller batch, so every batch is (B, T) and (B, P).
         mask_replace_prob, random_replace_prob: the replacement rule
             (:func:`~.masking.create_masked_lm_predictions`).
+        batch_masked_lm_prob: a masking-rate schedule: batch k is masked at rate
+            ``batch_masked_lm_prob(k)`` (called once per batch, k increasing from
+            ``start_batch``), each sequence with a generator of its own (same sequences and
+            order, other masks than without it), recorded in ``PretrainingBatch.masked_lm_prob``.
+        line_by_line: one corpus line per sequence (:mod:`.lines`), ``mlm`` and ``electra``
+            only: batches of lines of similar length, each (B, T_b) and (B, P_b) (its longest
+            line, its most predictions); every line once per epoch; resuming skips the
+            earlier batches without making them; ``shuffle_buffer``, ``short_seq_prob`` unused.
     Yields:
         :class:`PretrainingBatch`, (B, T) and (B, P) arrays; ``next_sentence_label`` (B,) or None.
     Raises:
@@ -460,11 +443,9 @@ def iterate_batches(
     """
     if batch_size < 1 or start_batch < 0:
         raise ValueError(f"need batch_size >= 1 and start_batch >= 0, got {batch_size}, {start_batch}")
-    obj = get_objective(objective)
-    _check_store(store, obj)
-    check_seed(seed=seed, epoch=epoch)
-    rule = _masking(obj, max_seq_length, short_seq_prob, masked_lm_prob, max_predictions_per_seq,
-                    whole_word_mask, max_ngram, mask_replace_prob, random_replace_prob)
+    obj, rule = _checked(objective, store, seed, epoch, max_seq_length, short_seq_prob,
+                         masked_lm_prob, max_predictions_per_seq, whole_word_mask, max_ngram,
+                         mask_replace_prob, random_replace_prob)
     if line_by_line:
         yield from _line_batches(obj, store, vocab, batch_size, max_seq_length, epoch, seed,
                                  start_batch, masking, dupe_factor, rule, drop_last,
