@@ -43,7 +43,7 @@ from minibert.tokenization.trainer import ALGORITHMS
 
 
 def add_data_arguments(p) -> None:
-    """The corpus, vocab and objective, and how sequences are cut and masked."""
+    """The corpus and vocab, then the objective and how sequences are cut and masked."""
     g = p.add_argument_group("data")
     g.add_argument("--corpus", nargs="+", default=[str(DEFAULT_CORPUS)],
                    help="text files or directories (their *.txt): one sentence per line, "
@@ -67,6 +67,11 @@ def add_data_arguments(p) -> None:
                         "minibert.tokenization train --help); default: the trainer's")
     g.add_argument("--no-lowercase", dest="lowercase", action="store_false",
                    help="keep case (lower-casing and accent stripping are on by default)")
+    add_sequence_arguments(g)
+
+
+def add_sequence_arguments(g) -> None:
+    """The data group's second half: the objective, and how sequences are cut and masked."""
     g.add_argument("--objective", choices=sorted(OBJECTIVES), default=None,
                    help="default: mlm+nsp for --model bert, mlm+sop for albert. mlm+nsp: BERT's sentence pairs with next-sentence prediction; mlm: "
                         "RoBERTa's full sentences packed across documents, MLM only; "
@@ -163,7 +168,6 @@ def add_model_arguments(p) -> None:
                    default="absolute", help="learned (BERT) or fixed sinusoidal positions")
     g.add_argument("--norm-position", choices=["post", "pre"], default="post",
                    help="LayerNorm after the residual sum (BERT) or before each sub-layer")
-
 
 
 def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
