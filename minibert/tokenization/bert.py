@@ -60,6 +60,9 @@ _PADDING = {
     "do_not_pad": None,
 }
 
+# the columns of __call__'s output besides input_ids, in their order
+_OPTIONAL_COLUMNS = ("token_type_ids", "attention_mask", "special_tokens_mask", "offset_mapping")
+
 
 class _Row(NamedTuple):
     """One row of ``__call__``'s output, unpadded (T tokens): ids, token types, special
@@ -177,14 +180,8 @@ class BertTokenizer:
         self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
         self.unk_token, self.sep_token, self.pad_token = unk_token, sep_token, pad_token
         self.cls_token, self.mask_token = cls_token, mask_token
-        for field, tok in (
-            ("unk_token", unk_token),
-            ("sep_token", sep_token),
-            ("pad_token", pad_token),
-            ("cls_token", cls_token),
-            ("mask_token", mask_token),
-        ):
-            if tok not in self.vocab:
+        for field in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+            if (tok := getattr(self, field)) not in self.vocab:
                 raise ValueError(
                     f"{field}={tok!r} is not in the vocab file {self.vocab_file!r} "
                     f"({len(self.vocab)} tokens); every special token must have a line in it"
@@ -543,81 +540,52 @@ class BertTokenizer:
         return ids
 
     def __call__(
-        self,
-        text: str | Sequence[str] | Sequence[tuple[str, str]] | Sequence[Sequence[str]],
+        self, text: str | Sequence[str] | Sequence[tuple[str, str]] | Sequence[Sequence[str]],
         text_pair: str | Sequence[str] | Sequence[Sequence[str]] | None = None,
-        add_special_tokens: bool = True,
-        padding: bool | str = False,
-        truncation: bool | str = False,
-        max_length: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        return_token_type_ids: bool = True,
-        return_attention_mask: bool = True,
-        return_special_tokens_mask: bool = False,
-        return_length: bool = False,
-        return_tensors: str | None = None,
-        stride: int = 0,
-        is_split_into_words: bool = False,
-        return_overflowing_tokens: bool = False,
+        add_special_tokens: bool = True, padding: bool | str = False,
+        truncation: bool | str = False, max_length: int | None = None,
+        pad_to_multiple_of: int | None = None, return_token_type_ids: bool = True,
+        return_attention_mask: bool = True, return_special_tokens_mask: bool = False,
+        return_length: bool = False, return_tensors: str | None = None, stride: int = 0,
+        is_split_into_words: bool = False, return_overflowing_tokens: bool = False,
         return_offsets_mapping: bool = False,
     ) -> BatchEncoding:
         """Encode one example or a batch into model inputs.
 
-        ``text`` is a str (one example; ``text_pair`` a str or None), or a list of str
-        (a batch; ``text_pair`` None or a list of the same length), or a list of
-        ``(a, b)`` tuples (a batch of pairs). With ``is_split_into_words=True`` a text is a
-        list of words instead: ``text`` is a list of str (one example) or a list of lists
-        of str (a batch), and so is ``text_pair``.
+        ``text``: a str, a list of str (a batch) or of ``(a, b)`` tuples; ``text_pair``: None
+        or like ``text``; with ``is_split_into_words`` each text is a list of words instead.
 
         Args:
-            padding: ``False``; ``True`` / ``'longest'`` pads a batch to its longest
-                row; ``'max_length'`` pads to ``max_length``. Padding is on the right
-                with ``pad_token_id`` (token type 0, attention 0, offsets ``(0, 0)``).
-            truncation: see :meth:`encode`.
-            max_length: target length in tokens (special tokens included; None:
-                :attr:`model_max_length`).
+            padding: ``False``, ``True`` / ``'longest'`` (the batch's longest row) or
+                ``'max_length'``; on the right, ``pad_token_id`` (type 0, attention 0).
+            truncation, max_length: see :meth:`encode` (tokens, special tokens included).
             pad_to_multiple_of: round the padded length up to a multiple of this.
-            return_tensors: ``None`` (lists) or ``'np'`` (int64 arrays; shape ``(T,)`` for one
-                example, ``(B, T)`` for a batch, which must then be padded to one length;
-                ``offset_mapping`` ``(T, 2)`` / ``(B, T, 2)``).
-            stride: with truncation and ``return_overflowing_tokens``, the number of tokens
-                each window of the truncated sequence shares with the window before it
-                (transformers' ``stride``). It must be smaller than the window length
-                (``max_length`` minus the special tokens and the other sequence's tokens)
-                whenever truncation happens, also without ``return_overflowing_tokens`` (the
-                first window is then the result), as in the fast tokenizer.
-            is_split_into_words: the input is pre-split into words (see above); each word
-                is tokenized on its own, ``word_ids()`` gives its index and its tokens'
-                offsets are relative to the word.
-            return_overflowing_tokens: return every window of the truncated sequence as a
-                row of its own (windows of ``max_length`` tokens, starting every
-                ``window length - stride`` tokens; the last one ends at the sequence's
-                end), with ``overflow_to_sample_mapping`` (row -> example index). Output
-                then always has a row axis, also for one example (as transformers).
-                Truncation ``'only_second'`` windows the second text (SQuAD-style
-                question + context), ``'only_first'`` (or ``True`` for a single text) the
-                first; ``True`` / ``'longest_first'`` on a pair is refused.
-            return_offsets_mapping: add ``offset_mapping``: per token the ``(start, end)``
-                character span in its own original text (``(0, 0)`` for [CLS], [SEP] and
-                padding), as transformers' fast tokenizer (see
-                :mod:`minibert.tokenization.alignment`).
-
+            return_tensors: ``None`` (lists) or ``'np'``: int64 arrays, ``(T,)`` for one
+                example, ``(B, T)`` for a batch (which must then be padded to one length);
+                ``offset_mapping`` ``(T, 2)`` / ``(B, T, 2)``.
+            stride: tokens each window of a truncated sequence shares with the one before
+                (:meth:`overflow_windows`); checked whenever truncation happens, also
+                without ``return_overflowing_tokens`` (the first window is the result).
+            is_split_into_words: the input is pre-split into words, each tokenized on its
+                own; ``word_ids()`` gives its index, offsets are relative to the word.
+            return_overflowing_tokens: every window of the truncated sequence is a row,
+                with ``overflow_to_sample_mapping`` (row -> example) and always a row axis;
+                ``'only_second'`` windows the second text (SQuAD's question + context),
+                ``'only_first'`` (``True`` for a single text) the first.
+            return_offsets_mapping: add ``offset_mapping``: each token's ``(start, end)``
+                in its own original text, ``(0, 0)`` for [CLS], [SEP] and padding
+                (:mod:`minibert.tokenization.alignment`).
         Returns:
-            :class:`~minibert.tokenization.encoding.BatchEncoding` (a dict) with
-            ``input_ids`` and, as asked, ``token_type_ids``, ``attention_mask``,
-            ``special_tokens_mask``, ``offset_mapping``, ``overflow_to_sample_mapping``,
-            ``length`` (unpadded lengths); its ``word_ids(i)`` / ``sequence_ids(i)`` give
-            each token's word and sequence.
-
+            :class:`~minibert.tokenization.encoding.BatchEncoding` (a dict): ``input_ids``
+            and the columns asked for (``length``: the unpadded lengths); its
+            ``word_ids(i)`` / ``sequence_ids(i)`` give each token's word and sequence.
         Raises:
-            ValueError: bad option, mismatched batch sizes, ragged batch with
-                ``return_tensors='np'``, an impossible truncation, a ``stride`` not below
-                the window length, ``'longest_first'`` truncation of a pair with
-                ``return_overflowing_tokens``, offsets asked for input given as ids.
+            ValueError: bad option, batch sizes that differ, a ragged batch with ``'np'``,
+                an impossible truncation, a ``stride`` not below the window length, windows
+                of a pair under ``'longest_first'``, offsets asked for input given as ids.
             TypeError: an input that is neither text (words) nor ids.
 
-        Source of the semantics: transformers ``PreTrainedTokenizerFast.__call__`` and
-        ``tokenizers``' ``truncate_encodings`` / ``Encoding.truncate`` (windows).
+        Source: transformers ``PreTrainedTokenizerFast.__call__``, ``tokenizers``' windows.
         """
         trunc, pad, max_length = self._check_call_options(truncation, padding, max_length,
                                                           return_tensors, stride)
@@ -625,13 +593,10 @@ class BertTokenizer:
         rows, sample_of_row = self._encode_rows(
             examples, is_split_into_words, return_offsets_mapping, add_special_tokens, trunc,
             max_length, stride, return_overflowing_tokens)
-        columns = [k for k, on in (("token_type_ids", return_token_type_ids),
-                                   ("attention_mask", return_attention_mask),
-                                   ("special_tokens_mask", return_special_tokens_mask),
-                                   ("offset_mapping", return_offsets_mapping)) if on]
+        columns = [k for k, on in zip(_OPTIONAL_COLUMNS, (return_token_type_ids, return_attention_mask,
+                   return_special_tokens_mask, return_offsets_mapping)) if on]
         target = _padded_length(pad, rows, max_length, pad_to_multiple_of)
-        return self._batch_encoding(rows, target, columns, batched,
-                                    sample_of_row if return_overflowing_tokens else None,
+        return self._batch_encoding(rows, target, columns, batched, sample_of_row,
                                     return_length, return_tensors)
 
     def _check_call_options(self, truncation, padding, max_length, return_tensors, stride):
@@ -662,9 +627,9 @@ class BertTokenizer:
 
     def _encode_rows(self, examples, is_split_into_words: bool, offsets: bool,
                      add_special_tokens: bool, trunc, max_length, stride: int,
-                     overflowing: bool) -> tuple[list[_Row], list[int]]:
+                     overflowing: bool) -> tuple[list[_Row], list[int] | None]:
         """The unpadded rows of every example (several per example with ``overflowing``
-        windows) and, per row, the index of its example."""
+        windows) and, with ``overflowing``, per row the index of its example (else None)."""
         rows: list[_Row] = []
         sample_of_row: list[int] = []
         for i, (a, b) in enumerate(examples):
@@ -674,7 +639,7 @@ class BertTokenizer:
                                   overflowing):
                 rows.append(row)
                 sample_of_row.append(i)
-        return rows, sample_of_row
+        return rows, (sample_of_row if overflowing else None)
 
     def _pad_rows(self, rows: list[_Row], target: int | None, columns: list[str]):
         """Pad every row on the right to ``target`` tokens (None: no padding): returns
