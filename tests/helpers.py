@@ -223,6 +223,35 @@ def train_losses(path: Path):
     return [(r["step"], r["loss"]) for r in MetricsLog.read(path) if r["kind"] == "train"]
 
 
+# ------------------------------------------------------------ pretraining data
+def position_store(doc_sentence_lengths, first_id: int = 10):
+    """A TokenStore whose token ids are consecutive integers in corpus order from
+    ``first_id``, so each id says where it came from; ``doc_sentence_lengths`` lists each
+    document's sentence lengths (tokens)."""
+    from minibert.pretraining import TokenStore
+    lengths = [n for doc in doc_sentence_lengths for n in doc]
+    sent = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    docs = np.concatenate([[0], np.cumsum([len(d) for d in doc_sentence_lengths])]).astype(np.int64)
+    return TokenStore(np.arange(first_id, first_id + sent[-1], dtype=np.int32), sent, docs)
+
+
+def word_vocab(V: int):
+    """VocabInfo of [PAD] [UNK] [CLS] [SEP] [MASK] (ids 0-4) and the words w5 .. w{V-1}."""
+    from minibert.pretraining import VocabInfo
+    words = {f"w{i}": i for i in range(5, V)}
+    words.update({t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])})
+    return VocabInfo.from_vocab(words)
+
+
+def unmasked(batch):
+    """(B, T) input ids of a PretrainingBatch with the original token put back at every
+    predicted position."""
+    ids = batch.input_ids.copy()
+    rows, slots = np.nonzero(batch.masked_lm_weights > 0)
+    ids[rows, batch.masked_lm_positions[rows, slots]] = batch.masked_lm_ids[rows, slots]
+    return ids
+
+
 # ------------------------------------------------------------------------ distillation
 def assert_student_gradients(model, kw: dict, teacher, rng, seed: int, name: str) -> None:
     """A distillation student's backward of ``dloss`` x its total loss on the inputs

@@ -378,24 +378,35 @@ def test_a_family_given_as_another_is_one_error_naming_model_type(tmp_path, voca
 
 # -- the --objective electra model as a Hugging Face ELECTRA --------------------------------
 
+def objective_config(num_hidden_layers: int, **overrides):
+    """The BertConfig of a tiny --objective electra model: 30 tokens, width 8, 2 heads,
+    weights drawn at 0.3, no dropout; ``overrides`` replace fields."""
+    from minibert import BertConfig
+    fields = dict(vocab_size=30, hidden_size=8, num_hidden_layers=num_hidden_layers,
+                  num_attention_heads=2, intermediate_size=12, max_position_embeddings=12,
+                  initializer_range=0.3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertConfig(**{**fields, **overrides})
+
+
+def padded_ids(rng):
+    """(2, 7) ids drawn from 5..29 and their attention mask, the first row padded after 4."""
+    ids = rng.integers(5, 30, (2, 7))
+    mask = np.ones_like(ids)
+    mask[0, 4:] = 0
+    return ids, mask
+
+
 def test_objective_discriminator_exports_as_transformers_electra_and_loads_back(tmp_path,
                                                                                  vocab_file):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from minibert import BertConfig
     from minibert.hf import load_hf_directory, load_pretrained_weights, save_hf_directory
     from minibert.objectives.electra import ElectraForPreTraining as Objective
-    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=12, max_position_embeddings=12,
-                        initializer_range=0.3, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
-    run_model = Objective(config, generator_layers=1, seed=4).eval()
+    run_model = Objective(objective_config(2), generator_layers=1, seed=4).eval()
     disc = run_model.to_electra()
     assert not hasattr(disc.electra, "embeddings_project")
     out = save_hf_directory(disc, tmp_path / "hf", vocab_file)
-    ids = np.random.default_rng(2).integers(5, 30, (2, 7))
-    mask = np.ones_like(ids)
-    mask[0, 4:] = 0
+    ids, mask = padded_ids(np.random.default_rng(2))
     # the objective's discriminator logits on an input, as the run computes them
     h = run_model.bert(ids, attention_mask=mask).last_hidden_state
     mine = run_model.discriminator_predictions(h)
@@ -410,9 +421,7 @@ def test_objective_discriminator_exports_as_transformers_electra_and_loads_back(
     assert load_pretrained_weights(again, ck.state)["new"] == []
     np.testing.assert_array_equal(again(ids, attention_mask=mask).logits, mine)
     with pytest.raises(ValueError, match="norm_position"):
-        Objective(BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2,
-                             num_attention_heads=2, intermediate_size=12,
-                             norm_position="pre")).to_electra()
+        Objective(objective_config(2, norm_position="pre")).to_electra()
 
 
 def generator_logits(run_model, ids, mask=None):
@@ -428,23 +437,16 @@ def test_objective_generator_exports_as_transformers_electra_for_masked_lm(tmp_p
     batch; a generator with another activation than GELU is refused, naming hidden_act."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from minibert import BertConfig
     from minibert.hf import save_hf_directory
     from minibert.objectives.electra import ElectraForPreTraining as Objective
-    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=3, num_attention_heads=2,
-                        intermediate_size=12, max_position_embeddings=12,
-                        initializer_range=0.3, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
-    run_model = Objective(config, generator_layers=2, seed=4).eval()
+    run_model = Objective(objective_config(3), generator_layers=2, seed=4).eval()
     rng = np.random.default_rng(5)
     for p in run_model.parameters():         # biases and LayerNorms off their zeros / ones
         p.data[...] = p.data + rng.normal(0, 0.3, p.data.shape).astype(p.data.dtype)
     gen = run_model.generator_to_electra()
     assert gen.config.num_hidden_layers == 2 and gen.config.embedding_size == 8
     out = save_hf_directory(gen, tmp_path / "gen", vocab_file)
-    ids = rng.integers(5, 30, (2, 7))
-    mask = np.ones_like(ids)
-    mask[0, 4:] = 0
+    ids, mask = padded_ids(rng)
     mine = generator_logits(run_model, ids, mask)
     ref = transformers.ElectraForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
     with torch.no_grad():
@@ -452,20 +454,33 @@ def test_objective_generator_exports_as_transformers_electra_for_masked_lm(tmp_p
                      attention_mask=torch.from_numpy(mask)).logits.numpy()
     np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="hidden_act 'relu'"):
-        Objective(BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2,
-                             num_attention_heads=2, intermediate_size=12,
-                             hidden_act="relu")).generator_to_electra()
+        Objective(objective_config(2, hidden_act="relu")).generator_to_electra()
 
 
 # -- an ELECTRA start through finetune.py ---------------------------------------------------
 
+def assert_export_logits(export, cls, ids) -> None:
+    """The Hugging Face directory ``export`` loads, every weight used, into transformers'
+    class of ``cls``'s name and into ``cls``, and both give the same logits on ``ids``."""
+    import torch
+    import transformers
+    from minibert.hf import load_hf_directory, load_pretrained_weights
+    ref = getattr(transformers, cls.__name__).from_pretrained(
+        export, attn_implementation="eager").eval()
+    ck = load_hf_directory(export)
+    ours = cls(ck.config).eval()
+    assert load_pretrained_weights(ours, ck.state)["new"] == []
+    with torch.no_grad():
+        theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(ours(ids).logits, theirs, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("E", [8, 16])
 def test_finetune_from_a_transformers_electra_and_export_read_by_transformers(
         tmp_path, dataset, E, capsys):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     from helpers import WORDS, run_ft
-    from minibert.hf import load_hf_directory, load_pretrained_weights
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
     config = ElectraConfig(vocab_size=len(vocab), embedding_size=E, hidden_size=16,
                            num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
@@ -485,15 +500,8 @@ def test_finetune_from_a_transformers_electra_and_export_read_by_transformers(
     cfg = json.loads((export / "config.json").read_text())
     assert cfg["model_type"] == "electra"
     assert cfg["architectures"] == ["ElectraForSequenceClassification"]
-    ref = transformers.ElectraForSequenceClassification.from_pretrained(
-        export, attn_implementation="eager").eval()
-    ck = load_hf_directory(export)
-    ours = ElectraForSequenceClassification(ck.config).eval()
-    assert load_pretrained_weights(ours, ck.state)["new"] == []
-    ids = np.random.default_rng(3).integers(5, len(vocab), (3, 9))
-    with torch.no_grad():
-        theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
-    np.testing.assert_allclose(ours(ids).logits, theirs, rtol=1e-4, atol=1e-5)
+    assert_export_logits(export, ElectraForSequenceClassification,
+                         np.random.default_rng(3).integers(5, len(vocab), (3, 9)))
     assert run_ft("--model", out, "--predict", "very good film") == 0
     scores = json.loads([l for l in capsys.readouterr().out.splitlines()
                          if l.startswith("[{")][-1])
@@ -788,10 +796,9 @@ def test_every_bert_role_built_from_an_electra_start_is_the_electra_class(tmp_pa
 
 
 def test_tagging_from_an_electra_start_and_its_export_in_transformers(tmp_path, capsys):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     from helpers import NEG, POS, WORDS, run_ft
-    from minibert.hf import load_hf_directory, load_pretrained_weights
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
     start = tmp_path / "electra-start"
     _hf("ElectraForPreTraining", tiny(vocab_size=len(vocab), hidden_size=16,
@@ -813,15 +820,8 @@ def test_tagging_from_an_electra_start_and_its_export_in_transformers(tmp_path, 
                   "--adam-eps", "1e-8", "--max-seq-length", "12", "--export-hf", export) == 0
     assert json.loads((export / "config.json").read_text())["architectures"] == [
         "ElectraForTokenClassification"]
-    ref = transformers.ElectraForTokenClassification.from_pretrained(
-        export, attn_implementation="eager").eval()
-    ck = load_hf_directory(export)
-    ours = ElectraForTokenClassification(ck.config).eval()
-    assert load_pretrained_weights(ours, ck.state)["new"] == []
-    ids = np.random.default_rng(3).integers(5, len(vocab), (2, 8))
-    with torch.no_grad():
-        theirs = ref(input_ids=torch.from_numpy(ids)).logits.numpy()
-    np.testing.assert_allclose(ours(ids).logits, theirs, rtol=1e-4, atol=1e-5)
+    assert_export_logits(export, ElectraForTokenClassification,
+                         np.random.default_rng(3).integers(5, len(vocab), (2, 8)))
 
 
 def test_an_electra_generator_teaches_a_bert_student_of_its_own_sizes(tmp_path, moby30,

@@ -10,27 +10,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy.stats import chisquare
 
-from minibert.pretraining import (TokenStore, VocabInfo, create_masked_lm_predictions,
+from helpers import position_store, unmasked, word_vocab
+from minibert.pretraining import (create_masked_lm_predictions,
                                   iterate_batches, make_eval_batches)
 from minibert.pretraining.masking import check_replacement, keep_share
 from minibert.pretraining.schedule import BatchSteps, masked_lm_prob_at
 
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(5)
-
-
-def vocab_info(V=2000) -> VocabInfo:
-    words = {f"w{i}": i for i in range(5, V)}
-    words.update({t: i for i, t in enumerate(SPECIALS)})
-    return VocabInfo.from_vocab(words)
-
-
-def position_store(doc_sentence_lengths, first_id=10) -> TokenStore:
-    """Token ids are consecutive integers in corpus order: each id says where it came from."""
-    lengths = [n for doc in doc_sentence_lengths for n in doc]
-    sent = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    docs = np.concatenate([[0], np.cumsum([len(d) for d in doc_sentence_lengths])]).astype(np.int64)
-    return TokenStore(np.arange(first_id, first_id + sent[-1], dtype=np.int32), sent, docs)
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +24,7 @@ def corpus():
     rng = np.random.default_rng(5)
     docs = [list(rng.integers(1, 40, size=int(rng.integers(1, 10)))) for _ in range(50)]
     store = position_store(docs)
-    return store, vocab_info(store.num_tokens + 20), docs
-
-
-def unmasked(batch):
-    """(B, T) input ids with the original token put back at every predicted position."""
-    ids = batch.input_ids.copy()
-    rows, slots = np.nonzero(batch.masked_lm_weights > 0)
-    ids[rows, batch.masked_lm_positions[rows, slots]] = batch.masked_lm_ids[rows, slots]
-    return ids
+    return store, word_vocab(store.num_tokens + 20), docs
 
 
 def predicted(batch):
@@ -62,7 +40,7 @@ def predicted(batch):
 def outcome_counts(m, r, seed, n_seq=400, L=100):
     """[MASK] / kept / other counts over the chosen positions of n_seq drawn sequences,
     and the expected shares: a random id equals the original with probability 1/R."""
-    vi = vocab_info()
+    vi = word_vocab(2000)
     rng = np.random.default_rng(seed)
     counts = np.zeros(3, dtype=np.int64)
     for _ in range(n_seq):
@@ -135,7 +113,7 @@ def reference_masking(ids, vi, prob, max_pred, seed):
 @given(L=st.integers(3, 80), prob=st.floats(0.05, 1.0), seed=st.integers(0, 2**31 - 1),
        explicit=st.booleans())
 def test_the_default_rule_gives_the_same_arrays_as_before(L, prob, seed, explicit):
-    vi = vocab_info(300)
+    vi = word_vocab(300)
     ids = np.concatenate([[CLS], np.random.default_rng(seed).integers(5, 300, L - 2), [SEP]])
     kw = dict(mask_replace_prob=0.8, random_replace_prob=0.1) if explicit else {}
     got = create_masked_lm_predictions(ids, vi, prob, L, np.random.default_rng(seed), **kw)

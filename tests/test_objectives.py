@@ -13,20 +13,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from helpers import position_store
 from minibert.modeling import BertConfig, BertForPreTraining
 from minibert.objectives import OBJECTIVES, Objective, get_objective
-from minibert.pretraining import (CorpusError, TokenStore, VocabInfo, count_instances,
+from minibert.pretraining import (CorpusError, VocabInfo, count_instances,
                                   default_max_predictions, iterate_batches, make_eval_batches)
 
 PAD, UNK, CLS, SEP, MASK = range(5)
-FIRST_ID = 10
-
-
-def position_store(doc_sentence_lengths):
-    lengths = [n for doc in doc_sentence_lengths for n in doc]
-    sent = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    docs = np.concatenate([[0], np.cumsum([len(d) for d in doc_sentence_lengths])]).astype(np.int64)
-    return TokenStore(np.arange(FIRST_ID, FIRST_ID + sent[-1], dtype=np.int32), sent, docs)
+FIRST_ID = 10  # the first token id of helpers.position_store
 
 
 def random_store(rng, n_docs=30, max_sents=10, max_len=12):

@@ -17,7 +17,6 @@ from hypothesis import given, settings, strategies as st
 from minibert.pretraining import (
     IGNORE_INDEX,
     CorpusError,
-    TokenStore,
     VocabInfo,
     build_or_load_store,
     build_store,
@@ -38,6 +37,7 @@ from minibert.pretraining import (
     truncate_seq_pair,
     unigram_cross_entropy,
 )
+from helpers import position_store, unmasked, word_vocab
 from minibert.objectives import get_objective
 from minibert.pretraining.batches import Instance
 
@@ -95,25 +95,10 @@ def write(path: Path, text: str | bytes) -> Path:
     return path
 
 
-def position_store(doc_sentence_lengths, first_id=10):
-    """A store whose token ids are consecutive integers in corpus order, so each id says where it came from."""
-    lengths = [n for doc in doc_sentence_lengths for n in doc]
-    sent = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    docs = np.concatenate([[0], np.cumsum([len(d) for d in doc_sentence_lengths])]).astype(np.int64)
-    tokens = np.arange(first_id, first_id + sent[-1], dtype=np.int32)
-    return TokenStore(tokens, sent, docs)
-
-
 def random_position_store(rng, n_docs=40, max_sents=12, min_len=1, max_len=12):
     return position_store(
         [list(rng.integers(min_len, max_len + 1, size=int(rng.integers(1, max_sents + 1)))) for _ in range(n_docs)]
     )
-
-
-def big_vocab_info(V=5000):
-    words = {f"w{i}": i for i in range(5, V)}
-    words.update({t: i for i, t in enumerate(SPECIALS)})
-    return VocabInfo.from_vocab(words)
 
 
 def doc_of_token(store, ids):
@@ -121,14 +106,6 @@ def doc_of_token(store, ids):
     tok_pos = np.asarray(ids) - store.tokens[0]
     sent = np.searchsorted(store.sentence_offsets, tok_pos, side="right") - 1
     return np.searchsorted(store.document_offsets, sent, side="right") - 1
-
-
-def unmasked(batch):
-    """(B, T) input ids with the original token put back at every predicted position."""
-    ids = batch.input_ids.copy()
-    rows, slots = np.nonzero(batch.masked_lm_weights > 0)
-    ids[rows, batch.masked_lm_positions[rows, slots]] = batch.masked_lm_ids[rows, slots]
-    return ids
 
 
 def dense_labels(batch):
@@ -507,7 +484,7 @@ def test_nsp_epoch_pinned():
     # single-module implementation, so the split changed no instance for the same seed.
     store = random_position_store(np.random.default_rng(42), n_docs=60, max_sents=15, max_len=14)
     h = hashlib.sha256()
-    for x in iterate_instances(store, big_vocab_info(store.num_tokens + 20), 32, 3, 7,
+    for x in iterate_instances(store, word_vocab(store.num_tokens + 20), 32, 3, 7,
                                max_predictions_per_seq=20, shuffle_buffer=50):
         for a in (x.input_ids, x.token_type_ids, x.masked_lm_positions, x.masked_lm_labels):
             h.update(np.asarray(a, np.int64).tobytes())
@@ -556,7 +533,7 @@ def test_rng_calls_per_document_do_not_grow_with_sentence_length(objective):
 @given(L=st.integers(3, 128), prob=st.sampled_from([0.05, 0.15, 0.5]), max_pred=st.integers(1, 30),
        seed=st.integers(0, 2**32 - 1), wwm=st.booleans())
 def test_masking_positions_and_counts(L, prob, max_pred, seed, wwm):
-    vi = big_vocab_info()
+    vi = word_vocab(5000)
     rng = np.random.default_rng(seed)
     ids = rng.integers(5, vi.vocab_size, size=L)
     ids[0] = CLS
@@ -577,7 +554,7 @@ def test_masking_positions_and_counts(L, prob, max_pred, seed, wwm):
 
 
 def test_mask_keep_random_proportions():
-    vi = big_vocab_info(20000)
+    vi = word_vocab(20000)
     rng = np.random.default_rng(0)
     n_mask = n_keep = n_rand = 0
     specials_seen = 0
@@ -695,7 +672,7 @@ def test_vocab_info_real_vocab():
 @pytest.fixture(scope="module")
 def corpus():
     store = random_position_store(np.random.default_rng(42), n_docs=60, max_sents=15, max_len=14)
-    return store, big_vocab_info(store.num_tokens + 20)
+    return store, word_vocab(store.num_tokens + 20)
 
 
 def test_batches_shapes_and_invariants(corpus):
@@ -878,7 +855,7 @@ def test_default_max_predictions_and_probability_checks(corpus):
 
 def test_epoch_smaller_than_a_batch_is_an_error():
     store = position_store([[3, 4], [5], [2, 2]])  # 3 short documents: a few pairs
-    vi = big_vocab_info()
+    vi = word_vocab(5000)
     n = count_instances(store, 64, 0, 0)
     assert 0 < n < 128
     with pytest.raises(CorpusError, match=rf"epoch 0 .* yields {n} instances, fewer than batch_size 128: "
@@ -937,7 +914,7 @@ def test_eval_batches_fixed_and_unigram_baseline(corpus):
 
 def test_single_document_store_is_refused():
     store = position_store([[3, 4, 5]])
-    vi = big_vocab_info()
+    vi = word_vocab(5000)
     with pytest.raises(CorpusError, match="at least 2"):
         next(iterate_batches(store, vi, 2, 16, 0, 0))
     with pytest.raises(CorpusError, match="at least 2"):
@@ -948,13 +925,13 @@ def test_no_held_out_documents_gives_no_eval_batches():
     store = position_store([[3, 4], [5], [2, 2]])
     tr, ev = split_documents(store, eval_fraction=0.0)
     assert ev.num_documents == 0 and tr.num_documents == 3
-    assert make_eval_batches(ev, big_vocab_info(), 2, 16, 0) == []
+    assert make_eval_batches(ev, word_vocab(5000), 2, 16, 0) == []
 
 
 def test_negative_seed_is_refused():
     store = position_store([[3, 4], [5], [2, 2]])
     with pytest.raises(ValueError, match="seed"):
-        next(iterate_batches(store, big_vocab_info(), 2, 16, 0, -1))
+        next(iterate_batches(store, word_vocab(5000), 2, 16, 0, -1))
 
 
 def test_real_tokenizer_end_to_end(tmp_path):
