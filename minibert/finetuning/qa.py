@@ -331,17 +331,36 @@ def prepare_qa_features(tokenizer: BertTokenizer, examples: Sequence[QAExample],
                         return_overflowing_tokens=True, return_offsets_mapping=True,
                         return_attention_mask=False)
     except ValueError:
-        for e, q in zip(examples, questions):  # find the example, for the message
-            try:
-                tokenizer(q, e.context, truncation="only_second", max_length=max_seq_length,
-                          stride=doc_stride, return_overflowing_tokens=True)
-            except ValueError as err:
-                where = _where(Path(e.path), e.line, e.id) if e.path else f"(id {e.id!r})"
-                raise ValueError(f"{where} cannot make windows "
-                                 f"of max_seq_length={max_seq_length} with "
-                                 f"doc_stride={doc_stride}: {err}; raise max_seq_length, "
-                                 f"lower doc_stride or max_query_length") from None
+        _raise_for_example(tokenizer, examples, questions, max_seq_length, doc_stride)
         raise
+    sample = enc["overflow_to_sample_mapping"]
+    labels, offsets = _window_labels(enc, examples)
+    return QAFeatures(enc["input_ids"], enc["token_type_ids"], labels, list(examples),
+                      example_index=np.asarray(sample, dtype=np.int64),
+                      example_ids=[examples[k].id for k in sample], offsets=offsets)
+
+
+def _raise_for_example(tokenizer: BertTokenizer, examples: Sequence[QAExample],
+                       questions: list[str], max_seq_length: int, doc_stride: int) -> None:
+    """Encode the examples one at a time; the first that cannot be windowed raises a
+    ValueError naming it (file and line, or id) and what to change. Returns if none fails."""
+    for e, q in zip(examples, questions):
+        try:
+            tokenizer(q, e.context, truncation="only_second", max_length=max_seq_length,
+                      stride=doc_stride, return_overflowing_tokens=True)
+        except ValueError as err:
+            where = _where(Path(e.path), e.line, e.id) if e.path else f"(id {e.id!r})"
+            raise ValueError(f"{where} cannot make windows "
+                             f"of max_seq_length={max_seq_length} with "
+                             f"doc_stride={doc_stride}: {err}; raise max_seq_length, "
+                             f"lower doc_stride or max_query_length") from None
+
+
+def _window_labels(enc, examples: Sequence[QAExample]) -> tuple[np.ndarray | None, list]:
+    """Per window of ``enc`` (one row per window, ``overflow_to_sample_mapping`` and
+    ``offset_mapping`` asked): the (F, 2) int64 answer token span of its example's first
+    answer (None unless every example has one), and its (T_f, 2) int64 character offsets,
+    -1 outside the context."""
     sample = enc["overflow_to_sample_mapping"]
     labelled = all(e.answers for e in examples)
     labels = np.zeros((len(sample), 2), dtype=np.int64) if labelled else None
@@ -356,9 +375,7 @@ def prepare_qa_features(tokenizer: BertTokenizer, examples: Sequence[QAExample],
         o = np.asarray(off, dtype=np.int64).reshape(-1, 2)
         o[np.array([s != 1 for s in seq], dtype=bool)] = -1
         offsets.append(o)
-    return QAFeatures(enc["input_ids"], enc["token_type_ids"], labels, list(examples),
-                      example_index=np.asarray(sample, dtype=np.int64),
-                      example_ids=[examples[k].id for k in sample], offsets=offsets)
+    return labels, offsets
 
 
 # --------------------------------------------------------------------------- answers
