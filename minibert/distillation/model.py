@@ -86,6 +86,14 @@ class DistillationOutput(BertForPreTrainingOutput):
     pooled_loss: Any = None
 
 
+def _weighted_sum(terms):
+    """The sum of weight * loss over the (weight, loss) pairs ``terms``; None when empty."""
+    total = None
+    for a, term in terms:
+        total = a * term if total is None else total + a * term
+    return total
+
+
 class DistillationModel(BertForPreTraining):
     """A student BertForPreTraining that learns from a :class:`~.teacher.Teacher` (see the
     module docstring for the loss).
@@ -187,12 +195,7 @@ class DistillationModel(BertForPreTraining):
         kl = cos = att_loss = pooled = None
         kl_cache = cos_cache = att_cache = pooled_cache = None
         if w.alpha_ce > 0:
-            B, P, V = out.prediction_logits.shape
-            slots = (masked_lm_weights.reshape(-1) if masked_lm_weights is not None
-                     else xp.ones(B * P, dtype=np.float32))              # (B*P,)
-            kl, kl_cache = soft_target_kl_forward(out.prediction_logits.reshape(B * P, V),
-                                                  t.prediction_logits.reshape(B * P, V),
-                                                  slots, w.temperature)
+            kl, kl_cache = self._soft_target_kl(out, t, masked_lm_weights, xp)
             terms.append((w.alpha_ce, kl))
         if w.alpha_cos > 0 or w.alpha_pooled > 0:
             h = out.hidden_states                                        # (B, T, Cs)
@@ -209,9 +212,7 @@ class DistillationModel(BertForPreTraining):
             att_loss, att_cache = attention_kl_forward(out.attentions[-1], t.last_attention,
                                                        attention_mask)
             terms.append((w.alpha_att, att_loss))
-        total = None
-        for a, term in terms:
-            total = a * term if total is None else total + a * term
+        total = _weighted_sum(terms)
         self._distill_cache = (kl_cache, cos_cache, pooled_cache, att_cache,
                                out.prediction_logits.shape)
         return DistillationOutput(
@@ -220,6 +221,17 @@ class DistillationModel(BertForPreTraining):
             out.attentions if output_attentions else None,
             student_loss=out.loss, kl_loss=kl, cos_loss=cos, att_loss=att_loss,
             pooled_loss=pooled)
+
+    def _soft_target_kl(self, out, t, masked_lm_weights, xp):
+        """(loss, cache) of the soft-target KL between the student's (B, P, V) MLM logits
+        and the teacher's at temperature ``weights.temperature``, over the slots of
+        ``masked_lm_weights`` > 0 (all when None)."""
+        B, P, V = out.prediction_logits.shape
+        slots = (masked_lm_weights.reshape(-1) if masked_lm_weights is not None
+                 else xp.ones(B * P, dtype=np.float32))                  # (B*P,)
+        return soft_target_kl_forward(out.prediction_logits.reshape(B * P, V),
+                                      t.prediction_logits.reshape(B * P, V),
+                                      slots, self.weights.temperature)
 
     def backward(self, dloss=1.0) -> None:
         """Add dloss * d(loss)/d(param) into the student's (and the projection's) ``grad``
