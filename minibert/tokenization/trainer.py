@@ -290,17 +290,11 @@ def _spell_words(word_counts: Counter, sym_id: dict[str, int], dropped: dict[str
 
 
 def train_wordpiece(
-    files_or_iterator,
-    vocab_size: int,
-    min_frequency: int = 2,
-    special_tokens: Sequence[str] = SPECIAL_TOKENS,
-    algorithm: str = "wordpiece",
-    lowercase: bool = True,
-    strip_accents: bool | None = None,
-    tokenize_chinese_chars: bool = True,
-    max_input_chars_per_word: int = 100,
-    output: str | os.PathLike | None = None,
-    show_progress: bool = True,
+    files_or_iterator, vocab_size: int, min_frequency: int = 2,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS, algorithm: str = "wordpiece",
+    lowercase: bool = True, strip_accents: bool | None = None,
+    tokenize_chinese_chars: bool = True, max_input_chars_per_word: int = 100,
+    output: str | os.PathLike | None = None, show_progress: bool = True,
 ) -> TrainedVocab:
     """Learn a WordPiece vocabulary of ``vocab_size`` tokens from raw text.
 
