@@ -14,9 +14,9 @@ from .catalogue import LAYERS, Shapes, run_checks
 from .perturbations import PERTURBATIONS
 
 
-def main(argv=None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the checks, print the tables.
-    Returns the exit status: 0 if every tensor passed, 1 otherwise."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line: which layers, their shapes (defaults: :class:`Shapes`), the
+    tolerances and an optional perturbation."""
     p = argparse.ArgumentParser(
         prog="python -m minibert.gradcheck",
         description="Compare minibert's hand-written gradients with float64 central "
@@ -51,6 +51,13 @@ def main(argv=None) -> int:
                         "ones along random directions")
     p.add_argument("--perturb", choices=list(PERTURBATIONS), default=None,
                    help="corrupt one backward term to see what a wrong gradient looks like")
+    return p
+
+
+def main(argv=None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the checks, print the tables.
+    Returns the exit status: 0 if every tensor passed, 1 otherwise."""
+    p = _parser()
     args = p.parse_args(argv)
     if args.hidden % args.heads:
         p.error(f"--hidden ({args.hidden}) must be divisible by --heads ({args.heads})")

@@ -247,6 +247,19 @@ def _require_float64(tensors: Sequence[tuple[str, Any]]) -> None:
                             "(build the module with dtype=np.float64 and cast the inputs)")
 
 
+def _float64_tensors(module, inputs: Sequence, input_names: Sequence[str] | None):
+    """``check_module``'s tensors: the module's named parameters, copies of the float
+    inputs (other inputs as they are) and the inputs' names (default ``input0`` ...).
+    Raises TypeError naming a parameter or float input that is not float64."""
+    names = (list(input_names) if input_names is not None
+             else [f"input{i}" for i in range(len(inputs))])
+    inputs = [x.copy() if _is_float_array(x) else x for x in inputs]
+    params = list(module.named_parameters())
+    _require_float64([(n, p.data) for n, p in params] + [
+        (names[i], x) for i, x in enumerate(inputs) if _is_float_array(x)])
+    return params, inputs, names
+
+
 def _evaluator(module, inputs: list, before_forward: Callable[[], None] | None):
     """A function of no arguments: ``module.forward(*inputs)`` on the current contents of
     the inputs and parameters, after ``before_forward()`` (if given)."""
@@ -335,12 +348,7 @@ def check_module(module, inputs: Sequence = (), loss: Callable | None = None, *,
     """
     check_tolerances(tol=tol, atol=atol, h=h)
     loss = loss or _random_upstream_loss(seed)
-    names = (list(input_names) if input_names is not None
-             else [f"input{i}" for i in range(len(inputs))])
-    inputs = [x.copy() if _is_float_array(x) else x for x in inputs]
-    params = list(module.named_parameters())
-    _require_float64([(n, p.data) for n, p in params] + [
-        (names[i], x) for i, x in enumerate(inputs) if _is_float_array(x)])
+    params, inputs, names = _float64_tensors(module, inputs, input_names)
     evaluate = _evaluator(module, inputs, before_forward)
     returned = _backward(module, loss(evaluate())[1])
     # (row name, array perturbed in place, analytic gradient)
