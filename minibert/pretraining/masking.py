@@ -289,9 +289,9 @@ def _choose_positions(ids: np.ndarray, vocab: VocabInfo, num_to_predict: int,
 
 def _replace(ids: np.ndarray, positions: np.ndarray, vocab: VocabInfo,
              rng: np.random.Generator, mask_replace_prob: float, keep: float) -> np.ndarray:
-    """(L,) int32 copy of ``ids`` with ``positions`` corrupted by the replacement rule:
-    draws u (P',), then keep (P',), then P' random ids (see
-    :func:`create_masked_lm_predictions`)."""
+    """(L,) int32 copy of ``ids`` with ``positions`` corrupted by the replacement rule
+    (``keep``: its :func:`keep_share`): draws u (P',), then a (P',) uniform compared with
+    ``keep``, then P' random ids (see :func:`create_masked_lm_predictions`)."""
     k = len(positions)
     u = rng.random(k)
     keep_draw = rng.random(k)
