@@ -18,7 +18,8 @@ ends. The run keeps ``checkpoint-stable.npz``, its state at the first step of th
 
 and in both cases the decay is planned again at the new end. Each step then sees the same
 batch, masks, dropout and learning rate as in a run planned for N steps from the start
-with the same warmup, so the two agree bit for bit (tests/test_extension.py).
+with the same warmup, so the two agree bit for bit
+(``tests/test_train_mlm.py::test_an_extended_run_is_the_run_planned_for_the_longer_schedule``).
 
 Pinned to the first run's values when a run is extended (they would otherwise move with
 ``--max-steps``): ``--warmup-steps`` (its default, 10% of ``--max-steps``, is resolved
