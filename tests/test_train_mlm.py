@@ -60,6 +60,17 @@ def crash_after_checkpoint(monkeypatch, run, step=4):
     monkeypatch.setattr(training, "save_checkpoint", real_save)
 
 
+def straight_and_resumed(corpus, tmp_path, monkeypatch, *extra):
+    """Two runs with the options ``extra``: one straight through, one stopped by a Ctrl-C
+    after its step-4 checkpoint and resumed. Returns their directories."""
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
+    crash_after_checkpoint(monkeypatch,
+                           lambda: train_mlm.main(args_for(corpus, crashed, *extra)))
+    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
+    return straight, crashed
+
+
 def test_runs_and_writes_everything(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert train_mlm.main(args_for(corpus, out)) == 0
@@ -108,6 +119,10 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
 
 # a weight average and the warmup-stable-decay schedule, whose decay starts at step 7 of 8
 EMA_WSD = ("--ema-decay", "0.9", "--lr-scheduler-type", "warmup_stable_decay")
+# line-by-line sequences, a masking-rate schedule, no unmasking, two micro-batches a step
+MASKING = ("--objective", "mlm", "--line-by-line", "--masked-lm-prob", "0.3",
+           "--masked-lm-prob-end", "0.15", "--mask-replace-prob", "1",
+           "--random-replace-prob", "0", "--gradient-accumulation-steps", "2")
 
 
 def assert_same_checkpoints(a, b, name="checkpoint.npz"):
@@ -126,14 +141,7 @@ def assert_same_checkpoints(a, b, name="checkpoint.npz"):
 
 @pytest.mark.parametrize("extra", [(), EMA_WSD], ids=["default", "ema+wsd"])
 def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeypatch, extra):
-    straight = tmp_path / "straight"
-    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
-
-    crashed = tmp_path / "crashed"
-    crash_after_checkpoint(monkeypatch,
-                           lambda: train_mlm.main(args_for(corpus, crashed, *extra)))
-    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
-
+    straight, crashed = straight_and_resumed(corpus, tmp_path, monkeypatch, *extra)
     assert curve(crashed) == curve(straight)
     assert [r["mlm_loss"] for r in records(crashed, "eval")] == \
         [r["mlm_loss"] for r in records(straight, "eval")]
@@ -335,13 +343,7 @@ def test_resume_of_a_finished_run_keeps_its_summary(corpus, tmp_path):
 
 def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch):
     """--save-every 4 with --log-every 3: the record at step 6 spans the checkpoint at 4."""
-    extra = ("--log-every", "3")
-    straight = tmp_path / "straight"
-    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
-    crashed = tmp_path / "crashed"
-    crash_after_checkpoint(monkeypatch,
-                           lambda: train_mlm.main(args_for(corpus, crashed, *extra)))
-    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
+    straight, crashed = straight_and_resumed(corpus, tmp_path, monkeypatch, "--log-every", "3")
     assert [r["step"] for r in records(crashed, "train")] == [3, 6, 8]
     assert curve(crashed) == curve(straight)
 
@@ -427,7 +429,7 @@ def test_files_honour_the_umask(corpus, tmp_path):
         assert (out / name).stat().st_mode & 0o777 == 0o644, name
 
 
-@pytest.mark.parametrize("extra", [(), EMA_WSD], ids=["default", "ema+wsd"])
+@pytest.mark.parametrize("extra", [(), EMA_WSD, MASKING], ids=["default", "ema+wsd", "masking"])
 def test_killed_and_resumed_reproduces_the_loss_curve(corpus, tmp_path, extra):
     from helpers import kill_when_checkpointed, train_losses
     import subprocess
@@ -605,11 +607,6 @@ def test_an_extended_rate_schedule_keeps_the_first_runs_horizon(corpus, tmp_path
     assert_same_checkpoints(cut, done)
 
 
-MASKING = ("--objective", "mlm", "--line-by-line", "--masked-lm-prob", "0.3",
-           "--masked-lm-prob-end", "0.15", "--mask-replace-prob", "1",
-           "--random-replace-prob", "0", "--gradient-accumulation-steps", "2")
-
-
 def test_line_by_line_with_a_rate_schedule_and_no_unmasking_resumes_exactly(
         corpus, tmp_path, monkeypatch):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
@@ -671,16 +668,3 @@ def test_a_run_from_before_the_masking_options_resumes_as_it_was(corpus, tmp_pat
     assert "--mask-replace-prob: checkpoint 0.8, now 0.9" in capsys.readouterr().err
     assert train_mlm.main(["--resume", str(old), "--no-progress"]) == 0
     assert curve(old) == curve(straight)
-
-
-def test_killed_with_the_masking_options_and_resumed_reproduces_the_loss_curve(corpus, tmp_path):
-    from helpers import kill_when_checkpointed, train_losses
-    import subprocess
-    base = [sys.executable, str(ROOT / "train_mlm.py"),
-            *args_for(corpus, "X", "--max-steps", "24", "--save-every", "3", *MASKING)]
-    cmd = lambda out, *more: [str(out) if a == "X" else a for a in base] + list(more)
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    subprocess.run(cmd(full), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    assert kill_when_checkpointed(cmd(cut), cut / "checkpoint.npz")
-    subprocess.run(cmd(cut, "--resume"), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    assert train_losses(cut / "metrics.jsonl") == train_losses(full / "metrics.jsonl")
