@@ -478,14 +478,23 @@ def _due(every: int, step: int, end: bool = False) -> bool:
 
 class _RunOutputs:
     """What the leader writes as a run goes (metrics.jsonl, the progress bar, the
-    checkpoint) and the run's clock: seconds of training, a resumed run's included. On the
-    other ranks nothing is written and the bar is hidden."""
+    checkpoints) and the run's clock: seconds of training, a resumed run's included. On the
+    other ranks nothing is written and the bar is hidden; the collectives (the window's
+    totals, the checkpoint's record) run on every rank.
+
+    Args:
+        model, optimizer, workload, ema: the run's (what the records and checkpoints hold).
+        guard, window: the run's :class:`NonfiniteGuard` and :class:`LogWindow`.
+    """
 
     def __init__(self, metrics_path, checkpoint_path, cfg: TrainingConfig, state: TrainState,
-                 leader: bool):
+                 leader: bool, *, model, optimizer, workload: Workload,
+                 guard: NonfiniteGuard, window: LogWindow, ema: WeightAverage | None = None):
         from .runs import MetricsLog
 
-        self.checkpoint_path, self.leader = checkpoint_path, leader
+        self.checkpoint_path, self.leader, self.cfg = checkpoint_path, leader, cfg
+        self.model, self.optimizer, self.workload, self.ema = model, optimizer, workload, ema
+        self.guard, self.window = guard, window
         self.t_start = time.perf_counter() - state.elapsed_s
         self.metrics = MetricsLog(metrics_path, resume_step=state.step) if leader else None
         self.bar = tqdm(total=cfg.max_steps, initial=state.step,
@@ -498,32 +507,53 @@ class _RunOutputs:
         if self.leader:
             self.metrics.write(record)
 
-    def grad_flow(self, step: int, model, optimizer, lr: float, grad_norm) -> None:
+    def after_step(self, state: TrainState, lr: float, grad_norm) -> dict[str, Any] | None:
+        """The outputs due once step ``state.step`` is done: the bar moves on, then, where
+        their cadences (or the run's end) fall, a "grad_flow" record, a "train" record, an
+        evaluation (with the weight average swapped in) and a checkpoint. Returns the
+        evaluation record, None when there was none."""
+        cfg, step = self.cfg, state.step
+        end, record = step == cfg.max_steps, None
+        self.bar.update(1)
+        if self.leader and _due(cfg.log_grad_norms, step):
+            self.grad_flow(step, lr, grad_norm)
+        if _due(cfg.log_every, step, end):
+            self.guard.check(step)
+            self.log_train(state, lr)
+        if self.leader and self.workload.evaluate and _due(cfg.eval_every, step, end):
+            with averaged(self.ema):
+                record = self.log_eval(step)
+            self.model.train()
+        if _due(cfg.save_every, step, end):
+            self.save(state)
+        return record
+
+    def grad_flow(self, step: int, lr: float, grad_norm) -> None:
         """Write a "grad_flow" record (:func:`minibert.gradflow.grad_flow_record`)."""
         from .gradflow import grad_flow_record
-        self.write(grad_flow_record(step, model, optimizer, lr, grad_norm))
+        self.write(grad_flow_record(step, self.model, self.optimizer, lr, grad_norm))
 
-    def log_train(self, state: TrainState, lr: float, window: LogWindow, workload: Workload,
-                  optimizer) -> None:
-        """Close ``window`` into a :func:`train_record` (a collective), write it, show it."""
+    def log_train(self, state: TrainState, lr: float) -> None:
+        """Close the window into a :func:`train_record` (a collective), write it, show it."""
         now = time.perf_counter()
-        totals, tokens_per_s = window.close(now)
+        totals, tokens_per_s = self.window.close(now)
+        optimizer = self.optimizer
         scale = float(optimizer.loss_scale()) if optimizer.scaler is not None else None
-        record = train_record(state, lr, totals, workload.summarize(totals),
+        record = train_record(state, lr, totals, self.workload.summarize(totals),
                               round(now - self.t_start, 3), tokens_per_s, scale)
         self.write(record)
         self.bar.set_postfix(_progress_fields(record))
 
-    def log_eval(self, step: int, workload: Workload) -> dict[str, Any]:
+    def log_eval(self, step: int) -> dict[str, Any]:
         """Run ``workload.evaluate(step)`` (leader only), write and print its "eval" record;
         then, for a workload with ``samples``, its "samples" record and lines."""
         record = {"kind": "eval", "step": step, "elapsed_s": round(self.elapsed(), 3),
-                  **workload.evaluate(step)}
+                  **self.workload.evaluate(step)}
         self.write(record)
         self.bar.write(f"step {step}: " + ", ".join(
             f"{key} {v:.4g}" for key, v in record.items()
             if isinstance(v, float) and key != "elapsed_s"))
-        samples = getattr(workload, "samples", None)
+        samples = getattr(self.workload, "samples", None)
         if samples is not None:
             filled = samples()
             self.write({"kind": "samples", "step": step, "samples": filled})
@@ -531,19 +561,21 @@ class _RunOutputs:
                 self.bar.write(line)
         return record
 
-    def save(self, model, optimizer, workload: Workload, state: TrainState,
-             guard: NonfiniteGuard, window: LogWindow, ema: WeightAverage | None = None,
-             path=None) -> None:
-        """Write the resumable state to ``path`` (default the checkpoint): parameters,
-        optimizer, the weight average (if any), ``workload.trainer_record()`` and ``state``
-        with the open window and the guard's counters (a collective: every rank calls it at
-        the same step; the leader writes)."""
-        state.window = window.totals()
+    def save(self, state: TrainState, path=None) -> None:
+        """Check the guard (TrainingError after too many non-finite steps, so that no
+        checkpoint holds their parameters), then write the resumable state to ``path``
+        (default the checkpoint): parameters, optimizer, the weight average (if any),
+        ``workload.trainer_record()`` and ``state`` with the open window and the guard's
+        counters (a collective: every rank calls it at the same step; the leader writes)."""
+        guard = self.guard
+        guard.check(state.step)
+        state.window = self.window.totals()
         state.nonfinite_run, state.nonfinite_since = int(guard.run), int(guard.since)
         state.elapsed_s = self.elapsed()
         if self.leader:
-            save_checkpoint(path or self.checkpoint_path, model, optimizer,
-                            {**workload.trainer_record(), **state.to_dict()}, ema=ema)
+            save_checkpoint(path or self.checkpoint_path, self.model, self.optimizer,
+                            {**self.workload.trainer_record(), **state.to_dict()},
+                            ema=self.ema)
 
     def close(self) -> None:
         self.bar.close()
@@ -608,21 +640,19 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
             see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite steps in a
             row (the last checkpoint holds the last good parameters).
         Interrupted: a KeyboardInterrupt (Ctrl-C), with the steps done.
-        WriteError: a checkpoint or metrics line could not be written (the last good
-            checkpoint is left as it was).
+        WriteError: a checkpoint or metrics line was not written (the last checkpoint stays).
     """
     comm = comm or Communicator()
     guard, window = _start(model, optimizer, cfg, state, comm, checkpoint_path)
     groups, dropout_rng = step_batches(workload, cfg, state), backend.DropoutRNG(device)
-    out, last_eval = _RunOutputs(metrics_path, checkpoint_path, cfg, state, comm.is_leader), None
+    out = _RunOutputs(metrics_path, checkpoint_path, cfg, state, comm.is_leader, model=model,
+                      optimizer=optimizer, workload=workload, guard=guard, window=window, ema=ema)
+    last_eval, stable_at = None, (decay_start(cfg) if stable_checkpoint_path else None)
     model.train()
-    stable_at = decay_start(cfg) if stable_checkpoint_path else None
     try:
         while (step := state.step) < cfg.max_steps:
             if step == stable_at:          # the state before the first step of the decay
-                guard.check(state.step)
-                out.save(model, optimizer, workload, state, guard, window, ema,
-                         stable_checkpoint_path)
+                out.save(state, stable_checkpoint_path)
             lr = scheduled_lr(step, cfg)
             window.count_tokens(micro := next(groups))
             loss, grad_norm, finite, step_sums = train_step(
@@ -633,20 +663,7 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
             guard.update(step, finite, loss, loss_scaled=optimizer.scaler is not None)
             window.add(loss, grad_norm, finite, step_sums)
             state.step += 1
-            out.bar.update(1)
-            if out.leader and _due(cfg.log_grad_norms, state.step):
-                out.grad_flow(state.step, model, optimizer, lr, grad_norm)
-            end = state.step == cfg.max_steps
-            if _due(cfg.log_every, state.step, end):
-                guard.check(state.step)
-                out.log_train(state, lr, window, workload, optimizer)
-            if out.leader and workload.evaluate and _due(cfg.eval_every, state.step, end):
-                with averaged(ema):
-                    last_eval = out.log_eval(state.step, workload)
-                model.train()
-            if _due(cfg.save_every, state.step, end):
-                guard.check(state.step)
-                out.save(model, optimizer, workload, state, guard, window, ema)
+            last_eval = out.after_step(state, lr, grad_norm) or last_eval
     except KeyboardInterrupt:
         raise Interrupted(state.step) from None
     finally:

@@ -43,6 +43,34 @@ def curve(out):
     return [{k: r[k] for k in CURVE_KEYS} for r in records(out, "train")]
 
 
+def crash_after_checkpoint(monkeypatch, run, step=4):
+    """Run ``run()`` with a Ctrl-C right after the checkpoint of ``step`` is saved (the
+    job ends with exit status 130); the real save is put back afterwards."""
+    from minibert import training
+    real_save = training.save_checkpoint
+
+    def save_then_crash(path, model, optimizer, state, **kw):
+        real_save(path, model, optimizer, state, **kw)
+        if state["step"] == step:
+            raise KeyboardInterrupt(f"simulated crash after the step-{step} checkpoint")
+
+    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
+    with pytest.raises(SystemExit, match="130"):  # Ctrl-C's exit status
+        run()
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
+
+
+def straight_and_resumed(corpus, tmp_path, monkeypatch, *extra):
+    """Two runs with the options ``extra``: one straight through, one stopped by a Ctrl-C
+    after its step-4 checkpoint and resumed. Returns their directories."""
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
+    crash_after_checkpoint(monkeypatch,
+                           lambda: train_mlm.main(args_for(corpus, crashed, *extra)))
+    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
+    return straight, crashed
+
+
 def test_runs_and_writes_everything(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert train_mlm.main(args_for(corpus, out)) == 0
@@ -91,6 +119,10 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
 
 # a weight average and the warmup-stable-decay schedule, whose decay starts at step 7 of 8
 EMA_WSD = ("--ema-decay", "0.9", "--lr-scheduler-type", "warmup_stable_decay")
+# line-by-line sequences, a masking-rate schedule, no unmasking, two micro-batches a step
+MASKING = ("--objective", "mlm", "--line-by-line", "--masked-lm-prob", "0.3",
+           "--masked-lm-prob-end", "0.15", "--mask-replace-prob", "1",
+           "--random-replace-prob", "0", "--gradient-accumulation-steps", "2")
 
 
 def assert_same_checkpoints(a, b, name="checkpoint.npz"):
@@ -109,24 +141,7 @@ def assert_same_checkpoints(a, b, name="checkpoint.npz"):
 
 @pytest.mark.parametrize("extra", [(), EMA_WSD], ids=["default", "ema+wsd"])
 def test_resume_after_a_crash_continues_the_same_curve(corpus, tmp_path, monkeypatch, extra):
-    straight = tmp_path / "straight"
-    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
-
-    crashed = tmp_path / "crashed"
-    from minibert import training
-    real_save = training.save_checkpoint
-
-    def save_then_crash(path, model, optimizer, state, **kw):
-        real_save(path, model, optimizer, state, **kw)
-        if state["step"] == 4:
-            raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
-
-    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
-    with pytest.raises(SystemExit, match="130"):  # Ctrl-C's exit status
-        train_mlm.main(args_for(corpus, crashed, *extra))
-    monkeypatch.setattr(training, "save_checkpoint", real_save)
-    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
-
+    straight, crashed = straight_and_resumed(corpus, tmp_path, monkeypatch, *extra)
     assert curve(crashed) == curve(straight)
     assert [r["mlm_loss"] for r in records(crashed, "eval")] == \
         [r["mlm_loss"] for r in records(straight, "eval")]
@@ -328,23 +343,7 @@ def test_resume_of_a_finished_run_keeps_its_summary(corpus, tmp_path):
 
 def test_resume_when_saves_and_logs_do_not_line_up(corpus, tmp_path, monkeypatch):
     """--save-every 4 with --log-every 3: the record at step 6 spans the checkpoint at 4."""
-    extra = ("--log-every", "3")
-    straight = tmp_path / "straight"
-    assert train_mlm.main(args_for(corpus, straight, *extra)) == 0
-    from minibert import training
-    real_save = training.save_checkpoint
-
-    def save_then_crash(path, model, optimizer, state, **kw):
-        real_save(path, model, optimizer, state, **kw)
-        if state["step"] == 4:
-            raise KeyboardInterrupt
-
-    crashed = tmp_path / "crashed"
-    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
-    with pytest.raises(SystemExit, match="130"):  # Ctrl-C's exit status
-        train_mlm.main(args_for(corpus, crashed, *extra))
-    monkeypatch.setattr(training, "save_checkpoint", real_save)
-    assert train_mlm.main(args_for(corpus, crashed, *extra, "--resume")) == 0
+    straight, crashed = straight_and_resumed(corpus, tmp_path, monkeypatch, "--log-every", "3")
     assert [r["step"] for r in records(crashed, "train")] == [3, 6, 8]
     assert curve(crashed) == curve(straight)
 
@@ -430,7 +429,7 @@ def test_files_honour_the_umask(corpus, tmp_path):
         assert (out / name).stat().st_mode & 0o777 == 0o644, name
 
 
-@pytest.mark.parametrize("extra", [(), EMA_WSD], ids=["default", "ema+wsd"])
+@pytest.mark.parametrize("extra", [(), EMA_WSD, MASKING], ids=["default", "ema+wsd", "masking"])
 def test_killed_and_resumed_reproduces_the_loss_curve(corpus, tmp_path, extra):
     from helpers import kill_when_checkpointed, train_losses
     import subprocess
@@ -483,17 +482,8 @@ def test_an_extended_run_is_the_run_planned_for_the_longer_schedule(
         assert load_checkpoint(short / "checkpoint-stable.npz")["trainer"]["step"] == 10
         assert max(r["step"] for r in records(short)) == 12
     else:
-        from minibert import training
-        real_save = training.save_checkpoint
-
-        def save_then_crash(path, model, optimizer, state, **kw):
-            real_save(path, model, optimizer, state, **kw)
-            if state["step"] == 5:
-                raise KeyboardInterrupt
-        monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
-        with pytest.raises(SystemExit, match="130"):
-            train_mlm.main(args_for(corpus, short, *WSD, "--max-steps", "12"))
-        monkeypatch.setattr(training, "save_checkpoint", real_save)
+        crash_after_checkpoint(monkeypatch, lambda: train_mlm.main(
+            args_for(corpus, short, *WSD, "--max-steps", "12")), step=5)
         assert not (short / "checkpoint-stable.npz").exists()
     assert train_mlm.main(["--resume", str(short), "--max-steps", "24", "--no-progress"]) == 0
     assert_same_run(short, planned)
@@ -563,32 +553,66 @@ def test_what_cannot_go_on_gets_an_error_line(corpus, tmp_path, capsys):
     assert ((wsd / "checkpoint.npz").read_bytes(), (wsd / "metrics.jsonl").read_bytes()) == before
 
 
-MASKING = ("--objective", "mlm", "--line-by-line", "--masked-lm-prob", "0.3",
-           "--masked-lm-prob-end", "0.15", "--mask-replace-prob", "1",
-           "--random-replace-prob", "0", "--gradient-accumulation-steps", "2")
+RATES = ("--objective", "mlm", "--masked-lm-prob", "0.3", "--masked-lm-prob-end", "0.15")
 
 
-def crash_after_step_4(monkeypatch, run):
-    """Run ``run()`` with a Ctrl-C right after the step-4 checkpoint (exit status 130)."""
+def test_an_extended_rate_schedule_keeps_the_first_runs_horizon(corpus, tmp_path,
+                                                                 monkeypatch):
+    """A 12-step warmup-stable-decay run (decay from step 10) with the masking rate going
+    from 0.3 to 0.15, extended to 24: the rate still reaches 0.15 at step 12 and holds
+    it, so the extended run agrees with the 12-step run wherever that run's learning rate
+    does (steps 1-10: rates, losses) and masks steps 11-12 as it did. ``cut`` stops
+    after its step-5 checkpoint, which is made to look older (no recorded horizon), is
+    extended, stops again at step 8 (its checkpoint now says --max-steps 24) and goes on
+    with a plain --resume; ``done`` is extended finished, from its step-10 stable
+    checkpoint. Both end the same, to the last bit."""
+    first, cut, done = tmp_path / "first", tmp_path / "cut", tmp_path / "done"
+    argv = lambda out: args_for(corpus, out, *WSD, *RATES, "--max-steps", "12")
+    for run in (first, done):
+        assert train_mlm.main(argv(run)) == 0
+    crash_after_checkpoint(monkeypatch, lambda: train_mlm.main(argv(cut)), step=5)
+    ckpt = cut / "checkpoint.npz"
+    trainer = load_checkpoint(ckpt)["trainer"]
+    assert trainer["masked_lm_prob_steps"] == 12
+    from minibert.checkpoint import rewrite_checkpoint
+    rewrite_checkpoint(ckpt, ckpt, {k: v for k, v in trainer.items()
+                                    if k != "masked_lm_prob_steps"})
     from minibert import training
-    real_save = training.save_checkpoint
-
-    def save_then_crash(path, model, optimizer, state, **kw):
-        real_save(path, model, optimizer, state, **kw)
-        if state["step"] == 4:
-            raise KeyboardInterrupt("simulated crash after the step-4 checkpoint")
-
-    monkeypatch.setattr(training, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(training, "train_step", _crash_at_step(training.train_step, 8))
     with pytest.raises(SystemExit, match="130"):
-        run()
-    monkeypatch.setattr(training, "save_checkpoint", real_save)
+        train_mlm.main(["--resume", str(cut), "--max-steps", "24", "--no-progress"])
+    monkeypatch.undo()
+    trainer = load_checkpoint(ckpt)["trainer"]
+    assert (trainer["step"], trainer["args"]["max_steps"], trainer["masked_lm_prob_steps"]) \
+        == (5, 24, 12)
+    assert train_mlm.main(["--resume", str(cut), "--no-progress"]) == 0
+    assert train_mlm.main(["--resume", str(done), "--max-steps", "24", "--no-progress"]) == 0
+
+    keys = ("step", "lr", "loss", "mlm_loss", "masked_lm_prob", "mlm_acc", "grad_norm")
+    short = [{k: r[k] for k in keys} for r in records(first)]
+    # the record of step s holds the rate of step s - 1: 0.3 down to 0.15 at step 12
+    assert [r["masked_lm_prob"] for r in short] == pytest.approx(
+        [0.3 - 0.15 * (s - 1) / 12 for s in range(1, 13)])
+    for run in (cut, done):
+        long = [{k: r[k] for k in keys} for r in records(run)]
+        assert [r["step"] for r in long] == list(range(1, 25))
+        assert long[:10] == short[:10]
+        assert long[11]["lr"] > short[11]["lr"]        # the decay is planned again
+        assert [r["masked_lm_prob"] for r in long[10:12]] == \
+            [r["masked_lm_prob"] for r in short[10:]]
+        assert [r["masked_lm_prob"] for r in long[12:]] == pytest.approx([0.15] * 12)
+        assert load_checkpoint(run / "checkpoint.npz")["trainer"]["masked_lm_prob_steps"] == 12
+    assert [{k: r[k] for k in keys} for r in records(cut)] == \
+        [{k: r[k] for k in keys} for r in records(done)]
+    assert_same_checkpoints(cut, done)
 
 
 def test_line_by_line_with_a_rate_schedule_and_no_unmasking_resumes_exactly(
         corpus, tmp_path, monkeypatch):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     assert train_mlm.main(args_for(corpus, straight, *MASKING)) == 0
-    crash_after_step_4(monkeypatch, lambda: train_mlm.main(args_for(corpus, crashed, *MASKING)))
+    crash_after_checkpoint(monkeypatch,
+                           lambda: train_mlm.main(args_for(corpus, crashed, *MASKING)))
     assert train_mlm.main(["--resume", str(crashed), "--no-progress"]) == 0
     keys = ("step", "loss", "mlm_loss", "grad_norm", "masked_lm_prob")
     a, b = records(straight, "train"), records(crashed, "train")
@@ -627,7 +651,7 @@ def test_a_run_from_before_the_masking_options_resumes_as_it_was(corpus, tmp_pat
     the defaults (80/10/10, a constant rate, packed sequences), and refuse a change."""
     straight, old = tmp_path / "straight", tmp_path / "old"
     assert train_mlm.main(args_for(corpus, straight)) == 0
-    crash_after_step_4(monkeypatch, lambda: train_mlm.main(args_for(corpus, old)))
+    crash_after_checkpoint(monkeypatch, lambda: train_mlm.main(args_for(corpus, old)))
     new = ("mask_replace_prob", "random_replace_prob", "masked_lm_prob_end", "line_by_line")
     ckpt = old / "checkpoint.npz"
     with np.load(ckpt) as z:
@@ -644,16 +668,3 @@ def test_a_run_from_before_the_masking_options_resumes_as_it_was(corpus, tmp_pat
     assert "--mask-replace-prob: checkpoint 0.8, now 0.9" in capsys.readouterr().err
     assert train_mlm.main(["--resume", str(old), "--no-progress"]) == 0
     assert curve(old) == curve(straight)
-
-
-def test_killed_with_the_masking_options_and_resumed_reproduces_the_loss_curve(corpus, tmp_path):
-    from helpers import kill_when_checkpointed, train_losses
-    import subprocess
-    base = [sys.executable, str(ROOT / "train_mlm.py"),
-            *args_for(corpus, "X", "--max-steps", "24", "--save-every", "3", *MASKING)]
-    cmd = lambda out, *more: [str(out) if a == "X" else a for a in base] + list(more)
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    subprocess.run(cmd(full), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    assert kill_when_checkpointed(cmd(cut), cut / "checkpoint.npz")
-    subprocess.run(cmd(cut, "--resume"), check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    assert train_losses(cut / "metrics.jsonl") == train_losses(full / "metrics.jsonl")

@@ -190,7 +190,9 @@ def add_masking_arguments(g) -> None:
     g.add_argument("--masked-lm-prob-end", type=float_in(0.0, 1.0, low_open=True), default=None,
                    help="masking rate at --max-steps: the rate moves linearly from "
                         "--masked-lm-prob to it over the run (GPT-BERT: 0.3 to 0.15); "
-                        "held-out batches use it (default: a constant rate)")
+                        "held-out batches use it (default: a constant rate); a run "
+                        "extended with --resume --max-steps keeps it from its first "
+                        "--max-steps on")
     g.add_argument("--mask-replace-prob", type=probability, default=0.8,
                    help="share of the chosen tokens replaced by [MASK] (BabyBERTa: 1)")
     g.add_argument("--random-replace-prob", type=probability, default=0.1,

@@ -18,14 +18,19 @@ ends. The run keeps ``checkpoint-stable.npz``, its state at the first step of th
 
 and in both cases the decay is planned again at the new end. Each step then sees the same
 batch, masks, dropout and learning rate as in a run planned for N steps from the start
-with the same warmup, so the two agree bit for bit (tests/test_extension.py).
+with the same warmup, so the two agree bit for bit
+(``tests/test_train_mlm.py::test_an_extended_run_is_the_run_planned_for_the_longer_schedule``).
 
 Pinned to the first run's values when a run is extended (they would otherwise move with
 ``--max-steps``): ``--warmup-steps`` (its default, 10% of ``--max-steps``, is resolved
-once and kept in args.json like every argument) and the batch-size ramp
+once and kept in args.json like every argument), the batch-size ramp
 (``--batch-size-ramp`` is a share of the first run's ``--max-steps``; the steps it spans
-are kept in the checkpoint as ``batch_size_ramp_steps``). An extended run equals a run
-planned for N steps only when that run is given the same ``--warmup-steps`` and no ramp.
+are kept in the checkpoint as ``batch_size_ramp_steps``) and the masking-rate schedule
+(``--masked-lm-prob-end``: the rate reaches its end at the first run's ``--max-steps``,
+kept in the checkpoint as ``masked_lm_prob_steps``, and stays there for the steps added),
+so the steps the first run planned see the masks they saw there
+(:func:`pinned_schedule`). An extended run equals a run planned for N steps only when
+that run is given the same ``--warmup-steps``, no ramp and a constant masking rate.
 Any other setting still cannot change on ``--resume``.
 """
 from __future__ import annotations
@@ -126,8 +131,8 @@ def extend_run(cfg, run, resumed: dict, stable: dict | None, leader: bool) -> di
     print(f"extending the run from {planned} to {cfg.max_steps} steps, {where}; the decay "
           f"is planned again to end at step {cfg.max_steps}")
     source = stable if stable is not None else resumed
-    if leader:
-        trainer = dict(source["trainer"])
+    if leader:   # the values the first --max-steps fixed, before it changes
+        trainer = {**source["trainer"], **pinned_schedule(cfg, source)}
         trainer["args"] = {**trainer.get("args", {}), "max_steps": cfg.max_steps}
         rewrite_checkpoint(run.checkpoint if stable is None else run.stable_checkpoint,
                            run.checkpoint, trainer)
@@ -135,14 +140,24 @@ def extend_run(cfg, run, resumed: dict, stable: dict | None, leader: bool) -> di
     return source
 
 
-def pinned_ramp_steps(cfg, resumed: dict | None) -> int:
-    """The steps of the batch-size ramp: those the run recorded (``batch_size_ramp_steps``
-    in its checkpoint) or, for a new run, --batch-size-ramp x --max-steps; an older
-    checkpoint without the record is taken at its own --max-steps."""
-    if resumed is None:
-        return round(cfg.batch_size_ramp * cfg.max_steps)
-    trainer = resumed["trainer"]
-    if "batch_size_ramp_steps" in trainer:
-        return int(trainer["batch_size_ramp_steps"])
-    return round(cfg.batch_size_ramp * int(trainer.get("args", {}).get("max_steps",
-                                                                       cfg.max_steps)))
+def pinned_schedule(cfg, resumed: dict | None) -> dict:
+    """The schedule values fixed by a run's first ``--max-steps``, which a larger one on
+    ``--resume`` leaves as they were (they go into the trainer record of each checkpoint):
+
+    * ``batch_size_ramp_steps``: the steps of the batch-size ramp, --batch-size-ramp x
+      the first --max-steps;
+    * ``masked_lm_prob_steps`` (only with ``--masked-lm-prob-end``): the step at which the
+      masking rate reaches its end rate (:func:`~.schedule.masked_lm_prob_at`), the
+      first --max-steps; past it the end rate holds.
+
+    A new run (``resumed`` None) takes them from ``cfg``; a resumed one from its
+    checkpoint, or, for a checkpoint written before a value was recorded, from the
+    --max-steps in its arguments (the run's own unless it was extended since).
+    """
+    trainer = {} if resumed is None else resumed["trainer"]
+    first = int(trainer.get("args", {}).get("max_steps", cfg.max_steps))
+    pinned = {"batch_size_ramp_steps": int(trainer.get(
+        "batch_size_ramp_steps", round(cfg.batch_size_ramp * first)))}
+    if cfg.masked_lm_prob_end is not None:
+        pinned["masked_lm_prob_steps"] = int(trainer.get("masked_lm_prob_steps", first))
+    return pinned

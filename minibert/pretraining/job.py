@@ -47,7 +47,7 @@ from .corpus import (CorpusError, TokenStore, build_or_load_store, iter_document
                      resolve_corpus_files, split_documents, token_counts,
                      unigram_cross_entropy)
 from .exclusion import DocumentExclusion
-from .extension import check_extension, decay_steps, extend_run, pinned_ramp_steps
+from .extension import check_extension, decay_steps, extend_run, pinned_schedule
 from .masking import VocabInfo, check_replacement
 from .samples import MaskSamples, pick_samples
 from .schedule import BatchSteps, masked_lm_prob_at
@@ -624,10 +624,12 @@ class PretrainingWorkload:
     baselines beside it. ``start``: the :class:`~minibert.training.TrainState` the run
     starts from (None: a fresh run), where a masking-rate schedule
     (``--masked-lm-prob-end``) counts the steps of the batches from; with a schedule the
-    train records carry the window's mean ``masked_lm_prob``."""
+    train records carry the window's mean ``masked_lm_prob``. ``pinned``: the schedule
+    values the run's first ``--max-steps`` fixed (:func:`~.extension.pinned_schedule`;
+    None: a new run's), kept in its trainer record."""
 
     def __init__(self, cfg, data: PretrainData, eval_batches, reference: dict, model, xp,
-                 start=None):
+                 start=None, pinned: dict | None = None):
         self.cfg, self.objective, self.store, self.vocab = (cfg, data.objective, data.train,
                                                              data.vocab)
         self.data_fingerprint = data.fingerprint
@@ -635,7 +637,8 @@ class PretrainingWorkload:
         self.reference = reference
         self.eval_batches, self.model, self.xp = eval_batches, model, xp
         self.evaluate = self._evaluate if eval_batches else None
-        self.pinned: dict = {}       # schedule values kept across an extension (trainer record)
+        # schedule values kept across an extension (trainer record)
+        self.pinned = pinned_schedule(cfg, None) if pinned is None else dict(pinned)
         picked = (pick_samples(data.held_out, data.tokenizer, cfg.eval_samples, cfg.seed + 3)
                   if eval_batches and cfg.eval_samples else [])
         self.mlm = getattr(model, "generator", model)   # ELECTRA: its generator fills masks
@@ -654,7 +657,7 @@ class PretrainingWorkload:
         # --masked-lm-prob-end: the step of each batch, from the run's position on
         self.steps = None if cfg.masked_lm_prob_end is None else BatchSteps(
             *((start.step, start.epoch, start.batch_in_epoch) if start else (0, 0, 0)),
-            cfg.gradient_accumulation_steps, round(cfg.batch_size_ramp * cfg.max_steps))
+            cfg.gradient_accumulation_steps, self.pinned["batch_size_ramp_steps"])
 
     def batches(self, epoch: int, start_batch: int):
         """The batches of ``epoch`` from ``start_batch`` on (:func:`~.batches.iterate_batches`
@@ -668,13 +671,13 @@ class PretrainingWorkload:
         return self._scheduled_batches(epoch, start_batch)
 
     def _scheduled_batches(self, epoch: int, start_batch: int):
-        cfg, steps = self.cfg, self.steps
+        cfg, steps, horizon = self.cfg, self.steps, self.pinned["masked_lm_prob_steps"]
         steps.start_epoch(epoch, start_batch)
         yield from iterate_batches(
             self.store, self.vocab, cfg.batch_size, cfg.max_seq_length, epoch=epoch,
             seed=cfg.seed, start_batch=start_batch, objective=self.objective, **self.data_kw,
             batch_masked_lm_prob=lambda k: masked_lm_prob_at(
-                steps.next_batch(), cfg.masked_lm_prob, cfg.masked_lm_prob_end, cfg.max_steps))
+                steps.next_batch(), cfg.masked_lm_prob, cfg.masked_lm_prob_end, horizon))
         steps.end_epoch()
 
     def forward(self, model, batch):
@@ -787,24 +790,15 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
     if job.resumed is not None:
         job.resumed = extend_run(cfg, job.run, job.resumed, job.checked.stable,
                                  job.comm.is_leader)
-    schedule = training_config(cfg, pinned_ramp_steps(cfg, job.resumed))
+    pinned = pinned_schedule(cfg, job.resumed)
+    schedule = training_config(cfg, pinned["batch_size_ramp_steps"])
     model, data, config = _prepare(cfg, job, prog)
     optimizer = AdamW(model.named_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                       correct_bias=cfg.correct_bias)
     ema = WeightAverage(optimizer, cfg.ema_decay) if cfg.ema_decay else None
     state = job.train_state(optimizer, prog, ema)
     comm = job.comm
-    if comm.is_leader:
-        atomic_write_bytes(job.run.config, config.to_json().encode())
-        write_args(job.run, cfg.to_dict())
-    eval_batches = [] if not comm.is_leader else fixed_batches(
-        cfg, data.held_out, data.vocab, data.objective, cfg.seed + 1, cfg.eval_instances)
-    reference = reference_losses(cfg, data, eval_batches, model, job.xp)
-    print(describe(cfg, model, data, eval_batches, reference))
-    if comm.world_size > 1:
-        print(distributed.describe(comm, cfg.batch_size))
-    workload = PretrainingWorkload(cfg, data, eval_batches, reference, model, job.xp, state)
-    workload.pinned = {"batch_size_ramp_steps": schedule.batch_size_ramp_steps}
+    workload = _workload(cfg, job, data, config, model, state, pinned)
     t0 = time.perf_counter()
     try:
         state, last_eval = train(model, optimizer, workload, schedule, state,
@@ -858,6 +852,25 @@ def export_hf(cfg: PretrainingConfig, model, vocab_file) -> Path:
     return d
 
 
+def _workload(cfg: PretrainingConfig, job, data, config, model, state,
+              pinned: dict) -> PretrainingWorkload:
+    """:func:`run_pretraining`'s :class:`PretrainingWorkload`, from the run's ``state``
+    on; the leader first writes config.json and args.json and picks the held-out batches.
+    Prints what the run trains (:func:`describe`)."""
+    comm = job.comm
+    if comm.is_leader:
+        atomic_write_bytes(job.run.config, config.to_json().encode())
+        write_args(job.run, cfg.to_dict())
+    eval_batches = [] if not comm.is_leader else fixed_batches(
+        cfg, data.held_out, data.vocab, data.objective, cfg.seed + 1, cfg.eval_instances)
+    reference = reference_losses(cfg, data, eval_batches, model, job.xp)
+    print(describe(cfg, model, data, eval_batches, reference))
+    if comm.world_size > 1:
+        print(distributed.describe(comm, cfg.batch_size))
+    return PretrainingWorkload(cfg, data, eval_batches, reference, model, job.xp, state,
+                               pinned)
+
+
 def _prepare(cfg: PretrainingConfig, job, prog: str):
     """:func:`run_pretraining`'s data and model, on the job's device: (model, data,
     config); bad input ends the job with ``PROG: error: ...``."""
@@ -884,7 +897,7 @@ def _prepare(cfg: PretrainingConfig, job, prog: str):
 def training_config(cfg: PretrainingConfig, ramp_steps: int | None = None) -> TrainingConfig:
     """The loop's :class:`~minibert.training.TrainingConfig` of a pretraining run;
     ``ramp_steps``: the batch-size ramp's steps when pinned by the run
-    (:func:`~.extension.pinned_ramp_steps`), default --batch-size-ramp x --max-steps."""
+    (:func:`~.extension.pinned_schedule`), default --batch-size-ramp x --max-steps."""
     ramp = round(cfg.batch_size_ramp * cfg.max_steps) if ramp_steps is None else ramp_steps
     return TrainingConfig(max_steps=cfg.max_steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                           lr_scheduler_type=cfg.lr_scheduler_type,
