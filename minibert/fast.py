@@ -22,7 +22,7 @@ _fast_paths = False
 _GPU_ONLY = frozenset({"dropout_forward", "dropout_backward", "split_heads",
                        "merge_head_grads", "bias_dropout_add_forward",
                        "linear_backward_into", "layernorm_backward_into", "add_grads",
-                       "bias_gelu_forward", "clip_grad_norm", "masked_softmax_forward",
+                       "clip_grad_norm", "masked_softmax_forward",
                        "dropout_softmax_backward"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
 
@@ -37,11 +37,13 @@ def set_fast_paths(enabled: bool) -> bool:
     and the pipelines switch on, and name in their first log lines; ``--no-fast-cpu``
     keeps it off):
 
-    - on NumPy arrays, GELU, softmax, LayerNorm, the cross-entropy and AdamW run their
-      entry of :data:`minibert.fast_cpu.FAST_PATHS` (the same formula in row blocks over
-      the CPU's threads, in place, in cache-sized blocks; equal to the formula bit for bit
-      except float32 GELU, within 2.5e-7: tests/test_fast_cpu.py), and glibc keeps freed
-      memory for the next step (:func:`minibert.fast_cpu.keep_freed_memory`);
+    - on NumPy arrays, GELU (with the bias before it in one pass:
+      :func:`minibert.fast_cpu.bias_gelu_forward`), softmax, LayerNorm, the
+      cross-entropy and AdamW run their entry of :data:`minibert.fast_cpu.FAST_PATHS`
+      (the same formula in row blocks over the CPU's threads, in place, in cache-sized
+      blocks; equal to the formula bit for bit except float32 GELU, within 2.5e-7:
+      tests/test_fast_cpu.py), and glibc keeps freed memory for the next step
+      (:func:`minibert.fast_cpu.keep_freed_memory`);
     - on CuPy arrays, AdamW, GELU, dropout, LayerNorm, softmax, the cross-entropy, the
       clipping, attention's head split and the gradient accumulations run their entry of
       :data:`minibert.gpu_kernels.FAST_PATHS` (fused kernels: fewer launches, the same

@@ -43,19 +43,23 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-_pool, _pool_threads = None, 0
+_pool, _pool_workers = None, 0
 _POOL_PREFIX = "minibert-pool"
 _PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
 
 
-def _thread_pool(threads: int):
-    """The process's worker pool for element-wise NumPy work (NumPy ufuncs and SciPy's erf
-    release the GIL), made again when the thread count changes."""
-    global _pool, _pool_threads
-    if _pool_threads != threads:
+def _thread_pool(workers: int):
+    """The process's pool of ``workers`` helper threads for element-wise NumPy work (NumPy
+    ufuncs and SciPy's erf release the GIL), made again when the count changes. The
+    calling thread is the other worker of a parallel pass (:func:`parallel_rows`), so a
+    pass over t threads uses t - 1 of these."""
+    global _pool, _pool_workers
+    if _pool_workers != workers:
         from concurrent.futures import ThreadPoolExecutor
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_PREFIX)
-        _pool_threads = threads
+        if _pool is not None:
+            _pool.shutdown(wait=False)
+        _pool = ThreadPoolExecutor(workers, thread_name_prefix=_POOL_PREFIX)
+        _pool_workers = workers
     return _pool
 
 
@@ -66,10 +70,14 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
     ``fn(*blocks)`` gets ``a[lo:hi]`` of every array (views, split on axis 0; all arrays
     share that axis) and must only touch its own rows, e.g. a row-wise softmax writing
     into an ``out`` array passed among ``arrays``. For a row-wise computation the result is
-    the same bits as one call on the whole arrays. One call, no threads, when the arrays
-    are smaller than ``min_size`` elements or have fewer rows than threads, or when called
-    from one of the pool's own threads (a pool thread waiting on the pool would deadlock
-    it).
+    the same bits as one call on the whole arrays. The first block runs on the calling
+    thread while the pool's threads run the others (the caller would otherwise sit idle
+    waiting, and one hand-over fewer is the larger part of a pass's cost on small arrays);
+    the call returns when every block is done, also when one of them raised (the first
+    exception, the caller's own first, is raised then). One call, no threads, when the
+    arrays are smaller than ``min_size`` elements or have fewer rows than threads, or
+    when called from one of the pool's own threads (a pool thread waiting on the pool
+    would deadlock it).
     """
     threads = cpu_threads()
     n = arrays[0].shape[0]
@@ -77,8 +85,15 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
             or threading.current_thread().name.startswith(_POOL_PREFIX)):
         return [fn(*arrays)]
     bounds = [n * i // threads for i in range(threads + 1)]
-    return list(_thread_pool(threads).map(
-        lambda ab: fn(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:])))
+    blocks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    pool = _thread_pool(threads - 1)
+    futures = [pool.submit(fn, *block) for block in blocks[1:]]
+    try:
+        first = fn(*blocks[0])
+    finally:                       # no block may still be writing when the caller goes on
+        from concurrent.futures import wait
+        wait(futures)
+    return [first, *(f.result() for f in futures)]
 
 
 _CACHE_BLOCK = 1 << 18          # elements per block of a chain of passes: 1 MiB of float32
@@ -224,6 +239,36 @@ def gelu_forward(x):
 
     parallel_blocks(block, x, cdf, out)
     return out, (x, cdf)
+
+
+def bias_gelu_forward(x, b):
+    """:func:`minibert.nn.activations.bias_gelu_forward`, the bias added inside the GELU's
+    cache-sized blocks: z = x + b, Phi(z) (:func:`normal_cdf`) and z Phi(z), each block's
+    three passes while it is in cache, instead of a pass over the whole of x for the sum
+    and then the GELU's. The same bits as :func:`gelu_forward` of ``x + b`` (every pass
+    is element-wise; the blocks are whole rows, so ``b`` lines up with each).
+
+    Args:
+        x: (..., I) float NumPy array (the product of a Linear layer without its bias);
+            b: (I,) of x's dtype (any other shape or dtype: :func:`gelu_forward` of
+            ``x + b``, NumPy's broadcasting and type promotion). Returns out and the
+            cache (z, Phi(z)), each of x's shape.
+    """
+    shape = x.shape
+    if x.ndim == 0 or b.shape != shape[-1:] or np.result_type(x, b) != x.dtype:
+        return gelu_forward(x + b)
+    x2 = x.reshape(-1, shape[-1])                                    # (N, I)
+    z, cdf, out = np.empty_like(x2), np.empty_like(x2), np.empty_like(x2)
+    rows = max(1, _CACHE_BLOCK // max(x2.shape[1], 1))             # rows per cache block
+
+    def run(x, z, cdf, out):  # one thread's rows, a cache block at a time
+        for lo in range(0, len(x), rows):
+            zb = np.add(x[lo:lo + rows], b, out=z[lo:lo + rows])    # z = x + b
+            normal_cdf(zb, cdf[lo:lo + rows])                        # Phi(z)
+            np.multiply(zb, cdf[lo:lo + rows], out=out[lo:lo + rows])
+
+    parallel_rows(run, x2, z, cdf, out, min_size=2 * _CACHE_BLOCK)
+    return out.reshape(shape), (z.reshape(shape), cdf.reshape(shape))
 
 
 def gelu_backward(dout, cache):
@@ -419,7 +464,7 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 
 
 FAST_PATHS = {f.__name__: f for f in (
-    gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
+    gelu_forward, bias_gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
     layernorm_backward, softmax_nll, cross_entropy_backward, adamw_update)}
 """The name of a formula (an nn/ function, or :func:`minibert.optim.adamw_update`) -> its
 CPU fast path (same arguments, same result)."""

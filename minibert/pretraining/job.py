@@ -626,6 +626,10 @@ class PretrainingWorkload:
     (``--masked-lm-prob-end``) counts the steps of the batches from; with a schedule the
     train records carry the window's mean ``masked_lm_prob``."""
 
+    # batches made this many ahead on a background thread (minibert.training.step_batches):
+    # they read the token store, their own generators and self.steps, nothing the step writes
+    prefetch_batches = 2
+
     def __init__(self, cfg, data: PretrainData, eval_batches, reference: dict, model, xp,
                  start=None):
         self.cfg, self.objective, self.store, self.vocab = (cfg, data.objective, data.train,
