@@ -57,8 +57,12 @@ def set_fast_paths(enabled: bool) -> bool:
     global _fast_paths
     previous, _fast_paths = _fast_paths, bool(enabled)
     if _fast_paths:
-        from .fast_cpu import keep_freed_memory
+        from .fast_cpu import keep_freed_memory, split_products
         keep_freed_memory()
+        split_products(True)
+    elif previous:
+        from .fast_cpu import split_products
+        split_products(False)
     return previous
 
 

@@ -132,6 +132,67 @@ def test_gelu_fast_path_gives_the_formulas_bits_outside_float32(shape, dtype, se
 
 
 @SETTINGS
+@given(lead=st.one_of(st.tuples(st.integers(1, 800)),
+                      st.tuples(st.integers(1, 40), st.integers(1, 40))),
+       io=st.tuples(st.integers(1, 300), st.integers(1, 300)),
+       dtype=st.sampled_from(DTYPES), bias=st.booleans(), seed=seeds, n=threads)
+def test_linear_fast_paths_give_the_formulas_bits(lead, io, dtype, bias, seed, n):
+    """The Linear layer's forward and backward with their products' rows split over
+    the threads (fast_cpu.matmul: the products over 16 MFLOP, in blocks of whole 64-row
+    units) equal the formula's, bit for bit, the formula's products on the single BLAS
+    thread that the fast paths leave it. (Smaller blocks are not safe: OpenBLAS's
+    small-matrix kernels sum in another order. On such small shapes its result can also
+    depend on its own thread count; the default run's products are not among them:
+    bench/bench_default_run.py compares the default run's losses with main's.)"""
+    (I, O), shape = io, (*lead, io[0])
+    x, w = draw(seed, shape, dtype), draw(seed + 1, (O, I), dtype)
+    b = draw(seed + 2, (O,), dtype) if bias else None
+    g = draw(seed + 3, (*lead, O), dtype)
+    with cpu_blocking(None, n):
+        with fast.fast_paths():
+            out, cache = nn.linear_forward(x, w, b)
+            grads = nn.linear_backward(g, cache)
+        fast_cpu.split_products(True)                  # the BLAS on one thread, no split
+        try:
+            out_ref, cache_ref = nn.linear_forward(x, w, b)
+            grads_ref = nn.linear_backward(g, cache_ref)
+        finally:
+            fast_cpu.split_products(False)
+    assert_same_bits(out, out_ref)
+    assert_same_bits(grads, grads_ref)
+
+
+def test_split_products_take_the_blas_threads_and_give_them_back(monkeypatch):
+    """While the fast paths are on, OpenBLAS runs on one thread and matmul splits rows
+    over the pool (blocks made on two threads); off again, the count from before is back
+    and matmul is one call."""
+    controls = fast_cpu._openblas_controls()
+    if not controls:
+        pytest.skip("no OpenBLAS thread control in this process")
+    import threading
+    get = controls[0][0]
+    before = get()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    names = []
+    real = np.matmul
+
+    def spy(a, b, **kw):
+        names.append(threading.current_thread().name)
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(np, "matmul", spy)
+    a, b = draw(0, (512, 128), np.float32), draw(1, (128, 256), np.float32)  # 34 MFLOP
+    with fast.fast_paths():
+        assert get() == 1
+        assert_same_bits(fast_cpu.matmul(a, b), a @ b)
+        assert len(names) == 2 and any(x.startswith("minibert-pool") for x in names)
+    assert get() == before and fast_cpu._blas_saved is None
+    names.clear()
+    assert_same_bits(fast_cpu.matmul(a, b), a @ b)
+    assert names == []
+
+
+@SETTINGS
 @given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3),
        dtype=st.sampled_from(DTYPES), seed=seeds, n=threads,
        block=st.sampled_from([None, 7, 4096]))
@@ -219,6 +280,8 @@ def test_the_formulas_run_unless_the_fast_paths_are_switched_on(monkeypatch):
         _, c = gelu_forward(a)
         gelu_backward(a, c)
         nn.activations.bias_gelu_forward(a, a[0])
+        _, c = nn.linear_forward(a, a, a[0, :3])
+        nn.linear_backward(a[:, :3], c)
         _, c = nn.softmax_forward(a)
         nn.softmax_backward(a, c)
         _, c = nn.layernorm_forward(a, a[0], a[1])
