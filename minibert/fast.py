@@ -37,12 +37,15 @@ def set_fast_paths(enabled: bool) -> bool:
     and the pipelines switch on, and name in their first log lines; ``--no-fast-cpu``
     keeps it off):
 
-    - on NumPy arrays, GELU (with the bias before it in one pass:
-      :func:`minibert.fast_cpu.bias_gelu_forward`), softmax, LayerNorm, the
+    - on NumPy arrays, the Linear layers' products, GELU (with the bias before it in
+      one pass: :func:`minibert.fast_cpu.bias_gelu_forward`), softmax, LayerNorm, the
       cross-entropy and AdamW run their entry of :data:`minibert.fast_cpu.FAST_PATHS`
       (the same formula in row blocks over the CPU's threads, in place, in cache-sized
       blocks; equal to the formula bit for bit except float32 GELU, within 2.5e-7:
-      tests/test_fast_cpu.py), and glibc keeps freed memory for the next step
+      tests/test_fast_cpu.py), OpenBLAS runs on one thread while minibert splits the
+      float32 products' rows over its own pool
+      (:func:`minibert.fast_cpu.split_products`; switching off gives OpenBLAS its
+      threads back), and glibc keeps freed memory for the next step
       (:func:`minibert.fast_cpu.keep_freed_memory`);
     - on CuPy arrays, AdamW, GELU, dropout, LayerNorm, softmax, the cross-entropy, the
       clipping, attention's head split and the gradient accumulations run their entry of

@@ -8,7 +8,11 @@ formula, and the formula is what runs until a job switches the fast paths on wit
 What the functions here do that the formulas do not:
 
 - row-parallel passes: a row-wise computation (softmax, LayerNorm, cross-entropy) split into
-  row blocks, one per thread (:func:`parallel_rows`); NumPy's ufuncs release the GIL;
+  row blocks, one per thread, the first on the calling thread (:func:`parallel_rows`);
+  NumPy's ufuncs release the GIL;
+- the Linear layers' float32 products split by rows over the same threads, with OpenBLAS
+  kept to one thread (:func:`split_products`, :func:`matmul`);
+- the bias of a Linear layer added inside the GELU after it (:func:`bias_gelu_forward`);
 - cache-sized blocks: a chain of element-wise passes (GELU, AdamW) run on blocks of 1 MiB,
   so the intermediate results stay in cache (:func:`parallel_blocks`);
 - ``out=`` buffers and in-place ufuncs instead of a new array for each intermediate;
