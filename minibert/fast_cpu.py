@@ -155,7 +155,10 @@ def split_products(enabled: bool) -> bool:
     a block ending mid-unroll takes the edge kernels, whose sums run in another order)
     and stay large (OpenBLAS's small-matrix kernels are another order too);
     tests/test_fast_cpu.py. Off: the counts from before are restored.
-    Called by :func:`minibert.fast.set_fast_paths`; process-wide.
+    Called by :func:`minibert.fast.set_fast_paths`; process-wide. The cost: the products
+    that :func:`matmul` does not split run on one thread while this is on (float64
+    products, attention's batched ones, which OpenBLAS runs on one thread anyway at
+    T = 32 but not at the mini preset's T = 128, and any ``@`` outside the layers).
 
     Returns:
         Whether the products are split here now (False, with nothing changed, where no
