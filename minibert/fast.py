@@ -22,7 +22,7 @@ _fast_paths = False
 _GPU_ONLY = frozenset({"dropout_forward", "dropout_backward", "split_heads",
                        "merge_head_grads", "bias_dropout_add_forward",
                        "linear_backward_into", "layernorm_backward_into", "add_grads",
-                       "bias_gelu_forward", "clip_grad_norm", "masked_softmax_forward",
+                       "clip_grad_norm", "masked_softmax_forward",
                        "dropout_softmax_backward"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
 
@@ -37,11 +37,16 @@ def set_fast_paths(enabled: bool) -> bool:
     and the pipelines switch on, and name in their first log lines; ``--no-fast-cpu``
     keeps it off):
 
-    - on NumPy arrays, GELU, softmax, LayerNorm, the cross-entropy and AdamW run their
-      entry of :data:`minibert.fast_cpu.FAST_PATHS` (the same formula in row blocks over
-      the CPU's threads, in place, in cache-sized blocks; equal to the formula bit for bit
-      except float32 GELU, within 2.5e-7: tests/test_fast_cpu.py), and glibc keeps freed
-      memory for the next step (:func:`minibert.fast_cpu.keep_freed_memory`);
+    - on NumPy arrays, the Linear layers' products, GELU (with the bias before it in
+      one pass: :func:`minibert.fast_cpu.bias_gelu_forward`), softmax, LayerNorm, the
+      cross-entropy and AdamW run their entry of :data:`minibert.fast_cpu.FAST_PATHS`
+      (the same formula in row blocks over the CPU's threads, in place, in cache-sized
+      blocks; equal to the formula bit for bit except float32 GELU, within 2.5e-7:
+      tests/test_fast_cpu.py), OpenBLAS runs on one thread while minibert splits the
+      float32 products' rows over its own pool
+      (:func:`minibert.fast_cpu.split_products`; switching off gives OpenBLAS its
+      threads back), and glibc keeps freed memory for the next step
+      (:func:`minibert.fast_cpu.keep_freed_memory`);
     - on CuPy arrays, AdamW, GELU, dropout, LayerNorm, softmax, the cross-entropy, the
       clipping, attention's head split and the gradient accumulations run their entry of
       :data:`minibert.gpu_kernels.FAST_PATHS` (fused kernels: fewer launches, the same
@@ -55,8 +60,12 @@ def set_fast_paths(enabled: bool) -> bool:
     global _fast_paths
     previous, _fast_paths = _fast_paths, bool(enabled)
     if _fast_paths:
-        from .fast_cpu import keep_freed_memory
+        from .fast_cpu import keep_freed_memory, split_products
         keep_freed_memory()
+        split_products(True)
+    elif previous:
+        from .fast_cpu import split_products
+        split_products(False)
     return previous
 
 

@@ -8,7 +8,11 @@ formula, and the formula is what runs until a job switches the fast paths on wit
 What the functions here do that the formulas do not:
 
 - row-parallel passes: a row-wise computation (softmax, LayerNorm, cross-entropy) split into
-  row blocks, one per thread (:func:`parallel_rows`); NumPy's ufuncs release the GIL;
+  row blocks, one per thread, the first on the calling thread (:func:`parallel_rows`);
+  NumPy's ufuncs release the GIL;
+- the Linear layers' float32 products split by rows over the same threads, with OpenBLAS
+  kept to one thread (:func:`split_products`, :func:`matmul`);
+- the bias of a Linear layer added inside the GELU after it (:func:`bias_gelu_forward`);
 - cache-sized blocks: a chain of element-wise passes (GELU, AdamW) run on blocks of 1 MiB,
   so the intermediate results stay in cache (:func:`parallel_blocks`);
 - ``out=`` buffers and in-place ufuncs instead of a new array for each intermediate;
@@ -43,42 +47,177 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-_pool, _pool_threads = None, 0
+_pool, _pool_workers = None, 0
 _POOL_PREFIX = "minibert-pool"
 _PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
 
 
-def _thread_pool(threads: int):
-    """The process's worker pool for element-wise NumPy work (NumPy ufuncs and SciPy's erf
-    release the GIL), made again when the thread count changes."""
-    global _pool, _pool_threads
-    if _pool_threads != threads:
+def _thread_pool(workers: int):
+    """The process's pool of ``workers`` helper threads for element-wise NumPy work (NumPy
+    ufuncs and SciPy's erf release the GIL), made again when the count changes. The
+    calling thread is the other worker of a parallel pass (:func:`parallel_rows`), so a
+    pass over t threads uses t - 1 of these."""
+    global _pool, _pool_workers
+    if _pool_workers != workers:
         from concurrent.futures import ThreadPoolExecutor
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_PREFIX)
-        _pool_threads = threads
+        if _pool is not None:
+            _pool.shutdown(wait=False)
+        _pool = ThreadPoolExecutor(workers, thread_name_prefix=_POOL_PREFIX)
+        _pool_workers = workers
     return _pool
 
 
-def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN) -> list:
+def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) -> list:
     """Run ``fn`` on row blocks of the NumPy ``arrays`` at once, one block per :func:`cpu_threads`
     thread, and return the results in block order.
 
     ``fn(*blocks)`` gets ``a[lo:hi]`` of every array (views, split on axis 0; all arrays
     share that axis) and must only touch its own rows, e.g. a row-wise softmax writing
     into an ``out`` array passed among ``arrays``. For a row-wise computation the result is
-    the same bits as one call on the whole arrays. One call, no threads, when the arrays
-    are smaller than ``min_size`` elements or have fewer rows than threads, or when called
-    from one of the pool's own threads (a pool thread waiting on the pool would deadlock
-    it).
+    the same bits as one call on the whole arrays. The first block runs on the calling
+    thread while the pool's threads run the others (the caller would otherwise sit idle
+    waiting, and one hand-over fewer is the larger part of a pass's cost on small arrays);
+    the call returns when every block is done, also when one of them raised (the first
+    exception, the caller's own first, is raised then). One call, no threads, when the
+    arrays are smaller than ``min_size`` elements or have fewer rows than threads, or
+    when called from one of the pool's own threads (a pool thread waiting on the pool
+    would deadlock it). ``align``: every block but the last starts and ends at a
+    multiple of this many rows (blocks may then be empty).
     """
     threads = cpu_threads()
     n = arrays[0].shape[0]
     if (threads == 1 or arrays[0].size < min_size or n < threads
             or threading.current_thread().name.startswith(_POOL_PREFIX)):
         return [fn(*arrays)]
-    bounds = [n * i // threads for i in range(threads + 1)]
-    return list(_thread_pool(threads).map(
-        lambda ab: fn(*(a[ab[0]:ab[1]] for a in arrays)), zip(bounds[:-1], bounds[1:])))
+    bounds = [n * i // threads // align * align for i in range(threads)] + [n]
+    blocks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    pool = _thread_pool(threads - 1)
+    futures = [pool.submit(fn, *block) for block in blocks[1:]]
+    try:
+        first = fn(*blocks[0])
+    finally:                       # no block may still be writing when the caller goes on
+        from concurrent.futures import wait
+        wait(futures)
+    return [first, *(f.result() for f in futures)]
+
+
+# --- matrix products -------------------------------------------------------------------
+
+# the thread-count functions of OpenBLAS builds: NumPy's wheels (scipy-openblas, 64-bit
+# integers), SciPy's, and a system OpenBLAS
+_BLAS_SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+                 ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
+                 ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+                 ("openblas_get_num_threads", "openblas_set_num_threads"))
+_blas_saved = None      # [(set_threads, count before)] while the products are split here
+_GEMM_ALIGN = 64        # a split product's blocks start at multiples of this many rows
+_GEMM_MIN_COLS = 16     # a product with fewer columns (or a shorter sum) is not split
+_GEMM_MIN_FLOPS = 1 << 24   # 16 MFLOP (about 0.2 ms on one core): smaller, one call
+
+
+def _openblas_controls() -> list:
+    """(get, set) thread-count functions of every OpenBLAS the process has loaded, found
+    in /proc/self/maps (Linux); [] where there is none (another BLAS, another system)."""
+    import ctypes
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = sorted({line.split()[-1] for line in maps
+                            if "openblas" in line.lower() and "/" in line})
+    except OSError:
+        return []
+    controls = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for get, put in _BLAS_SYMBOLS:
+            if hasattr(lib, get) and hasattr(lib, put):
+                get_fn, put_fn = getattr(lib, get), getattr(lib, put)
+                get_fn.restype, put_fn.argtypes, put_fn.restype = ctypes.c_int, [ctypes.c_int], None
+                controls.append((get_fn, put_fn))
+                break
+    return controls
+
+
+def split_products(enabled: bool) -> bool:
+    """Take the threads of the matrix products over, or give them back to the BLAS.
+
+    On: every OpenBLAS of the process runs on one thread, and :func:`matmul` splits a
+    product's rows over :func:`cpu_threads` threads itself (the pool of
+    :func:`parallel_rows`). A GEMM of the default run (4096 x 128 times 128 x 384, about
+    0.4 GFLOP) is small for OpenBLAS's own threads: they spin while waiting for work, and
+    on a machine whose other core is busy a step took 3x as long with them as on one
+    thread (docs/performance.md). Our blocks hand over once per product and wait without
+    spinning. The bits are the same: a row block's product is computed as the rows of
+    the whole one (OpenBLAS splits rows, never the sum, across its own threads too), as
+    long as the blocks start at multiples of the kernels' row unrolling (64 rows here:
+    a block ending mid-unroll takes the edge kernels, whose sums run in another order)
+    and stay large (OpenBLAS's small-matrix kernels are another order too);
+    tests/test_fast_cpu.py. Off: the counts from before are restored.
+    Called by :func:`minibert.fast.set_fast_paths`; process-wide. The cost: the products
+    that :func:`matmul` does not split run on one thread while this is on (float64
+    products, attention's batched ones, which OpenBLAS runs on one thread anyway at
+    T = 32 but not at the mini preset's T = 128, and any ``@`` outside the layers).
+
+    Returns:
+        Whether the products are split here now (False, with nothing changed, where no
+        OpenBLAS thread control is found: macOS's Accelerate, MKL, a static build).
+    """
+    global _blas_saved
+    if enabled and _blas_saved is None:
+        controls = _openblas_controls()
+        if controls:
+            _blas_saved = [(put, get()) for get, put in controls]
+            for put, _ in _blas_saved:
+                put(1)
+    elif not enabled and _blas_saved is not None:
+        for put, count in _blas_saved:
+            put(count)
+        _blas_saved = None
+    return _blas_saved is not None
+
+
+def matmul(a, b):
+    """``a @ b`` for 2-D NumPy arrays (any strides), with a's rows in blocks over the
+    threads when the products are split here (:func:`split_products`), both are float32
+    and the product is large enough (>= 16 MFLOP, >= 64 rows a thread, >= 16 columns and
+    terms); else one call. The same bits as ``a @ b`` either way (blocks of whole 64-row
+    units; float64 products are never split: OpenBLAS's double kernels gave other bits
+    for a block in about one case in five). Returns a new (M, N) array."""
+    threads = cpu_threads()
+    (m, k), n = a.shape, b.shape[1]
+    if (_blas_saved is None or threads == 1 or m < threads * _GEMM_ALIGN
+            or a.dtype != np.float32 or b.dtype != np.float32
+            or min(k, n) < _GEMM_MIN_COLS or 2 * m * k * n < _GEMM_MIN_FLOPS):
+        return a @ b
+    out = np.empty((m, n), dtype=np.result_type(a, b))
+    parallel_rows(lambda rows, out_rows: np.matmul(rows, b, out=out_rows), a, out,
+                  min_size=0, align=_GEMM_ALIGN)
+    return out
+
+
+def linear_forward(x, w, b=None):
+    """:func:`minibert.nn.linear.linear_forward`, its product split over the threads
+    (:func:`matmul`)."""
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    out = matmul(x2, w.T)                                # (N, O)
+    if b is not None:
+        out += b
+    return out.reshape(*x.shape[:-1], w.shape[0]), (x, w, b is not None)
+
+
+def linear_backward(dout, cache):
+    """:func:`minibert.nn.linear.linear_backward`, each product split over the threads
+    (:func:`matmul`)."""
+    x, w, has_bias = cache
+    d2 = dout.reshape(-1, dout.shape[-1])                # (N, O)
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    # forward: out = x @ w.T + b
+    dx = matmul(d2, w).reshape(x.shape)                  # (..., I)
+    dw = matmul(d2.T, x2)                                # (O, I)
+    db = d2.sum(axis=0) if has_bias else None            # (O,)
+    return dx, dw, db
 
 
 _CACHE_BLOCK = 1 << 18          # elements per block of a chain of passes: 1 MiB of float32
@@ -224,6 +363,36 @@ def gelu_forward(x):
 
     parallel_blocks(block, x, cdf, out)
     return out, (x, cdf)
+
+
+def bias_gelu_forward(x, b):
+    """:func:`minibert.nn.activations.bias_gelu_forward`, the bias added inside the GELU's
+    cache-sized blocks: z = x + b, Phi(z) (:func:`normal_cdf`) and z Phi(z), each block's
+    three passes while it is in cache, instead of a pass over the whole of x for the sum
+    and then the GELU's. The same bits as :func:`gelu_forward` of ``x + b`` (every pass
+    is element-wise; the blocks are whole rows, so ``b`` lines up with each).
+
+    Args:
+        x: (..., I) float NumPy array (the product of a Linear layer without its bias);
+            b: (I,) of x's dtype (any other shape or dtype: :func:`gelu_forward` of
+            ``x + b``, NumPy's broadcasting and type promotion). Returns out and the
+            cache (z, Phi(z)), each of x's shape.
+    """
+    shape = x.shape
+    if x.ndim == 0 or b.shape != shape[-1:] or np.result_type(x, b) != x.dtype:
+        return gelu_forward(x + b)
+    x2 = x.reshape(-1, shape[-1])                                    # (N, I)
+    z, cdf, out = np.empty_like(x2), np.empty_like(x2), np.empty_like(x2)
+    rows = max(1, _CACHE_BLOCK // max(x2.shape[1], 1))             # rows per cache block
+
+    def run(x, z, cdf, out):  # one thread's rows, a cache block at a time
+        for lo in range(0, len(x), rows):
+            zb = np.add(x[lo:lo + rows], b, out=z[lo:lo + rows])    # z = x + b
+            normal_cdf(zb, cdf[lo:lo + rows])                        # Phi(z)
+            np.multiply(zb, cdf[lo:lo + rows], out=out[lo:lo + rows])
+
+    parallel_rows(run, x2, z, cdf, out, min_size=2 * _CACHE_BLOCK)
+    return out.reshape(shape), (z.reshape(shape), cdf.reshape(shape))
 
 
 def gelu_backward(dout, cache):
@@ -419,7 +588,7 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 
 
 FAST_PATHS = {f.__name__: f for f in (
-    gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
+    linear_forward, linear_backward, gelu_forward, bias_gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
     layernorm_backward, softmax_nll, cross_entropy_backward, adamw_update)}
 """The name of a formula (an nn/ function, or :func:`minibert.optim.adamw_update`) -> its
 CPU fast path (same arguments, same result)."""

@@ -57,6 +57,7 @@ from .distributed import Communicator, shard_rows
 from .fast import frozen_parameters
 from .optim import (clip_grad_norm, decay_phase_start, linear_schedule_with_warmup,
                     warmup_stable_decay_schedule)
+from .prefetch import prefetch
 
 
 class TrainingError(RuntimeError):
@@ -329,23 +330,32 @@ def step_batches(workload: Workload, cfg: TrainingConfig, state: TrainState) -> 
     looked at to see the epoch end, is held back for the next step). Each rank then trains
     on its rows of every micro-batch (:func:`train_step`).
 
+    A workload whose ``prefetch_batches`` attribute is n > 0 has its batches made up to n
+    ahead on a background thread (:mod:`minibert.prefetch`: the same batches in the same
+    order); closing this generator (or its end, or an error) stops that thread.
+
     Raises:
         TrainingError: see :func:`micro_batches`.
     """
-    stream = micro_batches(workload, state.epoch, state.batch_in_epoch)
-    pending = None                                 # a batch looked at but not yet trained on
-    for step in itertools.count(state.step):
-        k = ramped_accumulation(step, cfg.gradient_accumulation_steps, cfg.batch_size_ramp_steps)
-        micro = []
-        while len(micro) < k:
-            item, pending = (pending or next(stream)), None
-            state.epoch, state.batch_in_epoch, batch = item
-            micro.append(batch)
-            if len(micro) < k:
-                pending = next(stream)
-                if pending[0] != state.epoch:
-                    break
-        yield micro
+    stream = prefetch(micro_batches(workload, state.epoch, state.batch_in_epoch),
+                      getattr(workload, "prefetch_batches", 0))
+    try:
+        pending = None                             # a batch looked at but not yet trained on
+        for step in itertools.count(state.step):
+            k = ramped_accumulation(step, cfg.gradient_accumulation_steps,
+                                    cfg.batch_size_ramp_steps)
+            micro = []
+            while len(micro) < k:
+                item, pending = (pending or next(stream)), None
+                state.epoch, state.batch_in_epoch, batch = item
+                micro.append(batch)
+                if len(micro) < k:
+                    pending = next(stream)
+                    if pending[0] != state.epoch:
+                        break
+            yield micro
+    finally:
+        getattr(stream, "close", lambda: None)()
 
 
 class NonfiniteGuard:

@@ -132,3 +132,28 @@ def test_compare_pretraining_tables_and_plots_runs(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
     load("compare_pretraining").main(runs[:1])
     assert "| a | 300 | 1.5 |" in capsys.readouterr().out              # its own clock: 90 s
+
+
+def test_bench_default_run_times_trees_in_turns_and_compares_their_losses(tmp_path, capsys):
+    """Two rounds of one tree on a tiny corpus and model: a steps/s line per run, then
+    the tree's median, its ratio to the first tree (itself: 1.0) and whether its losses
+    equal the first tree's; bad step counts are refused with an error line."""
+    from helpers import ROOT
+    text = (ROOT / "data" / "pretrain" / "en" / "moby_dick.txt").read_text(encoding="utf-8")
+    corpus = tmp_path / "moby8.txt"
+    corpus.write_text("\n\n".join(text.split("\n\n")[:8]) + "\n", encoding="utf-8")
+    bench = load("bench_default_run")
+    out = tmp_path / "summary.json"
+    assert bench.main(["--steps", "20", "--skip", "10", "--rounds", "2", "--json", str(out),
+                       "--", "--corpus", str(corpus), "--vocab-size", "300", "--hidden-size",
+                       "16", "--num-attention-heads", "2", "--intermediate-size", "32",
+                       "--batch-size", "16", "--eval-pairs-per-paradigm", "2"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs, (summary,) = lines[:2], lines[2:]
+    assert [r["round"] for r in runs] == [0, 1] and all(r["steps_per_s"] > 0 for r in runs)
+    assert summary["runs"] == [r["steps_per_s"] for r in runs]
+    assert summary["ratio_to_first"] == 1.0 and summary["same_losses_as_first"] is True
+    assert json.loads(out.read_text()) == [summary]
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "20", "--skip", "15"])
+    assert "multiples of --log-every" in capsys.readouterr().err

@@ -8,6 +8,7 @@ switched on (minibert.fast.set_fast_paths), and only on NumPy arrays.
 """
 import contextlib
 import math
+import time
 
 import numpy as np
 import pytest
@@ -131,6 +132,105 @@ def test_gelu_fast_path_gives_the_formulas_bits_outside_float32(shape, dtype, se
 
 
 @SETTINGS
+@given(lead=st.one_of(st.tuples(st.integers(1, 800)),
+                      st.tuples(st.integers(1, 40), st.integers(1, 40))),
+       io=st.tuples(st.integers(1, 300), st.integers(1, 300)),
+       dtype=st.sampled_from(DTYPES), bias=st.booleans(), seed=seeds, n=threads)
+def test_linear_fast_paths_give_the_formulas_bits(lead, io, dtype, bias, seed, n):
+    """The Linear layer's forward and backward with their products' rows split over
+    the threads (fast_cpu.matmul: the products over 16 MFLOP, in blocks of whole 64-row
+    units) equal the formula's, bit for bit, the formula's products on the single BLAS
+    thread that the fast paths leave it. (Smaller blocks are not safe: OpenBLAS's
+    small-matrix kernels sum in another order. On such small shapes its result can also
+    depend on its own thread count; the default run's products are not among them:
+    bench/bench_default_run.py compares the default run's losses with main's.)"""
+    (I, O), shape = io, (*lead, io[0])
+    x, w = draw(seed, shape, dtype), draw(seed + 1, (O, I), dtype)
+    b = draw(seed + 2, (O,), dtype) if bias else None
+    g = draw(seed + 3, (*lead, O), dtype)
+    with cpu_blocking(None, n):
+        with fast.fast_paths():
+            out, cache = nn.linear_forward(x, w, b)
+            grads = nn.linear_backward(g, cache)
+        fast_cpu.split_products(True)                  # the BLAS on one thread, no split
+        try:
+            out_ref, cache_ref = nn.linear_forward(x, w, b)
+            grads_ref = nn.linear_backward(g, cache_ref)
+        finally:
+            fast_cpu.split_products(False)
+    assert_same_bits(out, out_ref)
+    assert_same_bits(grads, grads_ref)
+
+
+def test_split_products_take_the_blas_threads_and_give_them_back(monkeypatch):
+    """While the fast paths are on, OpenBLAS runs on one thread and matmul splits rows
+    over the pool (blocks made on two threads); off again, the count from before is back
+    and matmul is one call."""
+    controls = fast_cpu._openblas_controls()
+    if not controls:
+        pytest.skip("no OpenBLAS thread control in this process")
+    import threading
+    get = controls[0][0]
+    before = get()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    names = []
+    real = np.matmul
+
+    def spy(a, b, **kw):
+        names.append(threading.current_thread().name)
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(np, "matmul", spy)
+    a, b = draw(0, (512, 128), np.float32), draw(1, (128, 256), np.float32)  # 34 MFLOP
+    with fast.fast_paths():
+        assert get() == 1
+        assert_same_bits(fast_cpu.matmul(a, b), a @ b)
+        assert len(names) == 2 and any(x.startswith("minibert-pool") for x in names)
+    assert get() == before and fast_cpu._blas_saved is None
+    names.clear()
+    assert_same_bits(fast_cpu.matmul(a, b), a @ b)
+    assert names == []
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+       dtype=st.sampled_from(DTYPES), seed=seeds, n=threads,
+       block=st.sampled_from([None, 7, 4096]))
+def test_bias_gelu_fast_path_is_the_gelu_fast_path_of_the_sum(shape, dtype, seed, n, block):
+    """The fused bias + GELU (fast_cpu.bias_gelu_forward: the sum made inside the GELU's
+    blocks) gives the bits of the GELU fast path on x + b, forward and cache, so its
+    backward is that of the GELU too; outside float32 both are the formula's bits
+    (nn.activations.bias_gelu_forward, forward and backward)."""
+    x, g = draw(seed, shape, dtype), draw(seed + 1, shape, dtype, 1.0)
+    b = draw(seed + 2, shape[-1:], dtype)
+    with cpu_blocking(block, n):
+        fused, reference = both("bias_gelu_forward", x, b)
+        with fast.fast_paths():
+            assert_same_bits(fused, gelu_forward(x + b))
+            dx = gelu_backward(g, fused[1])
+        dx_ref = gelu_backward(g, reference[1])
+    assert fused[0].shape == x.shape and fused[0].dtype == dtype
+    if dtype != np.float32:
+        assert_same_bits(fused, reference)
+        assert_same_bits(dx, dx_ref)
+    else:                                   # the bounds of the float32 GELU test below
+        z = x + b
+        assert_same_bits(fused[1][0], z)
+        assert np.all(np.abs(fused[0] - reference[0]) <= 6e-7 * np.abs(z))
+        assert np.all(np.abs(dx - dx_ref) <= 8e-7 * np.abs(g))
+
+
+def test_bias_gelu_fast_path_takes_other_biases_as_the_formula_does():
+    """A bias that is not (I,) of x's dtype (a broadcast shape, a wider dtype) gets
+    NumPy's broadcasting and promotion, as ``gelu_forward(x + b)``."""
+    x = draw(0, (5, 4), np.float16)
+    for b in (draw(1, (4,), np.float64), draw(2, (5, 1), np.float16), np.float16(0.5)):
+        fused, reference = both("bias_gelu_forward", x, b)
+        assert_same_bits(fused, reference)
+        assert fused[0].dtype == (x + b).dtype
+
+
+@SETTINGS
 @given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3), seed=seeds, n=threads,
        block=st.sampled_from([None, 7, 4096]))
 def test_float32_gelu_fast_path_is_within_its_bound_of_the_formula(shape, seed, n, block):
@@ -179,6 +279,9 @@ def test_the_formulas_run_unless_the_fast_paths_are_switched_on(monkeypatch):
         a = xp.asarray(x)
         _, c = gelu_forward(a)
         gelu_backward(a, c)
+        nn.activations.bias_gelu_forward(a, a[0])
+        _, c = nn.linear_forward(a, a, a[0, :3])
+        nn.linear_backward(a[:, :3], c)
         _, c = nn.softmax_forward(a)
         nn.softmax_backward(a, c)
         _, c = nn.layernorm_forward(a, a[0], a[1])
@@ -331,15 +434,19 @@ def test_freed_memory_is_kept_for_the_next_allocation():
 
 def test_parallel_rows_called_from_a_pool_thread_runs_inline(monkeypatch):
     """A row function that itself calls parallel_rows (as a GELU block calling erf once
-    did) runs the inner call on its own thread: two pool threads each waiting on the
-    two-thread pool would deadlock. Run from a helper thread, so a deadlock fails the test
-    at the timeout instead of hanging it."""
+    did) runs the inner call on its own thread when that thread is one of the pool's:
+    pool threads each waiting on the pool would deadlock it. The outer call's first block
+    runs on the calling thread, which is not the pool's, so its inner call splits again
+    (it waits for the pool's thread to finish the outer second block, then hands it its
+    own second half). Run from a helper thread, so a deadlock fails the test at the
+    timeout instead of hanging it."""
     import threading
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     x = np.zeros((8, 4))
 
     def outer(block):
-        return fast_cpu.parallel_rows(lambda b: len(b), block, min_size=1)
+        return (threading.current_thread().name.startswith("minibert-pool"),
+                fast_cpu.parallel_rows(lambda b: len(b), block, min_size=1))
 
     result = []
     t = threading.Thread(target=lambda: result.append(fast_cpu.parallel_rows(outer, x,
@@ -347,4 +454,33 @@ def test_parallel_rows_called_from_a_pool_thread_runs_inline(monkeypatch):
     t.start()
     t.join(timeout=30)
     assert not t.is_alive(), "nested parallel_rows deadlocked the pool"
-    assert result == [[[4], [4]]]        # two outer blocks, each inner call one block
+    # outer block 1 on the calling thread (split 2 + 2), block 2 on the pool's (inline)
+    assert result == [[(False, [2, 2]), (True, [4])]]
+
+
+def test_parallel_rows_run_the_first_block_on_the_calling_thread(monkeypatch):
+    """With t threads, block 0 runs on the caller and blocks 1..t-1 on t - 1 pool
+    threads; when a block raises, the call still waits for the others (none is left
+    writing) and raises the first block's error (the caller's) before a pool block's."""
+    import threading
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    together, done = threading.Barrier(3, timeout=30), []
+
+    def who(block):
+        together.wait()                           # all three blocks run at once
+        return threading.current_thread().name
+
+    got = fast_cpu.parallel_rows(who, np.zeros(9), min_size=1)
+    assert got[0] == threading.current_thread().name
+    assert all(n.startswith("minibert-pool") for n in got[1:]) and len(set(got[1:])) == 2
+
+    def fail(block):
+        if block[0] == 0:                         # the caller's block
+            raise ValueError("first")
+        time.sleep(0.05)
+        done.append(block[0])
+        raise KeyError("later")
+
+    with pytest.raises(ValueError, match="first"):
+        fast_cpu.parallel_rows(fail, np.arange(9), min_size=1)
+    assert sorted(done) == [3, 6]                 # both pool blocks had finished

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fast import fast_path
 from .module import Module, Parameter, backward_into
 
 
@@ -17,8 +18,13 @@ def linear_forward(x, w, b=None):
         w: (O, I) weight.
         b: (O,) bias or None.
     Returns:
-        out: (..., O); cache: what :func:`linear_backward` needs.
+        out: (..., O); cache: what :func:`linear_backward` needs. With the fast paths on
+        (:func:`minibert.fast.set_fast_paths`), NumPy arrays run
+        :func:`minibert.fast_cpu.linear_forward` (the product's rows over the threads).
     """
+    fast = fast_path("linear_forward", x)
+    if fast is not None:
+        return fast(x, w, b)
     x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
     out = x2 @ w.T                                       # (N, O)
     if b is not None:
@@ -32,8 +38,12 @@ def linear_backward(dout, cache):
     Args:
         dout: (..., O) upstream gradient.
     Returns:
-        dx (..., I), dw (O, I), db (O,) or None.
+        dx (..., I), dw (O, I), db (O,) or None. With the fast paths on, NumPy arrays run
+        :func:`minibert.fast_cpu.linear_backward` (each product's rows over the threads).
     """
+    fast = fast_path("linear_backward", dout)
+    if fast is not None:
+        return fast(dout, cache)
     x, w, has_bias = cache
     d2 = dout.reshape(-1, dout.shape[-1])                # (N, O)
     x2 = x.reshape(-1, x.shape[-1])                      # (N, I)

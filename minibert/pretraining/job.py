@@ -628,6 +628,10 @@ class PretrainingWorkload:
     values the run's first ``--max-steps`` fixed (:func:`~.extension.pinned_schedule`;
     None: a new run's), kept in its trainer record."""
 
+    # batches made this many ahead on a background thread (minibert.training.step_batches):
+    # they read the token store, their own generators and self.steps, nothing the step writes
+    prefetch_batches = 2
+
     def __init__(self, cfg, data: PretrainData, eval_batches, reference: dict, model, xp,
                  start=None, pinned: dict | None = None):
         self.cfg, self.objective, self.store, self.vocab = (cfg, data.objective, data.train,
