@@ -677,6 +677,7 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
     except KeyboardInterrupt:
         raise Interrupted(state.step) from None
     finally:
+        groups.close()                     # stops the background batch thread at once
         out.close()
     state.elapsed_s = out.elapsed()
     return state, last_eval
