@@ -89,7 +89,10 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) ->
     if (threads == 1 or arrays[0].size < min_size or n < threads
             or threading.current_thread().name.startswith(_POOL_PREFIX)):
         return [fn(*arrays)]
-    bounds = [n * i // threads // align * align for i in range(threads)] + [n]
+    # block i starts at the multiple of align nearest to i n / threads (rounding down
+    # instead left the calling thread waiting: 256 of 614 rows against the pool's 358)
+    unit = threads * align
+    bounds = [min(n, (n * i + unit // 2) // unit * align) for i in range(threads)] + [n]
     blocks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds[:-1], bounds[1:])]
     pool = _thread_pool(threads - 1)
     futures = [pool.submit(fn, *block) for block in blocks[1:]]

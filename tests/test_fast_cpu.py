@@ -388,7 +388,29 @@ def test_row_parallel_passes_give_the_same_bits_as_one_thread(monkeypatch):
         return len(block)
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert parallel_rows(mark, seen, min_size=1) == [3, 3, 4]
+    assert parallel_rows(mark, seen, min_size=1) == [3, 4, 3]      # 10 / 3 rows, rounded
+    np.testing.assert_array_equal(seen, 1)
+
+
+@pytest.mark.parametrize("n, threads, align, sizes", [
+    (614, 2, 64, [320, 294]),      # 307 rows is nearer 320 than 256: the caller's block
+    (650, 2, 64, [320, 330]),
+    (128, 2, 64, [64, 64]),
+    (100, 3, 1, [33, 34, 33]),
+    (130, 3, 64, [64, 0, 66])])
+def test_parallel_rows_blocks_start_at_the_nearest_aligned_row(monkeypatch, n, threads,
+                                                               align, sizes):
+    """Every block but the last starts at the multiple of ``align`` nearest to its even
+    share, so an uneven split does not leave the calling thread waiting on a larger block."""
+    from minibert.fast_cpu import parallel_rows
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    seen = np.zeros(n, int)
+
+    def mark(block):
+        block += 1
+        return len(block)
+
+    assert parallel_rows(mark, seen, min_size=0, align=align) == sizes
     np.testing.assert_array_equal(seen, 1)
 
 
