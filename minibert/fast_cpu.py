@@ -48,6 +48,7 @@ def cpu_threads() -> int:
 
 
 _pool, _pool_workers = None, 0
+_in_block = threading.local()  # .active: the calling thread runs its block of a pass
 _POOL_PREFIX = "minibert-pool"
 _PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
 
@@ -80,13 +81,15 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) ->
     the call returns when every block is done, also when one of them raised (the first
     exception, the caller's own first, is raised then). One call, no threads, when the
     arrays are smaller than ``min_size`` elements or have fewer rows than threads, or
-    when called from one of the pool's own threads (a pool thread waiting on the pool
-    would deadlock it). ``align``: every block but the last starts and ends at a
+    when called from inside a block of another pass: from one of the pool's own threads
+    (a pool thread waiting on the pool would deadlock it) or from the caller's own block
+    (the pool's threads are busy with the other blocks). ``align``: every block but the last starts and ends at a
     multiple of this many rows (blocks may then be empty).
     """
     threads = cpu_threads()
     n = arrays[0].shape[0]
     if (threads == 1 or arrays[0].size < min_size or n < threads
+            or getattr(_in_block, "active", False)
             or threading.current_thread().name.startswith(_POOL_PREFIX)):
         return [fn(*arrays)]
     # block i starts at the multiple of align nearest to i n / threads (rounding down
@@ -96,9 +99,11 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) ->
     blocks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds[:-1], bounds[1:])]
     pool = _thread_pool(threads - 1)
     futures = [pool.submit(fn, *block) for block in blocks[1:]]
+    _in_block.active = True
     try:
         first = fn(*blocks[0])
     finally:                       # no block may still be writing when the caller goes on
+        _in_block.active = False
         from concurrent.futures import wait
         wait(futures)
     return [first, *(f.result() for f in futures)]
@@ -548,6 +553,79 @@ def cross_entropy_backward(dloss, cache):
     return dlogits.astype(out_dtype, copy=False)
 
 
+# --- attention ---------------------------------------------------------------------------
+
+def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None,
+                      qkv_bias=None):
+    """:func:`minibert.nn.attention.attention_forward` with the batch in blocks over the
+    threads (:func:`parallel_rows`): each block splits its heads, takes its scores,
+    softmax, dropout and weighted sum of values, and writes them into the whole batch's
+    arrays. The dropout mask is drawn first for the whole batch, in one
+    :func:`~minibert.nn.dropout.keep_mask` call as the formula draws it, so a run's
+    masks are the same bits. The per-matrix products and row-wise passes make every
+    result the same bits as the formula's (tests/test_fast_cpu.py).
+    """
+    from .nn.activations import softmax_forward as softmax
+    from .nn.attention import AttentionCache
+    from .nn.dropout import keep_mask
+    B, T, C3 = qkv.shape
+    NH, HS = num_heads, C3 // 3 // num_heads
+    scale = 1.0 / math.sqrt(HS)
+    dtype = qkv.dtype if qkv_bias is None else np.result_type(qkv, qkv_bias)
+    q, k, v = (np.empty((B, NH, T, HS), dtype) for _ in range(3))
+    probs = np.empty((B, NH, T, T), dtype)
+    keep = keep_mask(rng, probs.shape, dropout_p) if dropout_p > 0.0 else None
+    dropped = probs if keep is None else np.empty_like(probs)
+    ctx = np.empty((B, T, NH * HS), dtype)
+    masks = () if mask_add is None else (np.broadcast_to(mask_add, probs.shape),)
+    drops = () if keep is None else (keep, dropped)
+
+    def block(qkv, q, k, v, probs, ctx, *rest):
+        # the formula's lines, on rows [lo, hi) of the batch
+        if qkv_bias is not None:
+            qkv = qkv + qkv_bias                                     # (b, T, 3C)
+        heads = qkv.reshape(len(qkv), T, 3, NH, HS).transpose(2, 0, 3, 1, 4)
+        np.multiply(heads[0], scale, out=q)
+        k[...], v[...] = heads[1], heads[2]
+        np.matmul(q, k.transpose(0, 1, 3, 2), out=probs)            # scores
+        if masks:
+            probs += rest[0]
+        p, _ = softmax(probs, axis=-1, out=probs)
+        if p is not probs:                                           # float16: a new array
+            probs[...] = p
+        out = probs
+        if drops:
+            keep, out = rest[len(masks):]
+            np.multiply(probs, keep, out=out)
+            out *= 1.0 / (1.0 - dropout_p)
+        ctx.reshape(len(ctx), T, NH, HS)[...] = (out @ v).transpose(0, 2, 1, 3)
+
+    parallel_rows(block, qkv, q, k, v, probs, ctx, *masks, *drops, min_size=0)
+    dropout_cache = None if keep is None else (keep, 1.0 / (1.0 - dropout_p))
+    return ctx, AttentionCache(q, k, v, (probs, -1), dropped, dropout_cache, scale)
+
+
+def attention_backward(dctx, cache, dprobs=None):
+    """:func:`minibert.nn.attention.attention_backward` with the batch in blocks over the
+    threads: each block runs the formula
+    (:func:`~minibert.nn.attention.attention_backward_formula`) on its rows of the cache,
+    so the result is the formula's bits."""
+    from .nn.attention import AttentionCache, attention_backward_formula
+    q, k, v, (probs, axis), dropped, dropout_cache, scale = cache
+    B, NH, T, HS = q.shape
+    dqkv = np.empty((B, T, 3 * NH * HS), dtype=np.result_type(dctx, q))
+    keep = () if dropout_cache is None else (dropout_cache[0],)
+    extra = () if dprobs is None else (dprobs,)
+
+    def block(dctx, q, k, v, probs, dropped, dqkv, *rest):
+        drop = None if not keep else (rest[0], dropout_cache[1])
+        part = AttentionCache(q, k, v, (probs, axis), dropped, drop, scale)
+        dqkv[...] = attention_backward_formula(dctx, part, rest[len(keep)] if extra else None)
+
+    parallel_rows(block, dctx, q, k, v, probs, dropped, dqkv, *keep, *extra, min_size=0)
+    return dqkv
+
+
 # --- AdamW -------------------------------------------------------------------------------
 
 def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: float,
@@ -591,7 +669,7 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 
 
 FAST_PATHS = {f.__name__: f for f in (
-    linear_forward, linear_backward, gelu_forward, bias_gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
+    linear_forward, linear_backward, attention_forward, attention_backward, gelu_forward, bias_gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
     layernorm_backward, softmax_nll, cross_entropy_backward, adamw_update)}
 """The name of a formula (an nn/ function, or :func:`minibert.optim.adamw_update`) -> its
 CPU fast path (same arguments, same result)."""

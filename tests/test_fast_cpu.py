@@ -162,6 +162,46 @@ def test_linear_fast_paths_give_the_formulas_bits(lead, io, dtype, bias, seed, n
     assert_same_bits(grads, grads_ref)
 
 
+@SETTINGS
+@given(dims=st.tuples(st.integers(1, 12), st.integers(1, 3), st.integers(1, 20),
+                      st.integers(1, 16)),
+       dtype=st.sampled_from(DTYPES), p=st.sampled_from([0.0, 0.3]), masked=st.booleans(),
+       bias=st.booleans(), with_dprobs=st.booleans(), seed=seeds, n=threads)
+def test_attention_fast_paths_give_the_formulas_bits(dims, dtype, p, masked, bias,
+                                                     with_dprobs, seed, n):
+    """The attention core with the batch split over the threads (fast_cpu.attention_forward
+    and attention_backward) equals the formula, bit for bit: outputs, every array of the
+    cache (the dropout mask drawn from the same generator state included) and the
+    gradient, with and without dropout, padding mask, packed bias and an upstream
+    gradient of the probabilities."""
+    B, NH, T, HS = dims
+    qkv = draw(seed, (B, T, 3 * NH * HS), dtype)
+    pad = np.random.default_rng(seed + 1).integers(0, 2, (B, T))
+    pad[:, 0] = 1
+    mask_add = nn.attention.extended_attention_mask(pad, dtype) if masked else None
+    qkv_bias = draw(seed + 2, (3 * NH * HS,), dtype) if bias else None
+    g = draw(seed + 3, (B, T, NH * HS), dtype)
+    dprobs = draw(seed + 4, (B, NH, T, T), dtype) if with_dprobs else None
+
+    def run():
+        rng = np.random.default_rng(seed + 5)
+        ctx, cache = nn.attention_forward(qkv, mask_add, NH, p, rng, qkv_bias)
+        cache = cache._replace(q=cache.q.copy())           # nothing is written in place
+        dqkv = nn.attention_backward(g.copy(), cache, None if dprobs is None else dprobs.copy())
+        return ctx, tuple(cache), dqkv, rng.bit_generator.random_raw()
+
+    with cpu_blocking(None, n):
+        with fast.fast_paths():
+            quick = run()
+        fast_cpu.split_products(True)                  # the BLAS on one thread, as above
+        try:
+            reference = run()
+        finally:
+            fast_cpu.split_products(False)
+    assert_same_bits(quick[:3], reference[:3])
+    assert quick[3] == reference[3]                    # the generator left at one state
+
+
 def test_split_products_take_the_blas_threads_and_give_them_back(monkeypatch):
     """While the fast paths are on, OpenBLAS runs on one thread and matmul splits rows
     over the pool (blocks made on two threads); off again, the count from before is back
@@ -288,6 +328,8 @@ def test_the_formulas_run_unless_the_fast_paths_are_switched_on(monkeypatch):
         nn.layernorm_backward(a, c)
         _, c = nn.cross_entropy_forward(a, xp.asarray(labels))
         nn.cross_entropy_backward(1.0, c)
+        ctx, c = nn.attention_forward(xp.asarray(x[:2, :3].reshape(1, 2, 3)), None, 1)
+        nn.attention_backward(ctx, c)
         w = nn.Parameter(xp.asarray(x))
         w.grad[...] = a
         AdamW([("w", w)], lr=1e-3).step()
@@ -298,7 +340,7 @@ def test_the_formulas_run_unless_the_fast_paths_are_switched_on(monkeypatch):
     with fast.fast_paths():
         assert fast.fast_paths_enabled()
         run_all(np)
-    assert sorted(calls) == sorted(fast_cpu.FAST_PATHS)
+    assert sorted(set(calls)) == sorted(fast_cpu.FAST_PATHS)    # (attention calls softmax)
     calls.clear()
     assert fast.set_fast_paths(True) is False
     assert fast.set_fast_paths(False) is True
@@ -455,13 +497,12 @@ def test_freed_memory_is_kept_for_the_next_allocation():
 
 
 def test_parallel_rows_called_from_a_pool_thread_runs_inline(monkeypatch):
-    """A row function that itself calls parallel_rows (as a GELU block calling erf once
-    did) runs the inner call on its own thread when that thread is one of the pool's:
-    pool threads each waiting on the pool would deadlock it. The outer call's first block
-    runs on the calling thread, which is not the pool's, so its inner call splits again
-    (it waits for the pool's thread to finish the outer second block, then hands it its
-    own second half). Run from a helper thread, so a deadlock fails the test at the
-    timeout instead of hanging it."""
+    """A row function that itself calls parallel_rows (as the attention fast path's
+    blocks call the softmax's) runs the inner call on its own thread: on one of the
+    pool's, as pool threads each waiting on the pool would deadlock it, and on the
+    calling thread while it runs its own block, as the pool's threads are busy with the
+    other blocks (splitting again would only wait for them). Run from a helper thread,
+    so a deadlock fails the test at the timeout instead of hanging it."""
     import threading
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     x = np.zeros((8, 4))
@@ -476,8 +517,9 @@ def test_parallel_rows_called_from_a_pool_thread_runs_inline(monkeypatch):
     t.start()
     t.join(timeout=30)
     assert not t.is_alive(), "nested parallel_rows deadlocked the pool"
-    # outer block 1 on the calling thread (split 2 + 2), block 2 on the pool's (inline)
-    assert result == [[(False, [2, 2]), (True, [4])]]
+    # outer block 1 on the calling thread, block 2 on the pool's: both inner calls inline
+    assert result == [[(False, [4]), (True, [4])]]
+    assert fast_cpu.parallel_rows(lambda b: len(b), x, min_size=1) == [4, 4]   # flag cleared
 
 
 def test_parallel_rows_run_the_first_block_on_the_calling_thread(monkeypatch):

@@ -132,8 +132,12 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
         qkv_bias: optional (3C,) bias to add to qkv (see :func:`split_heads`).
     Returns:
         ctx (B, T, C) and an :class:`AttentionCache` (``cache.probs`` (B, NH, T, T) are
-        the probabilities before dropout).
+        the probabilities before dropout). With the fast paths on, NumPy arrays run
+        :func:`minibert.fast_cpu.attention_forward` (the batch split over the threads).
     """
+    fast = fast_path("attention_forward", qkv)
+    if fast is not None:
+        return fast(qkv, mask_add, num_heads, dropout_p, rng, qkv_bias)
     q, k, v, scale = split_heads(qkv, num_heads, qkv_bias)     # (B, NH, T, HS) each
     scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
     probs, softmax_cache = masked_softmax_forward(scores, mask_add)  # (B, NH, T, T)
@@ -182,8 +186,19 @@ def attention_backward(dctx, cache: AttentionCache, dprobs=None):
             backward.
     Returns:
         dqkv: (B, T, 3C), packed as the forward's input. The additive mask is constant:
-        no gradient.
+        no gradient. With the fast paths on, NumPy arrays run
+        :func:`minibert.fast_cpu.attention_backward` (the batch split over the threads,
+        each block through :func:`attention_backward_formula`).
     """
+    fast = fast_path("attention_backward", dctx)
+    if fast is not None:
+        return fast(dctx, cache, dprobs)
+    return attention_backward_formula(dctx, cache, dprobs)
+
+
+def attention_backward_formula(dctx, cache: AttentionCache, dprobs=None):
+    """:func:`attention_backward` as written, whatever the fast paths: what its CPU fast
+    path runs on each block of the batch."""
     q, k, v, softmax_cache, dropped, dropout_cache, scale = cache
     xp = get_array_module(q)
     B, NH, T, HS = q.shape
