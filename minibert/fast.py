@@ -19,9 +19,7 @@ from .backend import get_array_module
 
 _fast_paths = False
 
-_GPU_ONLY = frozenset({"dropout_forward", "dropout_backward", "split_heads",
-                       "merge_head_grads", "bias_dropout_add_forward",
-                       "linear_backward_into", "layernorm_backward_into", "add_grads",
+_GPU_ONLY = frozenset({"split_heads", "merge_head_grads", "linear_backward_into", "layernorm_backward_into", "add_grads",
                        "clip_grad_norm", "masked_softmax_forward",
                        "dropout_softmax_backward"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""

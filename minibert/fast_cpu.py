@@ -553,6 +553,121 @@ def cross_entropy_backward(dloss, cache):
     return dlogits.astype(out_dtype, copy=False)
 
 
+# --- dropout -----------------------------------------------------------------------------
+
+def keep_mask(rng, shape, p: float):
+    """:func:`minibert.nn.dropout.keep_mask` with the draw split over the threads: the
+    same mask, and the generator left in the same state.
+
+    The formula draws ``ceil(n / 2)`` 64-bit words from the bit generator in one stream.
+    For a PCG64 generator (what :class:`~minibert.backend.DropoutRNG` holds on the CPU)
+    the stream is cut into one run of words per thread: thread i draws its run from a
+    copy of the generator advanced past the runs before it (``PCG64.advance``, an exact
+    jump), compares its words' 32-bit halves with the threshold, and writes its part of
+    the mask; NumPy draws raw words without the GIL. The generator then takes the last
+    copy's state (its buffered 32-bit value as before: the formula's raw draw leaves it
+    alone). Any other generator, a single thread or fewer than ``_PARALLEL_MIN``
+    elements: the formula.
+    """
+    from .nn.dropout import _TWO_32, keep_mask as formula
+    gen = getattr(rng, "numpy_generator", rng)
+    bits = getattr(gen, "bit_generator", None)
+    n, threads = math.prod(shape), cpu_threads()
+    if (not isinstance(gen, np.random.Generator) or type(bits) is not np.random.PCG64
+            or threads == 1 or n < _PARALLEL_MIN):
+        return formula(rng, shape, p)
+    words = (n + 1) // 2
+    starts = [words * i // threads for i in range(threads)] + [words]
+    before = bits.state
+    copies = [bits]
+    for start in starts[1:-1]:
+        copy = np.random.PCG64()
+        copy.state = before
+        copies.append(copy.advance(start))
+    threshold = np.uint32(min(round(p * _TWO_32), _TWO_32 - 1))
+    keep = np.empty(n, dtype=bool)
+
+    def run(part):  # one run of words: thread part[0]'s
+        i = int(part[0])
+        lo, hi = starts[i], starts[i + 1]
+        raw = copies[i].random_raw(hi - lo).view(np.uint32)[:min(2 * hi, n) - 2 * lo]
+        np.greater_equal(raw, threshold, out=keep[2 * lo:2 * lo + len(raw)])
+
+    parallel_rows(run, np.arange(threads), min_size=0)
+    after = copies[-1].state
+    after["has_uint32"], after["uinteger"] = before["has_uint32"], before["uinteger"]
+    bits.state = after
+    return keep.reshape(shape)
+
+
+def _dropout_rows(x, keep, scale: float, b=None, residual=None):
+    """``((x + b) * keep) * scale + residual`` (b and residual optional) in row blocks over
+    the threads, each a cache block at a time: the element-wise passes of the dropout
+    formulas in their order, so the same bits. x: (..., C); keep: x's shape, bool;
+    b: (C,); residual: x's shape. Returns a new array of x's shape."""
+    dtype = x.dtype                                      # callers pass one dtype only
+    arrays = [a.reshape(-1, x.shape[-1]) for a in (x, keep)]
+    out = np.empty(arrays[0].shape, dtype)
+    extra = () if residual is None else (residual.reshape(out.shape),)
+    rows = max(1, _CACHE_BLOCK // max(x.shape[-1], 1))
+
+    def run(x, keep, out, *res):  # one thread's rows, a cache block at a time
+        for lo in range(0, len(x), rows):
+            o = out[lo:lo + rows]
+            if b is None:
+                np.multiply(x[lo:lo + rows], keep[lo:lo + rows], out=o)
+            else:
+                np.add(x[lo:lo + rows], b, out=o)
+                o *= keep[lo:lo + rows]
+            o *= scale
+            if res:
+                o += res[0][lo:lo + rows]
+
+    parallel_rows(run, *arrays, out, *extra, min_size=2 * _CACHE_BLOCK)
+    return out.reshape(x.shape)
+
+
+def dropout_forward(x, p: float, rng):
+    """:func:`minibert.nn.dropout.dropout_forward`: the mask drawn over the threads
+    (:func:`keep_mask`), the products in row blocks over them."""
+    if x.ndim == 0 or np.result_type(x.dtype, np.float16) != x.dtype:
+        from .nn.dropout import keep_mask as formula_mask
+        keep = formula_mask(rng, x.shape, p)             # a scalar, or not a float: as written
+        scale = 1.0 / (1.0 - p)
+        out = x * keep
+        out *= scale
+        return out, (keep, scale)
+    keep = keep_mask(rng, x.shape, p)
+    scale = 1.0 / (1.0 - p)
+    return _dropout_rows(x, keep, scale), (keep, scale)
+
+
+def bias_dropout_add_forward(x, b, residual, p: float, rng):
+    """:func:`minibert.nn.dropout.bias_dropout_add_forward`: with dropout, the bias, the
+    mask, the scale and the residual in one row pass over the threads (the mask drawn
+    first, :func:`keep_mask`); the formula's element-wise order, so the same bits."""
+    if (p <= 0.0 or x.ndim == 0 or b.shape != x.shape[-1:] or residual.shape != x.shape
+            or not x.dtype == b.dtype == residual.dtype):
+        y = x + b
+        cache = None
+        if p > 0.0:
+            y, cache = dropout_forward(y, p, rng)
+        return y + residual, cache
+    keep = keep_mask(rng, x.shape, p)
+    scale = 1.0 / (1.0 - p)
+    return _dropout_rows(x, keep, scale, b, residual), (keep, scale)
+
+
+def dropout_backward(dout, cache):
+    """:func:`minibert.nn.dropout.dropout_backward` in row blocks over the threads."""
+    keep, scale = cache
+    if dout.ndim == 0 or keep.shape != dout.shape:
+        dx = dout * keep
+        dx *= scale
+        return dx
+    return _dropout_rows(dout, keep, scale)
+
+
 # --- attention ---------------------------------------------------------------------------
 
 def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None,
@@ -561,13 +676,12 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
     threads (:func:`parallel_rows`): each block splits its heads, takes its scores,
     softmax, dropout and weighted sum of values, and writes them into the whole batch's
     arrays. The dropout mask is drawn first for the whole batch, in one
-    :func:`~minibert.nn.dropout.keep_mask` call as the formula draws it, so a run's
-    masks are the same bits. The per-matrix products and row-wise passes make every
+    draw as the formula's (:func:`keep_mask`, the draw itself over the threads), so a
+    run's masks are the same bits. The per-matrix products and row-wise passes make every
     result the same bits as the formula's (tests/test_fast_cpu.py).
     """
     from .nn.activations import softmax_forward as softmax
     from .nn.attention import AttentionCache
-    from .nn.dropout import keep_mask
     B, T, C3 = qkv.shape
     NH, HS = num_heads, C3 // 3 // num_heads
     scale = 1.0 / math.sqrt(HS)
@@ -669,7 +783,8 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 
 
 FAST_PATHS = {f.__name__: f for f in (
-    linear_forward, linear_backward, attention_forward, attention_backward, gelu_forward, bias_gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
+    linear_forward, linear_backward, attention_forward, attention_backward, dropout_forward,
+    bias_dropout_add_forward, dropout_backward, gelu_forward, bias_gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
     layernorm_backward, softmax_nll, cross_entropy_backward, adamw_update)}
 """The name of a formula (an nn/ function, or :func:`minibert.optim.adamw_update`) -> its
 CPU fast path (same arguments, same result)."""

@@ -202,6 +202,37 @@ def test_attention_fast_paths_give_the_formulas_bits(dims, dtype, p, masked, bia
     assert quick[3] == reference[3]                    # the generator left at one state
 
 
+@SETTINGS
+@given(shape=st.tuples(st.integers(1, 300), st.integers(1, 700)),
+       dtype=st.sampled_from(DTYPES), p=st.sampled_from([0.1, 0.5]), seed=seeds, n=threads,
+       buffered=st.booleans())
+def test_dropout_fast_paths_give_the_formulas_bits(shape, dtype, p, seed, n, buffered):
+    """The dropout mask drawn over the threads from advanced copies of the PCG64 stream
+    (fast_cpu.keep_mask) is the formula's mask, and the generator is left in the
+    formula's state (a buffered 32-bit value kept); dropout, bias + dropout + residual
+    and the dropout backward in row blocks equal their formulas bit for bit. Shapes up
+    to 210,000 elements: many above the 65,536 at which the draw splits."""
+    from minibert.nn import dropout as D
+    x, b = draw(seed, shape, dtype), draw(seed + 1, shape[-1:], dtype)
+    residual, g = draw(seed + 2, shape, dtype), draw(seed + 3, shape, dtype)
+
+    def run():
+        rng = np.random.default_rng(seed + 4)
+        if buffered:
+            rng.integers(0, 2 ** 32, dtype=np.uint32)      # leaves a 32-bit value buffered
+        y, (keep, scale) = D.dropout_forward(x, p, rng)
+        z, cache = D.bias_dropout_add_forward(x, b, residual, p, rng)
+        dx = D.dropout_backward(g, cache)
+        return (y, keep, z, cache[0], dx), rng.bit_generator.state, rng.random()
+
+    with cpu_blocking(None, n):
+        with fast.fast_paths():
+            quick = run()
+        reference = run()
+    assert_same_bits(quick[0], reference[0])
+    assert quick[1:] == reference[1:]
+
+
 def test_split_products_take_the_blas_threads_and_give_them_back(monkeypatch):
     """While the fast paths are on, OpenBLAS runs on one thread and matmul splits rows
     over the pool (blocks made on two threads); off again, the count from before is back
@@ -330,6 +361,11 @@ def test_the_formulas_run_unless_the_fast_paths_are_switched_on(monkeypatch):
         nn.cross_entropy_backward(1.0, c)
         ctx, c = nn.attention_forward(xp.asarray(x[:2, :3].reshape(1, 2, 3)), None, 1)
         nn.attention_backward(ctx, c)
+        if xp is np:                       # (the CuPy stand-in has no generator)
+            rng = np.random.default_rng(0)
+            _, c = nn.dropout.dropout_forward(a, 0.5, rng)
+            nn.dropout.dropout_backward(a, c)
+            nn.dropout.bias_dropout_add_forward(a, a[0], a, 0.5, rng)
         w = nn.Parameter(xp.asarray(x))
         w.grad[...] = a
         AdamW([("w", w)], lr=1e-3).step()
