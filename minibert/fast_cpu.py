@@ -47,25 +47,61 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-_pool, _pool_workers = None, 0
-_in_block = threading.local()  # .active: the calling thread runs its block of a pass
+_workers, _workers_pid = [], None   # the pool's threads (_Worker), and the process they run in
+_pass_lock = threading.Lock()       # held by the thread whose pass the pool is running
+_in_block = threading.local()       # .active: the calling thread runs its block of a pass
 _POOL_PREFIX = "minibert-pool"
 _PARALLEL_MIN = 1 << 16        # elements below which one thread is faster
 
 
-def _thread_pool(workers: int):
-    """The process's pool of ``workers`` helper threads for element-wise NumPy work (NumPy
-    ufuncs and SciPy's erf release the GIL), made again when the count changes. The
-    calling thread is the other worker of a parallel pass (:func:`parallel_rows`), so a
-    pass over t threads uses t - 1 of these."""
-    global _pool, _pool_workers
-    if _pool_workers != workers:
-        from concurrent.futures import ThreadPoolExecutor
-        if _pool is not None:
-            _pool.shutdown(wait=False)
-        _pool = ThreadPoolExecutor(workers, thread_name_prefix=_POOL_PREFIX)
-        _pool_workers = workers
-    return _pool
+class _Worker:
+    """One helper thread of the pool: runs one block at a time, handed over through two
+    locks (``go`` released by the caller when a block is set, ``done`` released by the
+    thread when it has run it). Two lock hand-overs a block, where a
+    ``concurrent.futures`` pool took a queue, a future and a waiter's condition: 43 us a
+    pass of two empty blocks on 2 cores with that pool (docs/performance.md)."""
+
+    def __init__(self, name: str):
+        self.go, self.done = threading.Lock(), threading.Lock()
+        self.go.acquire()
+        self.done.acquire()
+        self.task, self.result, self.error = None, None, None
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self.go.acquire()
+            fn, args = self.task
+            try:
+                self.result, self.error = fn(*args), None
+            except BaseException as error:     # raised again on the caller's thread
+                self.result, self.error = None, error
+            self.task = None
+            self.done.release()
+
+    def submit(self, fn, args) -> None:
+        """Start ``fn(*args)`` on this thread."""
+        self.task = (fn, args)
+        self.go.release()
+
+    def wait(self):
+        """Wait for the block and return ``(result, exception or None)``."""
+        self.done.acquire()
+        return self.result, self.error
+
+
+def _thread_pool(workers: int) -> list:
+    """The process's first ``workers`` helper threads for element-wise NumPy work (NumPy
+    ufuncs, BLAS calls and SciPy's erf release the GIL), more made when a pass needs more,
+    all made again in a child process after a fork. The calling thread is the other
+    worker of a parallel pass (:func:`parallel_rows`), so a pass over t threads uses
+    t - 1 of these."""
+    global _workers, _workers_pid
+    if _workers_pid != os.getpid():
+        _workers, _workers_pid = [], os.getpid()
+    while len(_workers) < workers:
+        _workers.append(_Worker(f"{_POOL_PREFIX}_{len(_workers)}"))
+    return _workers[:workers]
 
 
 def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) -> list:
@@ -90,23 +126,30 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) ->
     n = arrays[0].shape[0]
     if (threads == 1 or arrays[0].size < min_size or n < threads
             or getattr(_in_block, "active", False)
-            or threading.current_thread().name.startswith(_POOL_PREFIX)):
+            or threading.current_thread().name.startswith(_POOL_PREFIX)
+            or not _pass_lock.acquire(blocking=False)):    # another thread's pass is running
         return [fn(*arrays)]
-    # block i starts at the multiple of align nearest to i n / threads (rounding down
-    # instead left the calling thread waiting: 256 of 614 rows against the pool's 358)
-    unit = threads * align
-    bounds = [min(n, (n * i + unit // 2) // unit * align) for i in range(threads)] + [n]
-    blocks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds[:-1], bounds[1:])]
-    pool = _thread_pool(threads - 1)
-    futures = [pool.submit(fn, *block) for block in blocks[1:]]
-    _in_block.active = True
     try:
-        first = fn(*blocks[0])
-    finally:                       # no block may still be writing when the caller goes on
-        _in_block.active = False
-        from concurrent.futures import wait
-        wait(futures)
-    return [first, *(f.result() for f in futures)]
+        # block i starts at the multiple of align nearest to i n / threads (rounding down
+        # instead left the calling thread waiting: 256 of 614 rows against the pool's 358)
+        unit = threads * align
+        bounds = [min(n, (n * i + unit // 2) // unit * align) for i in range(threads)] + [n]
+        blocks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds[:-1], bounds[1:])]
+        pool = _thread_pool(threads - 1)
+        for worker, block in zip(pool, blocks[1:]):
+            worker.submit(fn, block)
+        _in_block.active = True
+        try:
+            first = fn(*blocks[0])
+        finally:                   # no block may still be writing when the caller goes on
+            _in_block.active = False
+            done = [worker.wait() for worker in pool]
+    finally:
+        _pass_lock.release()
+    for _, error in done:
+        if error is not None:
+            raise error
+    return [first, *(result for result, _ in done)]
 
 
 # --- matrix products -------------------------------------------------------------------
