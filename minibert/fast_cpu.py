@@ -602,15 +602,16 @@ def keep_mask(rng, shape, p: float):
     """:func:`minibert.nn.dropout.keep_mask` with the draw split over the threads: the
     same mask, and the generator left in the same state.
 
-    The formula draws ``ceil(n / 2)`` 64-bit words from the bit generator in one stream.
-    For a PCG64 generator (what :class:`~minibert.backend.DropoutRNG` holds on the CPU)
-    the stream is cut into one run of words per thread: thread i draws its run from a
-    copy of the generator advanced past the runs before it (``PCG64.advance``, an exact
-    jump), compares its words' 32-bit halves with the threshold, and writes its part of
-    the mask; NumPy draws raw words without the GIL. The generator then takes the last
-    copy's state (its buffered 32-bit value as before: the formula's raw draw leaves it
-    alone). Any other generator, a single thread or fewer than ``_PARALLEL_MIN``
-    elements: the formula.
+    The formula draws ``ceil(n / 2)`` 64-bit words with ``random_raw``, which holds the
+    GIL, and compares their 32-bit halves with the threshold. For a PCG64 generator
+    (what :class:`~minibert.backend.DropoutRNG` holds on the CPU) the same words come
+    from ``Generator.integers(0, 2**64, dtype=uint64)`` (NumPy's full-range draw returns
+    the bit generator's words as they are), which runs without the GIL. So the words
+    are cut into one run per thread; thread i draws its run from a copy of the
+    generator advanced past the runs before it (``PCG64.advance``, an exact jump) and
+    compares. The generator then takes the last copy's state, its own buffered 32-bit
+    value kept (neither draw touches it; the jump clears it). Any other generator, or
+    fewer than ``_PARALLEL_MIN`` elements: the formula (tests/test_fast_cpu.py).
     """
     from .nn.dropout import _TWO_32, keep_mask as formula
     gen = getattr(rng, "numpy_generator", rng)
@@ -622,24 +623,26 @@ def keep_mask(rng, shape, p: float):
     words = (n + 1) // 2
     starts = [words * i // threads for i in range(threads)] + [words]
     before = bits.state
-    copies = [bits]
+    copies = [gen]
     for start in starts[1:-1]:
         copy = np.random.PCG64()
         copy.state = before
-        copies.append(copy.advance(start))
+        copies.append(np.random.Generator(copy.advance(start)))
     threshold = np.uint32(min(round(p * _TWO_32), _TWO_32 - 1))
     keep = np.empty(n, dtype=bool)
 
     def run(part):  # one run of words: thread part[0]'s
         i = int(part[0])
         lo, hi = starts[i], starts[i + 1]
-        raw = copies[i].random_raw(hi - lo).view(np.uint32)[:min(2 * hi, n) - 2 * lo]
-        np.greater_equal(raw, threshold, out=keep[2 * lo:2 * lo + len(raw)])
+        drawn = copies[i].integers(0, 1 << 64, hi - lo, dtype=np.uint64).view(np.uint32)
+        np.greater_equal(drawn[:min(2 * hi, n) - 2 * lo], threshold,
+                         out=keep[2 * lo:min(2 * hi, n)])
 
     parallel_rows(run, np.arange(threads), min_size=0)
-    after = copies[-1].state
-    after["has_uint32"], after["uinteger"] = before["has_uint32"], before["uinteger"]
-    bits.state = after
+    if threads > 1:
+        after = copies[-1].bit_generator.state
+        after["has_uint32"], after["uinteger"] = before["has_uint32"], before["uinteger"]
+        bits.state = after
     return keep.reshape(shape)
 
 
