@@ -26,6 +26,7 @@ docs/performance.md.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -104,7 +105,8 @@ def _thread_pool(workers: int) -> list:
     return _workers[:workers]
 
 
-def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) -> list:
+def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1,
+                  chunks: int = 1) -> list:
     """Run ``fn`` on row blocks of the NumPy ``arrays`` at once, one block per :func:`cpu_threads`
     thread, and return the results in block order.
 
@@ -119,8 +121,12 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) ->
     arrays are smaller than ``min_size`` elements or have fewer rows than threads, or
     when called from inside a block of another pass: from one of the pool's own threads
     (a pool thread waiting on the pool would deadlock it) or from the caller's own block
-    (the pool's threads are busy with the other blocks). ``align``: every block but the last starts and ends at a
-    multiple of this many rows (blocks may then be empty).
+    (the pool's threads are busy with the other blocks), or while another thread's pass
+    holds the pool. ``chunks`` > 1: ``chunks`` blocks a thread, each thread taking the
+    next block not yet taken until none is left (a thread that starts late, or loses its
+    core for a while, takes fewer); the results still in block order. ``align``: every
+    block but the last starts and ends at a multiple of this many rows (blocks may then
+    be empty).
     """
     threads = cpu_threads()
     n = arrays[0].shape[0]
@@ -132,15 +138,28 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) ->
     try:
         # block i starts at the multiple of align nearest to i n / threads (rounding down
         # instead left the calling thread waiting: 256 of 614 rows against the pool's 358)
-        unit = threads * align
-        bounds = [min(n, (n * i + unit // 2) // unit * align) for i in range(threads)] + [n]
+        pieces = threads * max(1, chunks)
+        unit = pieces * align
+        bounds = [min(n, (n * i + unit // 2) // unit * align) for i in range(pieces)] + [n]
         blocks = [[a[lo:hi] for a in arrays] for lo, hi in zip(bounds[:-1], bounds[1:])]
         pool = _thread_pool(threads - 1)
-        for worker, block in zip(pool, blocks[1:]):
-            worker.submit(fn, block)
+        if pieces == threads:
+            run, tasks, results = fn, blocks, None
+        else:                      # every thread takes blocks until none is left
+            taken, results = itertools.count(), [None] * pieces
+
+            def run():
+                i = next(taken)                          # next() is atomic under the GIL
+                while i < pieces:
+                    results[i] = fn(*blocks[i])
+                    i = next(taken)
+
+            tasks = [()] * threads
+        for worker, task in zip(pool, tasks[1:]):
+            worker.submit(run, task)
         _in_block.active = True
         try:
-            first = fn(*blocks[0])
+            first = run(*tasks[0])
         finally:                   # no block may still be writing when the caller goes on
             _in_block.active = False
             done = [worker.wait() for worker in pool]
@@ -149,7 +168,7 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1) ->
     for _, error in done:
         if error is not None:
             raise error
-    return [first, *(result for result, _ in done)]
+    return results if results is not None else [first, *(result for result, _ in done)]
 
 
 # --- matrix products -------------------------------------------------------------------
@@ -164,6 +183,8 @@ _blas_saved = None      # [(set_threads, count before)] while the products are s
 _GEMM_ALIGN = 64        # a split product's blocks start at multiples of this many rows
 _GEMM_MIN_COLS = 16     # a product with fewer columns (or a shorter sum) is not split
 _GEMM_MIN_FLOPS = 1 << 24   # 16 MFLOP (about 0.2 ms on one core): smaller, one call
+_GEMM_CHUNKS = 4            # at most this many blocks a thread, taken as threads come free,
+_GEMM_CHUNK_ROWS = 256      # each of at least this many rows
 
 
 def _openblas_controls() -> list:
@@ -244,7 +265,8 @@ def matmul(a, b):
         return a @ b
     out = np.empty((m, n), dtype=np.result_type(a, b))
     parallel_rows(lambda rows, out_rows: np.matmul(rows, b, out=out_rows), a, out,
-                  min_size=0, align=_GEMM_ALIGN)
+                  min_size=0, align=_GEMM_ALIGN,
+                  chunks=min(_GEMM_CHUNKS, m // (threads * _GEMM_CHUNK_ROWS)))
     return out
 
 

@@ -558,6 +558,34 @@ def test_parallel_rows_called_from_a_pool_thread_runs_inline(monkeypatch):
     assert fast_cpu.parallel_rows(lambda b: len(b), x, min_size=1) == [4, 4]   # flag cleared
 
 
+@pytest.mark.parametrize("threads, chunks, n, align", [(2, 4, 1000, 1), (3, 2, 50, 1),
+                                                       (2, 3, 4096, 64), (2, 4, 7, 1)])
+def test_parallel_rows_in_chunks_cover_every_row_once_in_order(monkeypatch, threads, chunks,
+                                                               n, align):
+    """With ``chunks`` blocks a thread, taken by whichever thread is free, every row is
+    visited once, the results come back in block order, and both the calling thread and
+    the pool's take blocks when one block is slow."""
+    import threading
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    seen, names = np.zeros(n, int), set()
+
+    def visit(ids, seen_rows):
+        names.add(threading.current_thread().name)
+        if len(ids) and ids[0] == 0:
+            time.sleep(0.05)                 # the first block holds its thread up
+        seen_rows += 1
+        return int(ids[0]) if len(ids) else None
+
+    starts = fast_cpu.parallel_rows(visit, np.arange(n), seen, min_size=0, align=align,
+                                    chunks=chunks)
+    np.testing.assert_array_equal(seen, 1)
+    assert len(starts) == threads * chunks
+    starts = [s for s in starts if s is not None]
+    assert starts == sorted(starts) and starts[0] == 0 and len(starts) > threads
+    assert all(s % align == 0 for s in starts)
+    assert "MainThread" in names and len(names) >= 2       # the pool took blocks meanwhile
+
+
 def test_parallel_rows_run_the_first_block_on_the_calling_thread(monkeypatch):
     """With t threads, block 0 runs on the caller and blocks 1..t-1 on t - 1 pool
     threads; when a block raises, the call still waits for the others (none is left
