@@ -105,6 +105,21 @@ def _thread_pool(workers: int) -> list:
     return _workers[:workers]
 
 
+def _taking_turns(fn, blocks: list):
+    """A function for every thread of a pass to run: it takes the next block not yet
+    taken (``next`` on a shared counter is atomic under the GIL) and runs ``fn`` on it,
+    until none is left; and the list the results go to, in block order."""
+    taken, results = itertools.count(), [None] * len(blocks)
+
+    def run():
+        i = next(taken)
+        while i < len(blocks):
+            results[i] = fn(*blocks[i])
+            i = next(taken)
+
+    return run, results
+
+
 def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1,
                   chunks: int = 1) -> list:
     """Run ``fn`` on row blocks of the NumPy ``arrays`` at once, one block per :func:`cpu_threads`
@@ -146,14 +161,7 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1,
         if pieces == threads:
             run, tasks, results = fn, blocks, None
         else:                      # every thread takes blocks until none is left
-            taken, results = itertools.count(), [None] * pieces
-
-            def run():
-                i = next(taken)                          # next() is atomic under the GIL
-                while i < pieces:
-                    results[i] = fn(*blocks[i])
-                    i = next(taken)
-
+            run, results = _taking_turns(fn, blocks)
             tasks = [()] * threads
         for worker, task in zip(pool, tasks[1:]):
             worker.submit(run, task)
