@@ -35,9 +35,9 @@ def set_fast_paths(enabled: bool) -> bool:
     and the pipelines switch on, and name in their first log lines; ``--no-fast-cpu``
     keeps it off):
 
-    - on NumPy arrays, the Linear layers' products, GELU (with the bias before it in
-      one pass: :func:`minibert.fast_cpu.bias_gelu_forward`), softmax, LayerNorm, the
-      cross-entropy and AdamW run their entry of :data:`minibert.fast_cpu.FAST_PATHS`
+    - on NumPy arrays, the Linear layers' products, the attention core, dropout, GELU
+      (with the bias before it in one pass: :func:`minibert.fast_cpu.bias_gelu_forward`),
+      softmax, LayerNorm, the cross-entropy and AdamW run their entry of :data:`minibert.fast_cpu.FAST_PATHS`
       (the same formula in row blocks over the CPU's threads, in place, in cache-sized
       blocks; equal to the formula bit for bit except float32 GELU, within 2.5e-7:
       tests/test_fast_cpu.py), OpenBLAS runs on one thread while minibert splits the

@@ -12,6 +12,9 @@ What the functions here do that the formulas do not:
   NumPy's ufuncs release the GIL;
 - the Linear layers' float32 products split by rows over the same threads, with OpenBLAS
   kept to one thread (:func:`split_products`, :func:`matmul`);
+- the attention core with the batch split over the threads (:func:`attention_forward`),
+  and the dropout mask drawn over them from jumped copies of the generator
+  (:func:`keep_mask`: the same mask);
 - the bias of a Linear layer added inside the GELU after it (:func:`bias_gelu_forward`);
 - cache-sized blocks: a chain of element-wise passes (GELU, AdamW) run on blocks of 1 MiB,
   so the intermediate results stay in cache (:func:`parallel_blocks`);
