@@ -36,7 +36,7 @@ import threading
 
 import numpy as np
 
-from .backend import compute_dtype, erf
+from .backend import _TWO_32, compute_dtype, erf, keep_mask as formula_mask
 
 
 # --- threads ---------------------------------------------------------------------------
@@ -632,7 +632,7 @@ def cross_entropy_backward(dloss, cache):
 # --- dropout -----------------------------------------------------------------------------
 
 def keep_mask(rng, shape, p: float):
-    """:func:`minibert.nn.dropout.keep_mask` with the draw split over the threads: the
+    """:func:`minibert.backend.keep_mask` with the draw split over the threads: the
     same mask, and the generator left in the same state.
 
     The formula draws ``ceil(n / 2)`` 64-bit words with ``random_raw``, which holds the
@@ -646,13 +646,12 @@ def keep_mask(rng, shape, p: float):
     value kept (neither draw touches it; the jump clears it). Any other generator, or
     fewer than ``_PARALLEL_MIN`` elements: the formula (tests/test_fast_cpu.py).
     """
-    from .nn.dropout import _TWO_32, keep_mask as formula
     gen = getattr(rng, "numpy_generator", rng)
     bits = getattr(gen, "bit_generator", None)
     n, threads = math.prod(shape), cpu_threads()
     if (not isinstance(gen, np.random.Generator) or type(bits) is not np.random.PCG64
             or threads == 1 or n < _PARALLEL_MIN):
-        return formula(rng, shape, p)
+        return formula_mask(rng, shape, p)
     words = (n + 1) // 2
     starts = [words * i // threads for i in range(threads)] + [words]
     before = bits.state
@@ -710,7 +709,6 @@ def dropout_forward(x, p: float, rng):
     """:func:`minibert.nn.dropout.dropout_forward`: the mask drawn over the threads
     (:func:`keep_mask`), the products in row blocks over them."""
     if x.ndim == 0 or np.result_type(x.dtype, np.float16) != x.dtype:
-        from .nn.dropout import keep_mask as formula_mask
         keep = formula_mask(rng, x.shape, p)             # a scalar, or not a float: as written
         scale = 1.0 / (1.0 - p)
         out = x * keep
@@ -757,10 +755,10 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
     arrays. The dropout mask is drawn first for the whole batch, in one
     draw as the formula's (:func:`keep_mask`, the draw itself over the threads), so a
     run's masks are the same bits. The per-matrix products and row-wise passes make every
-    result the same bits as the formula's (tests/test_fast_cpu.py).
+    result the same bits as the formula's (tests/test_fast_cpu.py). Returns ctx (B, T, C)
+    and the fields of :class:`~minibert.nn.attention.AttentionCache` as a tuple (the
+    formula's module wraps them; this module does not import it).
     """
-    from .nn.activations import softmax_forward as softmax
-    from .nn.attention import AttentionCache
     B, T, C3 = qkv.shape
     NH, HS = num_heads, C3 // 3 // num_heads
     scale = 1.0 / math.sqrt(HS)
@@ -783,7 +781,7 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
         np.matmul(q, k.transpose(0, 1, 3, 2), out=probs)            # scores
         if masks:
             probs += rest[0]
-        p, _ = softmax(probs, axis=-1, out=probs)
+        p, _ = softmax_forward(probs, axis=-1, out=probs)      # what the formula runs here
         if p is not probs:                                           # float16: a new array
             probs[...] = p
         out = probs
@@ -795,15 +793,14 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
 
     parallel_rows(block, qkv, q, k, v, probs, ctx, *masks, *drops, min_size=0)
     dropout_cache = None if keep is None else (keep, 1.0 / (1.0 - dropout_p))
-    return ctx, AttentionCache(q, k, v, (probs, -1), dropped, dropout_cache, scale)
+    return ctx, (q, k, v, (probs, -1), dropped, dropout_cache, scale)
 
 
-def attention_backward(dctx, cache, dprobs=None):
+def attention_backward(dctx, cache, dprobs, formula):
     """:func:`minibert.nn.attention.attention_backward` with the batch in blocks over the
-    threads: each block runs the formula
-    (:func:`~minibert.nn.attention.attention_backward_formula`) on its rows of the cache,
+    threads: each block runs ``formula`` (the caller passes
+    :func:`~minibert.nn.attention.attention_backward_formula`) on its rows of the cache,
     so the result is the formula's bits."""
-    from .nn.attention import AttentionCache, attention_backward_formula
     q, k, v, (probs, axis), dropped, dropout_cache, scale = cache
     B, NH, T, HS = q.shape
     dqkv = np.empty((B, T, 3 * NH * HS), dtype=np.result_type(dctx, q))
@@ -812,8 +809,9 @@ def attention_backward(dctx, cache, dprobs=None):
 
     def block(dctx, q, k, v, probs, dropped, dqkv, *rest):
         drop = None if not keep else (rest[0], dropout_cache[1])
-        part = AttentionCache(q, k, v, (probs, axis), dropped, drop, scale)
-        dqkv[...] = attention_backward_formula(dctx, part, rest[len(keep)] if extra else None)
+        part = cache._replace(q=q, k=k, v=v, softmax=(probs, axis), dropped=dropped,
+                              dropout=drop)
+        dqkv[...] = formula(dctx, part, rest[len(keep)] if extra else None)
 
     parallel_rows(block, dctx, q, k, v, probs, dropped, dqkv, *keep, *extra, min_size=0)
     return dqkv

@@ -391,7 +391,7 @@ def dropout_forward(x, p: float, rng):
     """Inverted dropout: one cuRAND draw of float32 uniforms ``u`` and one kernel,
     ``keep = u >= p``, ``out = x keep / (1 - p)`` (the formula of
     :func:`minibert.nn.dropout.dropout_forward` with the mask of
-    :func:`minibert.nn.dropout.keep_mask` for a device generator).
+    :func:`minibert.backend.keep_mask` for a device generator).
 
     Args:
         x: CuPy array, float; p: drop probability in [0, 1); rng: a device generator

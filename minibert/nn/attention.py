@@ -137,7 +137,8 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
     """
     fast = fast_path("attention_forward", qkv)
     if fast is not None:
-        return fast(qkv, mask_add, num_heads, dropout_p, rng, qkv_bias)
+        ctx, fields = fast(qkv, mask_add, num_heads, dropout_p, rng, qkv_bias)
+        return ctx, AttentionCache(*fields)
     q, k, v, scale = split_heads(qkv, num_heads, qkv_bias)     # (B, NH, T, HS) each
     scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
     probs, softmax_cache = masked_softmax_forward(scores, mask_add)  # (B, NH, T, T)
@@ -192,7 +193,7 @@ def attention_backward(dctx, cache: AttentionCache, dprobs=None):
     """
     fast = fast_path("attention_backward", dctx)
     if fast is not None:
-        return fast(dctx, cache, dprobs)
+        return fast(dctx, cache, dprobs, attention_backward_formula)
     return attention_backward_formula(dctx, cache, dprobs)
 
 

@@ -1,39 +1,11 @@
 """Inverted dropout (Srivastava et al. 2014) with randomness from an explicit generator."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from ..backend import keep_mask  # the mask's draw: beside the generators it draws from
 from ..fast import fast_path
 from .module import Module
-
-
-_TWO_32 = 2 ** 32
-
-
-def keep_mask(rng, shape, p: float):
-    """A boolean array of ``shape``, each element True (kept) with probability 1 - p.
-
-    From a NumPy ``Generator`` (or a CPU :class:`~minibert.backend.DropoutRNG`) the mask
-    compares 32 raw bits of the bit generator per element with round(p 2^32): about 3x
-    faster than float32 uniforms, which NumPy makes from the same bits one at a time
-    (2.1 M elements: 3.0 ms against 9.3 ms on 2 cores). P(keep) is 1 - round(p 2^32) / 2^32,
-    within 2^-33 of 1 - p. Any other generator (CuPy, or a test's stand-in) is asked for
-    float32 uniforms: ``rng.random(shape, dtype=float32) >= p``.
-
-    Args:
-        rng: ``numpy.random.Generator``, :class:`~minibert.backend.DropoutRNG`, or any
-            object with ``random(shape, dtype)`` on the arrays' device.
-        shape: tuple of ints. p: drop probability in [0, 1).
-    """
-    gen = getattr(rng, "numpy_generator", rng)
-    if not isinstance(gen, np.random.Generator):
-        return rng.random(shape, dtype=np.float32) >= p
-    n = math.prod(shape)
-    bits = gen.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]   # (n,) uint32
-    threshold = np.uint32(min(round(p * _TWO_32), _TWO_32 - 1))
-    return (bits >= threshold).reshape(shape)
 
 
 def dropout_forward(x, p: float, rng):
