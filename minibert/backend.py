@@ -419,6 +419,12 @@ class DropoutRNG:
 _TWO_32 = 2 ** 32
 
 
+def keep_threshold(p: float):
+    """The uint32 that 32 raw bits must reach to keep an element: round(p 2^32), at most
+    2^32 - 1 (:func:`keep_mask`; P(keep) = 1 - threshold / 2^32)."""
+    return np.uint32(min(round(p * _TWO_32), _TWO_32 - 1))
+
+
 def keep_mask(rng, shape, p: float):
     """A boolean array of ``shape``, each element True (kept) with probability 1 - p.
 
@@ -439,5 +445,4 @@ def keep_mask(rng, shape, p: float):
         return rng.random(shape, dtype=np.float32) >= p
     n = math.prod(shape)
     bits = gen.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]   # (n,) uint32
-    threshold = np.uint32(min(round(p * _TWO_32), _TWO_32 - 1))
-    return (bits >= threshold).reshape(shape)
+    return (bits >= keep_threshold(p)).reshape(shape)

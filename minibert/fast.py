@@ -19,9 +19,9 @@ from .backend import get_array_module
 
 _fast_paths = False
 
-_GPU_ONLY = frozenset({"split_heads", "merge_head_grads", "linear_backward_into", "layernorm_backward_into", "add_grads",
-                       "clip_grad_norm", "masked_softmax_forward",
-                       "dropout_softmax_backward"})
+_GPU_ONLY = frozenset({"split_heads", "merge_head_grads", "linear_backward_into",
+                       "layernorm_backward_into", "add_grads", "clip_grad_norm",
+                       "masked_softmax_forward", "dropout_softmax_backward"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
 
 
@@ -37,9 +37,9 @@ def set_fast_paths(enabled: bool) -> bool:
 
     - on NumPy arrays, the Linear layers' products, the attention core, dropout, GELU
       (with the bias before it in one pass: :func:`minibert.fast_cpu.bias_gelu_forward`),
-      softmax, LayerNorm, the cross-entropy and AdamW run their entry of :data:`minibert.fast_cpu.FAST_PATHS`
-      (the same formula in row blocks over the CPU's threads, in place, in cache-sized
-      blocks; equal to the formula bit for bit except float32 GELU, within 2.5e-7:
+      softmax, LayerNorm, the cross-entropy and AdamW run their entry of
+      :data:`minibert.fast_cpu.FAST_PATHS` (the same formula in row blocks over the CPU's
+      threads, in place, in cache-sized blocks; equal to the formula bit for bit except float32 GELU, within 2.5e-7:
       tests/test_fast_cpu.py), OpenBLAS runs on one thread while minibert splits the
       float32 products' rows over its own pool
       (:func:`minibert.fast_cpu.split_products`; switching off gives OpenBLAS its

@@ -36,7 +36,7 @@ import threading
 
 import numpy as np
 
-from .backend import _TWO_32, compute_dtype, erf, keep_mask as formula_mask
+from .backend import compute_dtype, erf, keep_threshold, keep_mask as formula_mask
 
 
 # --- threads ---------------------------------------------------------------------------
@@ -660,15 +660,15 @@ def keep_mask(rng, shape, p: float):
         copy = np.random.PCG64()
         copy.state = before
         copies.append(np.random.Generator(copy.advance(start)))
-    threshold = np.uint32(min(round(p * _TWO_32), _TWO_32 - 1))
+    threshold = keep_threshold(p)
     keep = np.empty(n, dtype=bool)
 
-    def run(part):  # one run of words: thread part[0]'s
-        i = int(part[0])
-        lo, hi = starts[i], starts[i + 1]
-        drawn = copies[i].integers(0, 1 << 64, hi - lo, dtype=np.uint64).view(np.uint32)
-        np.greater_equal(drawn[:min(2 * hi, n) - 2 * lo], threshold,
-                         out=keep[2 * lo:min(2 * hi, n)])
+    def run(parts):  # the runs of words given: one a thread, or all of them inline
+        for i in parts.tolist():
+            lo, hi = starts[i], starts[i + 1]
+            drawn = copies[i].integers(0, 1 << 64, hi - lo, dtype=np.uint64).view(np.uint32)
+            np.greater_equal(drawn[:min(2 * hi, n) - 2 * lo], threshold,
+                             out=keep[2 * lo:min(2 * hi, n)])
 
     parallel_rows(run, np.arange(threads), min_size=0)
     if threads > 1:
@@ -861,7 +861,8 @@ def adamw_update(p, g, m, v, n_decay: int, lr, step_size, v_scale: float, b1: fl
 
 FAST_PATHS = {f.__name__: f for f in (
     linear_forward, linear_backward, attention_forward, attention_backward, dropout_forward,
-    bias_dropout_add_forward, dropout_backward, gelu_forward, bias_gelu_forward, gelu_backward, softmax_forward, softmax_backward, layernorm_forward,
-    layernorm_backward, softmax_nll, cross_entropy_backward, adamw_update)}
+    bias_dropout_add_forward, dropout_backward, gelu_forward, bias_gelu_forward,
+    gelu_backward, softmax_forward, softmax_backward, layernorm_forward, layernorm_backward,
+    softmax_nll, cross_entropy_backward, adamw_update)}
 """The name of a formula (an nn/ function, or :func:`minibert.optim.adamw_update`) -> its
 CPU fast path (same arguments, same result)."""

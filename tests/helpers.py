@@ -285,3 +285,11 @@ class SharedDraws:
 
     def random(self, shape, dtype=np.float64):
         return self.xp.asarray(self.rng.random(shape, dtype=dtype))
+
+
+def moby_chapters(tmp_path_factory, n: int):
+    """The first ``n`` chapters of the embedded Moby-Dick, as a corpus file of their own."""
+    text = (ROOT / "data" / "pretrain" / "en" / "moby_dick.txt").read_text(encoding="utf-8")
+    path = tmp_path_factory.mktemp("corpus") / f"moby{n}.txt"
+    path.write_text("\n\n".join(text.split("\n\n")[:n]) + "\n", encoding="utf-8")
+    return path

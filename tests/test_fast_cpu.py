@@ -233,6 +233,28 @@ def test_dropout_fast_paths_give_the_formulas_bits(shape, dtype, p, seed, n, buf
     assert quick[1:] == reference[1:]
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_mask_drawn_while_the_pool_is_busy_is_the_formulas(n):
+    """When parallel_rows runs inline (here: another pass holds the pool, as a second
+    thread's would), fast_cpu.keep_mask still draws every thread's run of words: the
+    formula's whole mask and the formula's generator state, no unwritten elements."""
+    shape, p = (300, 701), 0.1
+
+    def run(draw_mask):
+        rng = np.random.default_rng(7)
+        return draw_mask(rng, shape, p), rng.bit_generator.state
+
+    with cpu_blocking(None, n):
+        assert fast_cpu._pass_lock.acquire(blocking=False)
+        try:
+            quick = run(fast_cpu.keep_mask)
+        finally:
+            fast_cpu._pass_lock.release()
+    reference = run(backend.keep_mask)
+    assert_same_bits(quick[0], reference[0])
+    assert quick[1] == reference[1]
+
+
 def test_split_products_take_the_blas_threads_and_give_them_back(monkeypatch):
     """While the fast paths are on, OpenBLAS runs on one thread and matmul splits rows
     over the pool (blocks made on two threads); off again, the count from before is back

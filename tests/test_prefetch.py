@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import train_mlm  # noqa: E402
 
-from helpers import records  # noqa: E402
+from helpers import moby_chapters, records  # noqa: E402
 
 
 def producers() -> list[threading.Thread]:
@@ -178,10 +178,7 @@ def test_a_dropped_step_batches_generator_stops_its_thread():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    text = (ROOT / "data" / "pretrain" / "en" / "moby_dick.txt").read_text(encoding="utf-8")
-    path = tmp_path_factory.mktemp("corpus") / "moby8.txt"
-    path.write_text("\n\n".join(text.split("\n\n")[:8]) + "\n", encoding="utf-8")
-    return path
+    return moby_chapters(tmp_path_factory, 8)
 
 
 def test_a_pretraining_run_has_the_same_metrics_with_and_without_prefetch(
