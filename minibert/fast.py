@@ -18,6 +18,7 @@ import numpy as np
 from .backend import get_array_module
 
 _fast_paths = False
+_cpu_paths: dict = {}   # minibert.fast_cpu.FAST_PATHS, once set_fast_paths(True) has imported it
 
 _GPU_ONLY = frozenset({"split_heads", "merge_head_grads", "linear_backward_into",
                        "layernorm_backward_into", "add_grads", "clip_grad_norm",
@@ -55,10 +56,11 @@ def set_fast_paths(enabled: bool) -> bool:
     Returns:
         The setting before this call (so a caller can restore it).
     """
-    global _fast_paths
+    global _fast_paths, _cpu_paths
     previous, _fast_paths = _fast_paths, bool(enabled)
     if _fast_paths:
-        from .fast_cpu import keep_freed_memory, split_products
+        from .fast_cpu import FAST_PATHS, keep_freed_memory, split_products
+        _cpu_paths = FAST_PATHS   # looked up on every call of a formula: no import there
         keep_freed_memory()
         split_products(True)
     elif previous:
@@ -130,9 +132,6 @@ def fast_path(name: str, x):
     if not _fast_paths:
         return None
     if get_array_module(x) is np:
-        if name in _GPU_ONLY:
-            return None
-        from .fast_cpu import FAST_PATHS
-        return FAST_PATHS[name]
+        return None if name in _GPU_ONLY else _cpu_paths[name]
     from .gpu_kernels import FAST_PATHS as GPU_FAST_PATHS
     return GPU_FAST_PATHS.get(name)

@@ -45,10 +45,17 @@ def cpu_threads() -> int:
     """Threads for CPU element-wise work outside BLAS: ``OMP_NUM_THREADS`` if set (the
     variable OpenBLAS reads too, so one setting governs both), else the CPUs this process
     may run on."""
+    global _affinity
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) >= 1:
         return int(env)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if _affinity[0] != os.getpid():   # asked of the kernel once a process (~100 calls a step)
+        _affinity = (os.getpid(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1)
+    return _affinity[1]
+
+
+_affinity = (None, 1)              # (process id, CPUs it may run on)
 
 
 _workers, _workers_pid = [], None   # the pool's threads (_Worker), and the process they run in
@@ -631,6 +638,22 @@ def cross_entropy_backward(dloss, cache):
 
 # --- dropout -----------------------------------------------------------------------------
 
+_spares = threading.local()      # .generators: this thread's PCG64 generators for keep_mask
+
+
+def _spare_generator(i: int):
+    """The calling thread's i-th spare ``Generator(PCG64)``, made once (a new PCG64 asks
+    the OS for entropy and hashes a seed, about 15 us; keep_mask needs one a thread after
+    the first, ~10 times a step) and then only given a state to start from; one list a
+    thread, so two threads never share one."""
+    spares = getattr(_spares, "generators", None)
+    if spares is None:
+        spares = _spares.generators = []
+    while len(spares) <= i:
+        spares.append(np.random.Generator(np.random.PCG64(0)))
+    return spares[i]
+
+
 def keep_mask(rng, shape, p: float):
     """:func:`minibert.backend.keep_mask` with the draw split over the threads: the
     same mask, and the generator left in the same state.
@@ -656,10 +679,11 @@ def keep_mask(rng, shape, p: float):
     starts = [words * i // threads for i in range(threads)] + [words]
     before = bits.state
     copies = [gen]
-    for start in starts[1:-1]:
-        copy = np.random.PCG64()
-        copy.state = before
-        copies.append(np.random.Generator(copy.advance(start)))
+    for i, start in enumerate(starts[1:-1]):
+        copy = _spare_generator(i)
+        copy.bit_generator.state = before
+        copy.bit_generator.advance(start)
+        copies.append(copy)
     threshold = keep_threshold(p)
     keep = np.empty(n, dtype=bool)
 
