@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Pretrain a BERT with masked-LM and a sentence-level objective (Devlin et al. 2019).
+"""Pretrain a BERT with masked-LM and, if asked, a sentence-level objective (Devlin et al. 2019).
 
-    python train_mlm.py                     # tiny BERT on the embedded English corpus
+    python train_mlm.py                     # tiny BERT on the embedded English corpus:
+                                            # masked-LM, one corpus line per sequence
+    python train_mlm.py --objective mlm+nsp # BERT's sentence pairs with next-sentence prediction
     python train_mlm.py --objective mlm     # RoBERTa's full-sentences MLM, no NSP
     python train_mlm.py --model albert      # ALBERT: shared layers, factorised embeddings,
                                             # sentence order, n-gram masking
@@ -73,7 +75,9 @@ def add_data_arguments(p) -> None:
 def add_sequence_arguments(g) -> None:
     """The data group's second half: the objective, and how sequences are cut and masked."""
     g.add_argument("--objective", choices=sorted(OBJECTIVES), default=None,
-                   help="default: mlm+nsp for --model bert, mlm+sop for albert. mlm+nsp: BERT's sentence pairs with next-sentence prediction; mlm: "
+                   help="default: mlm on one line per sequence for --model bert (--line-by-line), "
+                        "mlm+sop for albert. mlm+nsp: BERT's sentence pairs with "
+                        "next-sentence prediction; mlm: "
                         "RoBERTa's full sentences packed across documents, MLM only; "
                         "mlm+sop: ALBERT's sentence-order prediction; electra: mlm's inputs, "
                         "ELECTRA's replaced-token detection (a small generator fills the masks, "
@@ -181,14 +185,14 @@ def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
     add_model_arguments(p)
     distillation.add_arguments(p.add_argument_group("distillation (docs/distillation.md)"))
     g = p.add_argument_group("training")
-    add_options(g, max_steps=3000, batch_size=128, gradient_accumulation_steps=1)
+    add_options(g, max_steps=4350, batch_size=128, gradient_accumulation_steps=1)
     g.add_argument("--batch-size-ramp", type=float_in(0.0, 1.0, high_open=True), default=0.0,
                    metavar="FRACTION",
                    help="over this fraction of --max-steps the micro-batches per step grow "
                         "linearly from 1 to --gradient-accumulation-steps (Cramming's batch "
                         "ramp; 0: off)")
     add_options(g, lr=dict(default=2e-3, help=(
-        "peak learning rate (2e-3: the tiny preset's best at 3,000 steps, docs/grammar.md; "
+        "peak learning rate (2e-3: the tiny preset's best at 3,000 packed steps, docs/grammar.md; "
         "figures measured before 2026-11-26 used the earlier default, 1e-3)")))
     add_options(g, weight_decay=0.01, correct_bias=True, max_grad_norm=1.0,
                 max_nonfinite_steps=5)

@@ -12,6 +12,7 @@ are :meth:`~minibert.cli.JobOptions.to_dict` of it, and
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +26,13 @@ DEFAULT_PAIRS = DATA / "minimal_pairs" / "en" / "pairs.jsonl"
 # The Brown documents of the POS dev and test splits (data/README.md): not pretrained on.
 DEFAULT_EXCLUDE = DATA / "tag" / "en" / "brown_pos" / "pretrain_exclude.tsv"
 # --model's recipe: the defaults of the options left at None (with_defaults).
+# BERT: masked-LM on one corpus line per sequence, no sentence task (docs/grammar.md,
+# sixth round: at equal wall time it beat packed MLM + NSP on the minimal pairs, POS and
+# held-out MLM; BabyBERTa, Huebner et al. 2021, one utterance per input); the line-by-line
+# format goes with the recipe's objective only (a named --objective packs its sequences).
 # ALBERT: sentence-order prediction, n-grams of up to 3 words and gelu_new (section 4.1).
-MODEL_DEFAULTS = {"bert": {"objective": "mlm+nsp", "hidden_act": "gelu", "max_ngram": 1},
+MODEL_DEFAULTS = {"bert": {"objective": "mlm", "line_by_line": True, "hidden_act": "gelu",
+                           "max_ngram": 1},
                   "albert": {"objective": "mlm+sop", "hidden_act": "gelu_new", "max_ngram": 3},
                   # DistilBERT (Sanh et al. 2019): MLM only, no token types, no pooler
                   "distilbert": {"objective": "mlm", "hidden_act": "gelu", "max_ngram": 1}}
@@ -59,7 +65,8 @@ class PretrainingConfig(JobOptions):
     dupe_factor: int = 10               # distinct pairings / maskings before repeating, >= 1
     whole_word_mask: bool = False       # mask every piece of a chosen word
     max_ngram: int | None = None        # longest masked span in words, >= 1; None: --model's
-    line_by_line: bool = False          # one corpus line per sequence (mlm, electra)
+    line_by_line: bool | None = None    # one corpus line per sequence (mlm, electra);
+    #                                       None: the recipe's with its objective, else off
     eval_fraction: float = 0.02         # share of documents held out, in [0, 1)
     eval_instances: int = 1024          # held-out sequences per evaluation, >= 1
     eval_samples: int = 3               # sentences whose masked word is shown, >= 0
@@ -92,7 +99,7 @@ class PretrainingConfig(JobOptions):
     alpha_att: float = 0.0
     alpha_pooled: float = 0.0
     # -- training ------------------------------------------------------------------------
-    max_steps: int = 3000               # optimizer steps, >= 1
+    max_steps: int = 4350               # optimizer steps, >= 1
     batch_size: int = 128               # sequences per micro-batch (global), >= 1
     gradient_accumulation_steps: int = 1  # micro-batches per step, >= 1
     batch_size_ramp: float = 0.0        # share of max_steps the micro-batches ramp over
@@ -166,12 +173,16 @@ class PretrainingConfig(JobOptions):
     def with_defaults(self) -> "PretrainingConfig":
         """Fill, in place, what was left at None with its derived value and return self:
         ``objective``, ``hidden_act``, ``max_ngram`` from ``model``'s recipe
-        (:data:`MODEL_DEFAULTS`), ``warmup_steps`` = max(1, max_steps // 10),
+        (:data:`MODEL_DEFAULTS`), ``line_by_line`` from it too when ``objective`` was
+        left to it (else off), ``warmup_steps`` = max(1, max_steps // 10),
         ``max_predictions_per_seq`` = ceil(max_seq_length * p), p the larger of
         ``masked_lm_prob`` and ``masked_lm_prob_end``; with
         ``resume`` set, ``output_dir`` becomes it. A resumed run then takes its own values
         over these (they were not given). Idempotent."""
-        for name, value in MODEL_DEFAULTS.get(self.model, {}).items():
+        recipe = MODEL_DEFAULTS.get(self.model, {})
+        if self.line_by_line is None:     # the recipe's format only with its own objective
+            self.line_by_line = self.objective is None and recipe.get("line_by_line", False)
+        for name, value in recipe.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         if self.warmup_steps is None:
@@ -198,10 +209,12 @@ def add_masking_arguments(g) -> None:
     g.add_argument("--random-replace-prob", type=probability, default=0.1,
                    help="share replaced by a random token; the rest stay themselves "
                         "(sum <= 1; BERT 0.8/0.1, 90/10/0 is 0.9/0.1)")
-    g.add_argument("--line-by-line", action="store_true",
+    g.add_argument("--line-by-line", action=argparse.BooleanOptionalAction, default=None,
                    help="one corpus line per sequence, cut to --max-seq-length, batches "
                         "of similar length padded to their longest (--objective mlm or "
-                        "electra; HF run_mlm.py's --line_by_line)")
+                        "electra; HF run_mlm.py's --line_by_line); default: on with the "
+                        "default --objective of --model bert, off with a named one; "
+                        "--no-line-by-line packs whole sentences (RoBERTa)")
 
 
 __all__ = ["DEFAULT_CORPUS", "DEFAULT_EXCLUDE", "DEFAULT_PAIRS", "MODEL_DEFAULTS",
