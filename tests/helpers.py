@@ -66,8 +66,11 @@ def cpu_blocking(block: int | None, threads: int):
 def tiny_pretrain_argv(corpus, vocab, out, *extra) -> list[str]:
     """train_mlm.py's options for a run of a few seconds: a 1-layer, 16-wide model on
     ``corpus`` with the given ``vocab``, 8 steps of 4 sequences of 16 tokens, a train
-    record every step and a checkpoint every 4 steps, no progress bar."""
-    return ["--corpus", str(corpus), "--vocab", str(vocab), "--output-dir", str(out),
+    record every step and a checkpoint every 4 steps, no progress bar; the model's
+    sentence task (BERT's NSP, ALBERT's SOP) unless ``extra`` names another
+    ``--objective``."""
+    return ["--objective", "mlm+nsp", "--corpus", str(corpus), "--vocab", str(vocab),
+            "--output-dir", str(out),
             "--hidden-size", "16", "--num-hidden-layers", "1", "--num-attention-heads", "2",
             "--intermediate-size", "32", "--max-seq-length", "16", "--batch-size", "4",
             "--max-steps", "8", "--log-every", "1", "--eval-every", "100",

@@ -244,8 +244,18 @@ def test_model_defaults_follow_the_model_and_yield_to_given_options():
         return train_mlm.parse_args(list(argv))[0]
 
     bert, albert = parsed(), parsed("--model", "albert")
-    assert (bert.objective, bert.max_ngram, bert.hidden_act) == ("mlm+nsp", 1, "gelu")
-    assert (albert.objective, albert.max_ngram, albert.hidden_act) == ("mlm+sop", 3, "gelu_new")
+    assert (bert.objective, bert.line_by_line, bert.max_ngram, bert.hidden_act) == (
+        "mlm", True, 1, "gelu")
+    assert (albert.objective, albert.line_by_line, albert.max_ngram, albert.hidden_act) == (
+        "mlm+sop", False, 3, "gelu_new")
+    # the line-by-line format goes with the recipe's objective: a named one packs its
+    # sequences, unless --line-by-line is given too; --no-line-by-line packs the recipe's
+    for argv, want in ((("--objective", "mlm+nsp"), ("mlm+nsp", False)),
+                       (("--objective", "mlm"), ("mlm", False)),
+                       (("--objective", "mlm", "--line-by-line"), ("mlm", True)),
+                       (("--no-line-by-line",), ("mlm", False))):
+        config = parsed(*argv)
+        assert (config.objective, config.line_by_line) == want, argv
     given = parsed("--model", "albert", "--objective", "mlm", "--max-ngram", "1",
                    "--hidden-act", "gelu")
     assert (given.objective, given.max_ngram, given.hidden_act) == ("mlm", 1, "gelu")

@@ -179,12 +179,15 @@ def test_train_mlm_two_ranks_equal_accumulation_in_one_process(corpus, tmp_path,
     the two agree in float64 with dropout on (ALBERT: its shared layer's gradient is
     all-reduced like any other)."""
     two, one = tmp_path / "two", tmp_path / "one"
-    proc = mpirun(2, *pretrain_args(corpus, two, "--batch-size", "8", "--model", model))
+    objective = ("--objective", f"mlm+{task}")   # packed pairs: the same rows either way
+    proc = mpirun(2, *pretrain_args(corpus, two, "--batch-size", "8", "--model", model,
+                                    *objective))
     assert proc.stdout.count("data parallel: 2 ranks over mpi, global batch 8 = 4 rows") == 1
     assert proc.stdout.count("summary:") == 1                  # rank 0 alone prints
     shutil.copy(two / "vocab.txt", tmp_path / "vocab.txt")
     single(*pretrain_args(corpus, one, "--batch-size", "4", "--gradient-accumulation-steps",
-                          "2", "--vocab", tmp_path / "vocab.txt", "--model", model))
+                          "2", "--vocab", tmp_path / "vocab.txt", "--model", model,
+                          *objective))
     r2, r1 = records(two), records(one)
     assert [r["step"] for r in r2] == list(range(1, 7))
     for key in ("loss", "mlm_loss", f"{task}_loss", "grad_norm", "mlm_acc"):

@@ -308,7 +308,8 @@ def test_train_mlm_logs_grad_flow(tmp_path):
         "--preset", "tiny", "--hidden-size", "32", "--num-hidden-layers", "2",
         "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "6",
         "--log-every", "3", "--eval-every", "6", "--save-every", "6", "--eval-fraction", "0.1",
-        "--eval-instances", "8", "--no-progress", "--log-grad-norms", "2"]) == 0
+        "--eval-instances", "8", "--no-progress", "--log-grad-norms", "2",
+        "--objective", "mlm+nsp"]) == 0
     recs = read_grad_flow(out / "metrics.jsonl")
     assert [r["step"] for r in recs] == [2, 4, 6]
     layers = ["embeddings", "encoder.layer.0", "encoder.layer.1", "pooler",

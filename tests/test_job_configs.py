@@ -43,7 +43,9 @@ def test_a_tiny_pretraining_and_finetuning_run_from_python(moby30, moby_vocab, c
     # args.json holds the same options a command line gives, and reads back into the config
     saved = json.loads((pre / "args.json").read_text())
     assert PretrainingConfig.from_dict(saved).to_dict() == saved
-    assert saved["objective"] == "mlm+nsp" and saved["warmup_steps"] == 1
+    # the default recipe: masked-LM on one line per sequence
+    assert saved["objective"] == "mlm" and saved["line_by_line"] is True
+    assert saved["warmup_steps"] == 1
     assert switched == [True] and "fast CPU paths: on" in capsys.readouterr().out
 
     ft = tmp_path / "ft"

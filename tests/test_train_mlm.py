@@ -27,7 +27,10 @@ def corpus(tmp_path_factory):
 
 
 def args_for(corpus, out, *extra):
-    return ["--corpus", str(corpus), "--output-dir", str(out), "--vocab-size", "400",
+    """A small run's options; BERT's sentence pairs with NSP unless ``extra`` names another
+    ``--objective`` (the last one given counts)."""
+    return ["--objective", "mlm+nsp", "--corpus", str(corpus), "--output-dir", str(out),
+            "--vocab-size", "400",
             "--preset", "tiny", "--hidden-size", "32", "--num-hidden-layers", "2",
             "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "8",
             "--log-every", "1", "--eval-every", "4", "--save-every", "4",
@@ -202,14 +205,28 @@ def test_bad_corpus_gets_a_clear_error(tmp_path, capsys, content, message):
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(SystemExit) as e:   # (NSP: the objective that needs 2 documents)
         train_mlm.main(["--corpus", str(path), "--output-dir", str(tmp_path / "out"),
-                        "--vocab-size", "100", "--no-progress"])
+                        "--vocab-size", "100", "--no-progress", "--objective", "mlm+nsp"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err.lower() or message in err, err
     if content is not None:
         assert "corpus.txt" in err
+
+
+def test_a_one_document_corpus_gets_an_error_line_with_the_way_out(tmp_path, capsys):
+    """The default recipe (one line per sequence) holds out whole documents too: a corpus
+    without a blank line is one document, and the error says how to go on."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("One sentence.\nAnother sentence.\n")
+    with pytest.raises(SystemExit) as e:
+        train_mlm.main(["--corpus", str(path), "--output-dir", str(tmp_path / "out"),
+                        "--vocab-size", "100", "--no-progress"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train_mlm.py: error: the corpus has 1 documents")
+    assert "blank line" in err and "--eval-fraction 0" in err and "Traceback" not in err
 
 
 def test_a_corpus_of_one_sentence_documents_gets_an_nsp_warning(corpus, tmp_path, capsys):
@@ -319,12 +336,14 @@ def test_masked_lm_prob_04_gives_wider_batches(corpus, tmp_path):
 
 
 def test_too_few_instances_for_the_batch_is_an_error_not_a_hang(tmp_path, capsys):
+    """Packed sequences (here NSP pairs) fill whole batches only; one line per sequence
+    (the default recipe) takes a short last batch instead."""
     corpus = tmp_path / "short.txt"
     corpus.write_text("".join(f"doc {i} first line.\ndoc {i} second line.\n\n" for i in range(4)))
     with pytest.raises(SystemExit) as e:
         train_mlm.main(["--corpus", str(corpus), "--output-dir", str(tmp_path / "o"),
                         "--vocab-size", "60", "--batch-size", "128", "--eval-fraction", "0",
-                        "--no-progress"])
+                        "--no-progress", "--objective", "mlm+nsp"])
     assert e.value.code == 2
     assert "fewer than batch_size 128" in capsys.readouterr().err
 

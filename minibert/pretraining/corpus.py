@@ -608,7 +608,8 @@ def split_documents(
     if D - n_eval < min_documents:
         raise CorpusError(
             f"the corpus has {D} documents; holding out {n_eval} leaves {D - n_eval} for training, "
-            f"at least {min_documents} are needed"
+            f"at least {min_documents} are needed (documents are separated by a blank line; "
+            f"--eval-fraction 0 holds none out)"
         )
     check_seed(seed=seed)
     perm = np.random.default_rng([_TAG_SPLIT, seed]).permutation(D)
