@@ -314,6 +314,14 @@ def linear_backward(dout, cache):
 _CACHE_BLOCK = 1 << 18          # elements per block of a chain of passes: 1 MiB of float32
 
 
+def _cache_row_blocks(n_rows: int, n_cols: int) -> list:
+    """Slices that cut ``n_rows`` rows of ``n_cols`` elements into blocks of about
+    ``_CACHE_BLOCK`` elements (at least one row each): a row pass's chain of ufuncs runs
+    on one block while it is in cache."""
+    rows = max(1, _CACHE_BLOCK // max(n_cols, 1))
+    return [slice(lo, lo + rows) for lo in range(0, n_rows, rows)]
+
+
 def parallel_blocks(fn, *arrays, block: int | None = None) -> None:
     """Run the element-wise ``fn`` over blocks of ``block`` elements of ``arrays``, the
     blocks shared out over :func:`cpu_threads` threads.
@@ -474,13 +482,11 @@ def bias_gelu_forward(x, b):
         return gelu_forward(x + b)
     x2 = x.reshape(-1, shape[-1])                                    # (N, I)
     z, cdf, out = np.empty_like(x2), np.empty_like(x2), np.empty_like(x2)
-    rows = max(1, _CACHE_BLOCK // max(x2.shape[1], 1))             # rows per cache block
-
     def run(x, z, cdf, out):  # one thread's rows, a cache block at a time
-        for lo in range(0, len(x), rows):
-            zb = np.add(x[lo:lo + rows], b, out=z[lo:lo + rows])    # z = x + b
-            normal_cdf(zb, cdf[lo:lo + rows])                        # Phi(z)
-            np.multiply(zb, cdf[lo:lo + rows], out=out[lo:lo + rows])
+        for r in _cache_row_blocks(*x.shape):
+            zb = np.add(x[r], b, out=z[r])                           # z = x + b
+            normal_cdf(zb, cdf[r])                                   # Phi(z)
+            np.multiply(zb, cdf[r], out=out[r])
 
     parallel_rows(run, x2, z, cdf, out, min_size=2 * _CACHE_BLOCK)
     return out.reshape(shape), (z.reshape(shape), cdf.reshape(shape))
@@ -711,35 +717,40 @@ def _dropout_rows(x, keep, scale: float, b=None, residual=None):
     arrays = [a.reshape(-1, x.shape[-1]) for a in (x, keep)]
     out = np.empty(arrays[0].shape, dtype)
     extra = () if residual is None else (residual.reshape(out.shape),)
-    rows = max(1, _CACHE_BLOCK // max(x.shape[-1], 1))
 
     def run(x, keep, out, *res):  # one thread's rows, a cache block at a time
-        for lo in range(0, len(x), rows):
-            o = out[lo:lo + rows]
+        for r in _cache_row_blocks(*x.shape):
+            o = out[r]
             if b is None:
-                np.multiply(x[lo:lo + rows], keep[lo:lo + rows], out=o)
+                np.multiply(x[r], keep[r], out=o)
             else:
-                np.add(x[lo:lo + rows], b, out=o)
-                o *= keep[lo:lo + rows]
+                np.add(x[r], b, out=o)
+                o *= keep[r]
             o *= scale
             if res:
-                o += res[0][lo:lo + rows]
+                o += res[0][r]
 
     parallel_rows(run, *arrays, out, *extra, min_size=2 * _CACHE_BLOCK)
     return out.reshape(x.shape)
 
 
+def _masked_as_written(x, keep, scale: float):
+    """``x * keep * scale`` in the nn/dropout formulas' two passes (the same bits and
+    dtype), for the inputs the row passes do not take: a scalar, a mask that broadcasts,
+    an array that is not a float."""
+    out = x * keep
+    out *= scale
+    return out
+
+
 def dropout_forward(x, p: float, rng):
     """:func:`minibert.nn.dropout.dropout_forward`: the mask drawn over the threads
     (:func:`keep_mask`), the products in row blocks over them."""
+    scale = 1.0 / (1.0 - p)
     if x.ndim == 0 or np.result_type(x.dtype, np.float16) != x.dtype:
         keep = formula_mask(rng, x.shape, p)             # a scalar, or not a float: as written
-        scale = 1.0 / (1.0 - p)
-        out = x * keep
-        out *= scale
-        return out, (keep, scale)
+        return _masked_as_written(x, keep, scale), (keep, scale)
     keep = keep_mask(rng, x.shape, p)
-    scale = 1.0 / (1.0 - p)
     return _dropout_rows(x, keep, scale), (keep, scale)
 
 
@@ -762,10 +773,8 @@ def bias_dropout_add_forward(x, b, residual, p: float, rng):
 def dropout_backward(dout, cache):
     """:func:`minibert.nn.dropout.dropout_backward` in row blocks over the threads."""
     keep, scale = cache
-    if dout.ndim == 0 or keep.shape != dout.shape:
-        dx = dout * keep
-        dx *= scale
-        return dx
+    if dout.ndim == 0 or keep.shape != dout.shape:         # broadcast or scalar: as written
+        return _masked_as_written(dout, keep, scale)
     return _dropout_rows(dout, keep, scale)
 
 

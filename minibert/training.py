@@ -355,7 +355,7 @@ def step_batches(workload: Workload, cfg: TrainingConfig, state: TrainState) -> 
                         break
             yield micro
     finally:
-        getattr(stream, "close", lambda: None)()
+        stream.close()                   # a Prefetcher, or micro_batches' generator itself
 
 
 class NonfiniteGuard:
