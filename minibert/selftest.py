@@ -260,7 +260,8 @@ def _summary(output: str) -> str:
     return lines[-1][:100] if lines else ""
 
 
-def run_steps(steps: Sequence[Step], runner=run_process, out=sys.stdout) -> list[Result]:
+def run_steps(steps: Sequence[Step], runner=None, out=sys.stdout,
+              log=None) -> list[Result]:
     """Run the steps in order and print a row for each as it finishes.
 
     A step fails when its command exits non-zero, runs past its limit, or its ``check``
@@ -269,11 +270,15 @@ def run_steps(steps: Sequence[Step], runner=run_process, out=sys.stdout) -> list
 
     Args:
         steps: from :func:`plan` (or stand-in steps in tests).
-        runner: ``runner(step) -> (exit status or None on timeout, output)``.
+        runner: ``runner(step) -> (exit status or None on timeout, output)``; default
+            :func:`run_process`.
         out: where the rows go.
+        log: a text file that gets each run step's command, exit status and whole output
+            (the table keeps one line of it), or None.
     Returns:
         one :class:`Result` per step.
     """
+    runner = runner or run_process
     results = []
     print(f"{'step':40} {'status':6} {'s':>6}  note", file=out, flush=True)
     for step in steps:
@@ -283,6 +288,9 @@ def run_steps(steps: Sequence[Step], runner=run_process, out=sys.stdout) -> list
             start = time.perf_counter()
             rc, output = runner(step)
             seconds = time.perf_counter() - start
+            if log is not None:
+                print(f"===== {step.name} (exit {rc}, {seconds:.1f} s): {step.command()}\n"
+                      f"{output}", file=log, flush=True)
             if rc is None:
                 result = Result(step, "FAIL", seconds, f"timed out after {step.timeout_s} s")
             elif rc != 0:
@@ -522,6 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=None,
                     help="GPUs to use for the -np N NCCL run (default: nvidia-smi -L)")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--log", type=Path, default=None, metavar="FILE",
+                    help="also write every step's command and whole output to FILE")
     args = ap.parse_args(argv)
     gpus = args.gpus if args.gpus is not None else (1 if args.dry_run else _gpu_count())
     steps = plan(args.device, gpus, args.workdir or default_workdir())
@@ -530,7 +540,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         print_plan(steps)
         return 0
-    results = run_steps(steps)
+    if args.log is not None:
+        with open(args.log, "w", encoding="utf-8") as log:
+            results = run_steps(steps, log=log)
+    else:
+        results = run_steps(steps)
     failed = [r.step.name for r in results if r.status == "FAIL"]
     print(f"{len(results) - len(failed)} of {len(results)} steps did not fail"
           + (f"; FAILED: {', '.join(failed)}" if failed else ""))

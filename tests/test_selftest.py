@@ -111,10 +111,24 @@ def test_main_runs_only_the_steps_asked_for(monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(selftest, "run_process", lambda step: (ran.append(step.name), (0, "{\"ok\": true}"))[1])
     monkeypatch.setattr(selftest, "run_steps",
-                        lambda steps, runner=None, out=None: run_steps(steps, selftest.run_process,
-                                                                       io.StringIO()))
+                        lambda steps, runner=None, out=None, log=None: run_steps(
+                            steps, selftest.run_process, io.StringIO(), log))
     assert selftest.main(["--only", "env/tf32", "speed", "--gpus", "1"]) == 0
     assert ran == ["env/tf32", "speed/mini-vs-torch", "speed/small-vs-torch"]
+
+
+def test_the_log_keeps_every_steps_whole_output(monkeypatch, tmp_path):
+    outputs = {"env/tf32": (0, "line one\nline two\n"), "speed/mini-vs-torch": (3, "boom\n"),
+               "speed/small-vs-torch": (None, "half")}
+    monkeypatch.setattr(selftest, "run_process", lambda step: outputs[step.name])
+    log = tmp_path / "selftest.log"
+    assert selftest.main(["--only", "env/tf32", "speed", "--gpus", "1", "--log", str(log)]) == 1
+    text = log.read_text()
+    for name, (rc, out) in outputs.items():
+        head = next(l for l in text.splitlines() if l.startswith(f"===== {name} "))
+        assert f"(exit {rc}," in head
+        assert out in text
+    assert text.index("line one\nline two") < text.index("boom") < text.index("half")
 
 
 def test_the_parity_checks_run_through_the_stand_in(cuda, capsys):
