@@ -24,9 +24,11 @@ drifts in the machine's speed reach all three. Each process times --steps steps 
 tokens/s (B*T / step time) and the ratio minibert / peer.
 
 MFU: the model FLOPs of a step (:func:`step_flops`: forward + backward = 3x the forward's
-matmul FLOPs, the MLM head on the masked rows only) per second, over the float32 GEMM peak
-of this machine measured in the same run (:func:`gemm_peak`: the best of square
-2048-matmuls through the same NumPy/BLAS and thread count).
+matmul FLOPs, the MLM head on the masked rows only) per second, over the GEMM peak of this
+machine measured in the same run: on the CPU the float32 peak (:func:`gemm_peak`: the best
+of square 2048-matmuls through the same NumPy/BLAS and thread count), on the GPU the peak at
+the run's precision (:func:`cuda_gemm_peak`: square 8192-matmuls through CuPy, in a process
+of its own).
 """
 from __future__ import annotations
 
@@ -80,6 +82,27 @@ def gemm_peak(n: int = 2048, repeats: int = 5) -> float:
     out = np.empty((n, n), np.float32)
     np.matmul(a, b, out=out)
     best = min(_timed(lambda: np.matmul(a, b, out=out)) for _ in range(repeats))
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def cuda_gemm_peak(precision: str = "fp32", n: int = 8192, repeats: int = 5) -> float:
+    """The best GFLOP/s of an n x n x n matmul through CuPy on the GPU at ``precision``
+    (fp32: float32 with TF32 off; tf32: float32 with TF32 on; fp16: float16 operands,
+    float32 accumulation): the ceiling minibert's GPU step is measured against."""
+    import cupy
+    from minibert import backend
+    backend.set_device("cuda")
+    if precision == "tf32":                     # off unless asked (backend's default)
+        backend.set_tf32(True)
+    dtype = cupy.float16 if precision == "fp16" else cupy.float32
+    rng = np.random.default_rng(0)
+    a, b = (cupy.asarray(rng.standard_normal((n, n), dtype=np.float32)).astype(dtype)
+            for _ in range(2))
+    out = cupy.empty((n, n), dtype)
+    sync = cupy.cuda.get_current_stream().synchronize
+    cupy.matmul(a, b, out=out)
+    sync()
+    best = min(_timed(lambda: (cupy.matmul(a, b, out=out), sync())) for _ in range(repeats))
     return 2.0 * n ** 3 / best / 1e9
 
 
@@ -244,7 +267,7 @@ def main(argv=None):
                    help="fp32; tf32 (TF32 matmuls, --device cuda only); fp16 (minibert's "
                         "--dtype float16 against PyTorch's autocast + GradScaler)")
     p.add_argument("--json", help="also write the results to this file")
-    p.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--one", choices=SYSTEMS + ("gemm_peak",), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in ("steps", "warmup", "rounds", "batch_size", "seq_len", "vocab_size"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
@@ -252,6 +275,9 @@ def main(argv=None):
                     f"got {getattr(args, name)}")
     if args.precision == "tf32" and args.device != "cuda":
         p.error("--precision tf32 is a GPU setting (TF32 tensor cores): use --device cuda")
+    if args.one == "gemm_peak":  # a child process: the GPU's GEMM peak
+        print(json.dumps(cuda_gemm_peak(args.precision)))
+        return 0
     if args.one:  # a child process: one system, one preset
         print(json.dumps(time_steps(args.one, args.presets[0], args)))
         return 0
@@ -260,9 +286,14 @@ def main(argv=None):
     print(f"machine: {platform.processor() or platform.machine()}, torch threads "
           f"{torch.get_num_threads()}, torch {torch.__version__}, numpy {np.__version__}, "
           f"device {args.device}")
-    peak = gemm_peak() if args.device == "cpu" else None
-    if peak:
+    if args.device == "cpu":
+        peak = gemm_peak()
         print(f"float32 GEMM peak (2048^3 matmul, best of 5): {peak:.1f} GFLOP/s")
+    else:
+        peak = run_child(__file__, "gemm_peak", args.presets[0], device="cuda",
+                         precision=args.precision)
+        print(f"{args.precision} GEMM peak on the GPU (8192^3 matmul through CuPy, best of "
+              f"5): {peak:.1f} GFLOP/s")
     from minibert import BertConfig
     results = []
     for preset in args.presets:

@@ -185,7 +185,7 @@ def _set_device(args) -> None:
     except BackendError as e:
         raise ValueError(f"--device: {e}") from None
     set_fast_paths(args.fast_cpu)
-    print(fast_paths_line(args.fast_cpu), file=sys.stderr)
+    print(fast_paths_line(args.fast_cpu, args.device), file=sys.stderr)
 
 
 def _claim_outputs(args, *options: str) -> None:

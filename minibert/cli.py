@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,9 +163,9 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "fast_cpu": (("--fast-cpu",), dict(
         action=argparse.BooleanOptionalAction,
         help="on NumPy, run GELU, softmax, LayerNorm, cross-entropy and AdamW through the "
-             "CPU fast paths (minibert/fast_cpu.py, tested equal to the formulas), on CuPy "
-             "AdamW through its fused kernel; --no-fast-cpu runs the formulas of "
-             "minibert/nn/ and minibert/optim.py as written")),
+             "CPU fast paths (minibert/fast_cpu.py), on CuPy through the fused kernels "
+             "(minibert/gpu_kernels.py), both tested equal to the formulas; --no-fast-cpu "
+             "runs the formulas of minibert/nn/ and minibert/optim.py as written")),
 }
 
 
@@ -268,8 +269,13 @@ class JobOptions:
         return given
 
 
-def fast_paths_line(enabled: bool) -> str:
-    """The log line that names the CPU fast-path setting (``--fast-cpu``)."""
+def fast_paths_line(enabled: bool, device: str | None = "cpu") -> str:
+    """The log line that names the fast-path setting (``--fast-cpu``) on ``device`` (None:
+    $MINIBERT_DEVICE or cpu, as ``--device``): the CPU fast paths (minibert/fast_cpu.py), or
+    on "cuda" the fused kernels (minibert/gpu_kernels.py) that the same switch installs."""
+    if (device or os.environ.get("MINIBERT_DEVICE", "cpu")) == "cuda":
+        return ("fast paths: on (fused GPU kernels)" if enabled
+                else "fast paths: off (the formulas of minibert/nn/ on the GPU)")
     return f"fast CPU paths: {'on' if enabled else 'off'}"
 
 

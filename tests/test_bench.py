@@ -86,6 +86,8 @@ def test_bench_train_step_times_minibert_on_the_gpu_through_cupy_alone(cuda, mon
                            precision="fp32", warmup=1, steps=2)
     times = bench.time_steps("minibert", "tiny", args)
     assert len(times) == 2 and all(t > 0 for t in times)
+    for precision in ("fp32", "fp16"):          # the MFU's ceiling, through CuPy alone too
+        assert bench.cuda_gemm_peak(precision, n=64, repeats=2) > 0
 
 
 def test_bench_albert_compares_the_families_at_one_width(capsys):

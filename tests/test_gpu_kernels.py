@@ -377,7 +377,9 @@ def test_the_qkv_stack_is_made_once_per_optimizer_step(cuda):
 def test_the_qkv_stack_never_misses_a_parameter_update():
     """The kept stack lives for one frozen_parameters() block: a weight written after it
     (in place, as AdamW does, or rebound, as .to() and a checkpoint load do) is seen by the
-    next block and by any forward outside a block; the result always equals the formula's."""
+    next block and by any forward outside a block; the result always equals the formula's
+    (to float32 round-off: on a GPU the fused bias-and-scale kernel rounds once where the
+    formula rounds twice, 1.5e-8 apart on the H200; a stale weight moves it by > 1e-3)."""
     import cupy
     from minibert.fast import frozen_parameters
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
@@ -391,24 +393,27 @@ def test_the_qkv_stack_never_misses_a_parameter_update():
         with fast_paths(False):
             return cupy.asnumpy(layer(x, None))
 
+    def assert_formula(found):
+        np.testing.assert_allclose(found, formula(), rtol=1e-5, atol=1e-6)
+
     with fast_paths(True):
         with frozen_parameters():
             first = cupy.asnumpy(layer(x, None))
-            np.testing.assert_array_equal(first, formula())
+            assert_formula(first)
             again = cupy.asnumpy(layer(x, None))                 # the kept stack
             np.testing.assert_array_equal(first, again)
         layer.key.weight.data[...] += 0.5                        # in place, between steps
         with frozen_parameters():
             moved = cupy.asnumpy(layer(x, None))
         assert not np.array_equal(moved, first)
-        np.testing.assert_array_equal(moved, formula())
+        assert_formula(moved)
         layer.value.bias.data = layer.value.bias.data + 1.0      # rebound inside a block
         with frozen_parameters():
             layer(x, None)
             layer.value.bias.data = layer.value.bias.data + 1.0
-            np.testing.assert_array_equal(cupy.asnumpy(layer(x, None)), formula())
+            assert_formula(cupy.asnumpy(layer(x, None)))
         layer.query.weight.data[...] *= 2                        # outside any block
-        np.testing.assert_array_equal(cupy.asnumpy(layer(x, None)), formula())
+        assert_formula(cupy.asnumpy(layer(x, None)))
 
 
 @pytest.mark.parametrize("head, dtype, data_parallel", [

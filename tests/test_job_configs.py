@@ -124,3 +124,15 @@ def test_a_bad_value_from_python_ends_in_the_scripts_error_line(tmp_path, capsys
 def test_changed_names_what_a_python_caller_chose():
     assert PretrainingConfig(max_steps=5, lr=2e-3).changed() == {"max_steps"}
     assert FinetuningConfig().changed() == set()
+
+
+def test_the_fast_paths_line_names_what_the_switch_installs_on_the_device(monkeypatch):
+    """--fast-cpu installs the CPU fast paths on NumPy and the fused kernels on CuPy: the
+    log line names the one in effect, with no --device read from $MINIBERT_DEVICE."""
+    from minibert.cli import fast_paths_line
+    monkeypatch.delenv("MINIBERT_DEVICE", raising=False)
+    assert fast_paths_line(True, None) == fast_paths_line(True, "cpu") == "fast CPU paths: on"
+    assert "GPU kernels" in fast_paths_line(True, "cuda")
+    assert "off" in fast_paths_line(False, "cuda") and "GPU" in fast_paths_line(False, "cuda")
+    monkeypatch.setenv("MINIBERT_DEVICE", "cuda")
+    assert fast_paths_line(True, None) == fast_paths_line(True, "cuda")

@@ -144,4 +144,19 @@ def test_the_parity_checks_run_through_the_stand_in(cuda, capsys):
         backend.set_device("cpu")
     lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
     assert lines[0]["ok"], lines[0]
-    assert "last5_loss_float16" in lines[1]
+    assert lines[1]["ok"], lines[1]
+    assert min(lines[1]["loss_drop"]) > 0, lines[1]
+
+
+def test_a_steps_output_ends_with_the_stream_that_says_most():
+    """run_process: stdout last after a clean exit (the result line the table shows), stderr
+    last after a failure, and both kept when the step runs past its limit."""
+    import sys
+    say = "import sys, time; print('to stdout', flush=True); " \
+          "print('to stderr', file=sys.stderr, flush=True); "
+    ok = selftest.run_process(Step("t/ok", [sys.executable, "-c", say], 20))
+    bad = selftest.run_process(Step("t/bad", [sys.executable, "-c", say + "sys.exit(3)"], 20))
+    slow = selftest.run_process(Step("t/slow", [sys.executable, "-c", say + "time.sleep(30)"], 3))
+    assert ok == (0, "to stderr\nto stdout\n")
+    assert bad == (3, "to stdout\nto stderr\n")
+    assert slow[0] is None and "to stdout" in slow[1] and "to stderr" in slow[1]

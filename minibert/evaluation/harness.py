@@ -397,7 +397,7 @@ def run_evaluation(cfg: EvaluationConfig, script: Path = FINETUNE_SCRIPT,
     cfg.prepare(set(), prog)
     dirs = cfg.task_dirs()
     note_args(cfg.to_dict())
-    print(fast_paths_line(cfg.fast_cpu))
+    print(fast_paths_line(cfg.fast_cpu, cfg.device))
     try:
         backend.set_device(cfg.device)
         fast.set_fast_paths(cfg.fast_cpu)

@@ -370,7 +370,7 @@ def run_finetuning(cfg: FinetuningConfig, given: set[str] | None = None,
     job = start_job(cfg, given, prog, "finetune",
                     resume_fixed=[k for k in cfg.to_dict() if k not in RESUME_FREE],
                     resume_defaults=RESUME_DEFAULTS, check=lambda _: load_init(cfg))
-    print(fast_paths_line(cfg.fast_cpu))
+    print(fast_paths_line(cfg.fast_cpu, cfg.device))
     task, data, built, train_split, soft = _prepare(cfg, job, prog)
     model, comm, run = built.model, job.comm, job.run
     print(built.description)

@@ -790,7 +790,7 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
                     resume_fixed=[k for k in cfg.to_dict() if k not in RESUME_FREE],
                     resume_defaults=RESUME_DEFAULTS,
                     check=lambda resumed: check_options(cfg, given, resumed))
-    print(fast_paths_line(cfg.fast_cpu))
+    print(fast_paths_line(cfg.fast_cpu, cfg.device))
     if job.resumed is not None:
         job.resumed = extend_run(cfg, job.run, job.resumed, job.checked.stable,
                                  job.comm.is_leader)
