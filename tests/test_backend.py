@@ -30,7 +30,8 @@ def test_device_from_environment(monkeypatch):
         backend.set_device()
 
 
-@pytest.mark.skipif(gpu_available(), reason="checks the error when CUDA is missing")
+@pytest.mark.skipif(gpu_available(), reason="checks the error when CUDA is missing: runs "
+                                             "without a GPU only")
 def test_cuda_without_gpu_names_the_missing_piece():
     with pytest.raises(backend.BackendError, match="CuPy|CUDA GPU"):
         backend.set_device("cuda")

@@ -98,6 +98,15 @@ def test_an_unexpected_pytest_skip_counts_as_a_failure():
     assert exit_status(results) == 1 and "1 unexpected skip(s)" in text
 
 
+def test_the_tests_that_skip_on_a_gpu_by_design_are_expected_skips():
+    """The GPU-run files' skips that a real GPU meets by design (the missing-CUDA error,
+    found there on the H200's first run as an "unexpected skip") say so in their reason."""
+    import test_backend
+    (mark,) = test_backend.test_cuda_without_gpu_names_the_missing_piece.pytestmark
+    line = f"SKIPPED [1] tests/test_backend.py:33: {mark.kwargs['reason']}"
+    assert unexpected_skips(PYTEST_OUT.format(extra=line + "\n")) is None
+
+
 def test_a_check_step_fails_on_its_result_line():
     bad = '{"ok": false, "why": "loss differs"}\n'
     results, _ = table(*steps_with({"parity/x": (0, bad, selftest._expect_ok, None),
