@@ -35,8 +35,11 @@ def parity_config(data, num_labels: int = 2, dropout: float = 0.0,
                   init_ranges=(0.02, 0.3)) -> ElectraConfig:
     heads = data.draw(st.sampled_from([1, 2]))
     H = 4 * heads * data.draw(st.integers(1, 2))
+    # E >= 3: a LayerNorm over 2 features maps every row to (-1, 1) or (1, -1), so the
+    # embeddings' gradient is the eps term alone (about 1e-12 of the rest) and both sides'
+    # round-off decides the comparison (rel. errors up to 5e-5 were drawn at E = 2, H = 4)
     return ElectraConfig(vocab_size=data.draw(st.integers(20, 50)),
-                         embedding_size=data.draw(st.sampled_from([3, H // 2, H])),
+                         embedding_size=data.draw(st.sampled_from([3, max(3, H // 2), H])),
                          hidden_size=H, num_hidden_layers=data.draw(st.integers(1, 3)),
                          num_attention_heads=heads, intermediate_size=12,
                          hidden_act=data.draw(st.sampled_from(["gelu", "gelu_new", "relu"])),
