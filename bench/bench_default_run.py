@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Training steps per second of the default run (``python train_mlm.py``: the tiny preset,
-128 x 32 tokens, vocab 8192, mlm+nsp, fast CPU paths on) for one or more source trees,
-back to back on one machine.
+128 sequences, vocab 8192, fast CPU paths on; masked-LM on one line per sequence since
+issue 41, packed 32-token MLM + NSP before: ``-- --objective mlm+nsp`` times that shape)
+for one or more source trees, back to back on one machine.
 
     python bench/bench_default_run.py --trees /work/wt-base /work/wt-i41-speed
     python bench/bench_default_run.py --trees A B --steps 300 --rounds 3 --json out.json
