@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from minibert.distributed import OPEN_MPI_AS_ROOT
+
 HERE = Path(__file__).resolve().parent
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+MPI_ENV = {**OPEN_MPI_AS_ROOT, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
 class TimedComm:

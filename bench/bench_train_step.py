@@ -88,7 +88,15 @@ def gemm_peak(n: int = 2048, repeats: int = 5) -> float:
 def cuda_gemm_peak(precision: str = "fp32", n: int = 8192, repeats: int = 5) -> float:
     """The best GFLOP/s of an n x n x n matmul through CuPy on the GPU at ``precision``
     (fp32: float32 with TF32 off; tf32: float32 with TF32 on; fp16: float16 operands,
-    float32 accumulation): the ceiling minibert's GPU step is measured against."""
+    float32 accumulation): the ceiling minibert's GPU step is measured against.
+
+    Args:
+        precision: "fp32", "tf32" or "fp16". n: the matrices' side (two n x n operands).
+        repeats: timed products; the fastest counts.
+    Returns:
+        GFLOP/s (2 n^3 FLOPs over the fastest product's seconds, synchronised each time).
+    Raises:
+        minibert.backend.BackendError: no usable GPU (``set_device("cuda")``)."""
     import cupy
     from minibert import backend
     backend.set_device("cuda")

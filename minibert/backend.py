@@ -177,6 +177,13 @@ def _self_check(cupy) -> None:
     _check_random(cupy)
 
 
+def requested_device(device: str | None = None) -> str:
+    """The device a job asks for: ``device``, or when it is None (no ``--device``) the
+    environment variable MINIBERT_DEVICE, else "cpu". Not checked here (:func:`set_device`
+    checks it)."""
+    return device or os.environ.get("MINIBERT_DEVICE", "cpu")
+
+
 def set_device(device: str | None = None) -> str:
     """Choose the array module for the process.
 
@@ -195,7 +202,7 @@ def set_device(device: str | None = None) -> str:
             how to install it). The device in force is unchanged when it raises.
     """
     global _device
-    device = device or os.environ.get("MINIBERT_DEVICE", "cpu")
+    device = requested_device(device)
     if device not in DEVICES:
         raise BackendError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
     if device == "cuda":

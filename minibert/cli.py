@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -273,7 +272,8 @@ def fast_paths_line(enabled: bool, device: str | None = "cpu") -> str:
     """The log line that names the fast-path setting (``--fast-cpu``) on ``device`` (None:
     $MINIBERT_DEVICE or cpu, as ``--device``): the CPU fast paths (minibert/fast_cpu.py), or
     on "cuda" the fused kernels (minibert/gpu_kernels.py) that the same switch installs."""
-    if (device or os.environ.get("MINIBERT_DEVICE", "cpu")) == "cuda":
+    from .backend import requested_device
+    if requested_device(device) == "cuda":
         return ("fast paths: on (fused GPU kernels)" if enabled
                 else "fast paths: off (the formulas of minibert/nn/ on the GPU)")
     return f"fast CPU paths: {'on' if enabled else 'off'}"

@@ -34,9 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from .backend import get_array_module
+from .backend import get_array_module, requested_device
 
 BACKENDS = ("auto", "none", "mpi", "nccl")
+
+OPEN_MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+"""The environment that lets Open MPI's ``mpirun`` start as root (it refuses without both;
+GPU machines, containers and CI often run as root); other MPIs ignore it."""
 
 # environment variables through which MPI launchers tell a process the world size
 _LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
@@ -340,8 +344,7 @@ def start(options, fail) -> Communicator:
     (``--distributed``, ``--device``, ``--cuda-aware-mpi``); ``fail(message)`` on error. Ranks other than 0 print nothing to
     stdout from here on (warnings and errors still go to stderr)."""
     try:
-        comm = init_distributed(options.distributed, options.device or
-                                os.environ.get("MINIBERT_DEVICE", "cpu"),
+        comm = init_distributed(options.distributed, requested_device(options.device),
                                 cuda_aware=options.cuda_aware_mpi)
     except DistributedError as e:
         fail(str(e))

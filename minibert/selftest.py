@@ -41,11 +41,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
+from .distributed import OPEN_MPI_AS_ROOT
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-"""The nccl steps' environment: Open MPI's mpirun refuses to start as root without both
-(GPU machines and containers often run as root); other MPIs ignore them."""
+ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED_SKIPS = ("NumPy stand-in", "without a GPU")
 """Substrings of the pytest skip reasons that are expected on a real GPU (tests that check
@@ -192,9 +190,9 @@ def _nccl_and_speed_steps(w: Path, py: list[str], train, device: str,
     many = ["mpirun", "-np", str(gpus), *train(w / "ncclN", 10, "--distributed", "nccl")]
     steps = [
         Step("nccl/mpirun-np-1", ["mpirun", "-np", "1", *train(w / "nccl1", 10, "--distributed",
-                                                                "nccl")], 25, env=MPI_ENV),
+                                                                "nccl")], 25, env=OPEN_MPI_AS_ROOT),
         Step(f"nccl/mpirun-np-{max(gpus, 2)}", many if gpus > 1 else [], 30,
-             skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two", env=MPI_ENV),
+             skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two", env=OPEN_MPI_AS_ROOT),
     ]
     for preset in ("mini", "small"):
         steps.append(Step(f"speed/{preset}-vs-torch", py + [

@@ -19,14 +19,15 @@ from hypothesis import given, settings, strategies as st
 
 from minibert import distributed
 from minibert.checkpoint import load_checkpoint
-from minibert.distributed import Communicator, DistributedError, init_distributed, shard_rows
+from minibert.distributed import (OPEN_MPI_AS_ROOT, Communicator, DistributedError,
+                                  init_distributed, shard_rows)
 from helpers import records
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "mpi_worker.py"
 # Open MPI refuses to run as root without these (CI runs as root), and a 2-core machine
 # needs --oversubscribe for 2 ranks when hyperthreads are not counted as slots
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+MPI_ENV = {**OPEN_MPI_AS_ROOT,
            "OMP_NUM_THREADS": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 

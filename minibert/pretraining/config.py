@@ -29,8 +29,8 @@ DEFAULT_EXCLUDE = DATA / "tag" / "en" / "brown_pos" / "pretrain_exclude.tsv"
 # BERT: masked-LM on one corpus line per sequence, no sentence task (docs/grammar.md,
 # sixth round: at equal wall time it beat packed MLM + NSP on the minimal pairs, POS and
 # held-out MLM on whole sentences, not on two-segment sequences; BabyBERTa, Huebner et al.
-# 2021, one utterance per input); the line-by-line
-# format goes with the recipe's objective only (a named --objective packs its sequences).
+# 2021, one utterance per input). The line-by-line format goes with the recipe's
+# objective only (a named --objective packs its sequences).
 # ALBERT: sentence-order prediction, n-grams of up to 3 words and gelu_new (section 4.1).
 MODEL_DEFAULTS = {"bert": {"objective": "mlm", "line_by_line": True, "hidden_act": "gelu",
                            "max_ngram": 1},
