@@ -29,6 +29,7 @@ that are Python code (parity, TF32, start-up timing) run as ``python -m minibert
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -190,9 +191,11 @@ def _nccl_and_speed_steps(w: Path, py: list[str], train, device: str,
     many = ["mpirun", "-np", str(gpus), *train(w / "ncclN", 10, "--distributed", "nccl")]
     steps = [
         Step("nccl/mpirun-np-1", ["mpirun", "-np", "1", *train(w / "nccl1", 10, "--distributed",
-                                                                "nccl")], 25, env=OPEN_MPI_AS_ROOT),
+                                                                "nccl")], 25,
+             env=OPEN_MPI_AS_ROOT),
         Step(f"nccl/mpirun-np-{max(gpus, 2)}", many if gpus > 1 else [], 30,
-             skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two", env=OPEN_MPI_AS_ROOT),
+             skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two",
+             env=OPEN_MPI_AS_ROOT),
     ]
     for preset in ("mini", "small"):
         steps.append(Step(f"speed/{preset}-vs-torch", py + [
@@ -550,6 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--log", type=Path, default=None, metavar="FILE",
                     help="also write every step's command and whole output to FILE")
     args = ap.parse_args(argv)
+    if args.gpus is not None and args.gpus < 1:
+        ap.error(f"--gpus must be >= 1, got {args.gpus}")
     gpus = args.gpus if args.gpus is not None else (1 if args.dry_run else _gpu_count())
     steps = plan(args.device, gpus, args.workdir or default_workdir())
     if args.only:
@@ -557,11 +562,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         print_plan(steps)
         return 0
-    if args.log is not None:
-        with open(args.log, "w", encoding="utf-8") as log:
-            results = run_steps(steps, log=log)
-    else:
-        results = run_steps(steps)
+    with contextlib.ExitStack() as files:
+        log = None
+        if args.log is not None:
+            try:
+                log = files.enter_context(open(args.log, "w", encoding="utf-8"))
+            except OSError as e:
+                ap.error(f"--log: cannot write {args.log}: {e.strerror}")
+        results = run_steps(steps, log=log)
     failed = [r.step.name for r in results if r.status == "FAIL"]
     print(f"{len(results) - len(failed)} of {len(results)} steps did not fail"
           + (f"; FAILED: {', '.join(failed)}" if failed else ""))

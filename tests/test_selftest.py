@@ -4,6 +4,8 @@ import io
 import subprocess
 import sys
 
+import pytest
+
 from minibert import selftest
 from minibert.selftest import Step, exit_status, plan, run_steps, unexpected_skips
 
@@ -138,6 +140,21 @@ def test_the_log_keeps_every_steps_whole_output(monkeypatch, tmp_path):
         assert f"(exit {rc}," in head
         assert out in text
     assert text.index("line one\nline two") < text.index("boom") < text.index("half")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--log", "{tmp}/no-such-dir/selftest.log"], "error: --log: cannot write"),
+    (["--gpus", "0"], "error: --gpus must be >= 1, got 0"),
+])
+def test_bad_options_get_an_error_line_before_any_step_runs(monkeypatch, tmp_path, capsys,
+                                                             argv, expected):
+    ran = []
+    monkeypatch.setattr(selftest, "run_process", lambda step: (ran.append(step.name), (0, ""))[1])
+    with pytest.raises(SystemExit) as exit_:
+        selftest.main(["--only", "env/tf32", *(a.format(tmp=tmp_path) for a in argv)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and expected in err and "Traceback" not in err
+    assert ran == []
 
 
 def test_the_parity_checks_run_through_the_stand_in(cuda, capsys):
