@@ -7,7 +7,6 @@ the process-wide choice made by :func:`set_device`.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 

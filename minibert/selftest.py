@@ -398,7 +398,6 @@ def _batch(step: int = 0, B: int = 8, T: int = 64):
 def _check_parity_one_step(preset: str = "mini") -> int:
     """One forward and backward of ``preset`` (dropout off, float32) on the CPU and the
     GPU: loss within 1e-4 and gradient norm within 2e-3, relative."""
-    import numpy as np
     from . import backend
     from .fast import set_fast_paths
     from .optim import clip_grad_norm

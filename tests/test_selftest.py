@@ -177,7 +177,6 @@ def test_the_parity_checks_run_through_the_stand_in(cuda, capsys):
 def test_a_steps_output_ends_with_the_stream_that_says_most():
     """run_process: stdout last after a clean exit (the result line the table shows), stderr
     last after a failure, and both kept when the step runs past its limit."""
-    import sys
     say = "import sys, time; print('to stdout', flush=True); " \
           "print('to stderr', file=sys.stderr, flush=True); "
     ok = selftest.run_process(Step("t/ok", [sys.executable, "-c", say], 20))

@@ -56,7 +56,7 @@ from ..optim import AdamW
 from ..pipelines import for_finetune_task
 from ..runs import MetricsLog, RunError, load_start, lock_run_dir, write_args
 from ..tokenization import BertTokenizer
-from .config import DATA_ROOT, DEFAULT_INIT, METRICS, FinetuningConfig
+from .config import DATA_ROOT, DEFAULT_INIT, FinetuningConfig
 from .tasks import FinetuningWorkload, make_task, task_for_model
 
 # Arguments a resumed run may change; every other one must match the checkpoint's run.

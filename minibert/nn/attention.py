@@ -201,7 +201,6 @@ def attention_backward_formula(dctx, cache: AttentionCache, dprobs=None):
     """:func:`attention_backward` as written, whatever the fast paths: what its CPU fast
     path runs on each block of the batch."""
     q, k, v, softmax_cache, dropped, dropout_cache, scale = cache
-    xp = get_array_module(q)
     B, NH, T, HS = q.shape
     # forward: return merge_heads(ctx)
     dctx = dctx.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)     # (B, NH, T, HS) view

@@ -1,8 +1,6 @@
 """Inverted dropout (Srivastava et al. 2014) with randomness from an explicit generator."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..backend import keep_mask  # the mask's draw: beside the generators it draws from
 from ..fast import fast_path
 from .module import Module
