@@ -18,8 +18,11 @@ What is timed: the train records' ``elapsed_s`` (seconds since the loop began) b
 step ``--skip`` and the last step, so start-up (vocab, token store, baselines), the first
 steps (allocation, caches) and the final evaluation and checkpoint are left out. Reported,
 one JSON line each: every run's steps/s; then per tree the median steps/s over its rounds,
-its ratio to the first tree's, and whether its loss curve (every logged ``loss``) equals
-the first tree's exactly.
+its ratio to the first tree's, whether its loss curve (every logged ``loss``) equals the
+first tree's exactly, and the largest relative difference between the two curves. Equal
+bits are to be expected only where both trees run the same operations in the same order;
+a change that sums a product in other blocks moves the losses by float32 round-off, which
+grows over the steps (docs/reliability.md).
 
 Arguments after ``--`` go to train_mlm.py (e.g. ``-- --preset mini``).
 """
@@ -93,14 +96,17 @@ def steps_per_s(train: list[dict], skip: int) -> float:
 
 
 def summarize(trees, rates: dict, losses: dict) -> list[dict]:
-    """Per tree: median steps/s, ratio to the first tree, and whether its losses equal
-    the first tree's."""
+    """Per tree: median steps/s, ratio to the first tree, whether its losses equal the
+    first tree's, and their largest relative difference from the first tree's."""
     first = str(trees[0])
     base = statistics.median(rates[first])
     return [{"tree": str(t), "median_steps_per_s": round(statistics.median(rates[str(t)]), 4),
              "runs": [round(r, 4) for r in rates[str(t)]],
              "ratio_to_first": round(statistics.median(rates[str(t)]) / base, 4),
-             "same_losses_as_first": losses[str(t)] == losses[first]} for t in trees]
+             "same_losses_as_first": losses[str(t)] == losses[first],
+             "max_rel_loss_diff_to_first": max(
+                 (abs(a - b) / abs(b) for a, b in zip(losses[str(t)], losses[first])),
+                 default=0.0)} for t in trees]
 
 
 def main(argv=None) -> int:

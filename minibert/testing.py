@@ -15,7 +15,10 @@ What is here: ``seeds``; ``float_arrays(shape)`` and ``layer_shapes()`` for laye
 ``bert_configs(max_hidden=...)`` and ``albert_configs(...)``; ``padding_masks(B, T)`` (at
 least one real token per row); ``token_batches(config)`` (model inputs); ``hidden_states(config)`` and
 ``attention_inputs()`` (inputs of one sub-layer); ``assert_gradients_match`` (two arrays)
-and ``assert_module_gradients`` (a whole Module, via :func:`minibert.gradcheck.check_module`).
+and ``assert_module_gradients`` (a whole Module, via :func:`minibert.gradcheck.check_module`);
+``product_round_off`` and ``assert_products_agree`` (two computations of one matrix product,
+e.g. a fast path against the formula, compared within the round-off that any BLAS kernel
+may show).
 
 Shapes are drawn by hypothesis (so failures shrink to small shapes); the float values of
 large arrays come from a NumPy generator seeded by a drawn integer, which is much faster
@@ -210,6 +213,53 @@ def assert_gradients_match(analytic, numerical, name: str = "gradient",
         raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.1e}\n"
                              f"analytic:  {a.ravel()[:6]}\n"
                              f"numerical: {b.ravel()[:6]}")
+
+
+def product_round_off(a, b) -> np.ndarray:
+    """The bound on how far two float computations of the product ``a @ b`` may differ.
+
+    A sum of k products computed in floating point, in any order and any blocking, is
+    within gamma_k = k u / (1 - k u) of the exact one, relative to the sum of the terms'
+    magnitudes (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 3.11:
+    ``|fl(a @ b) - a @ b| <= gamma_k |a| @ |b|``, u the unit round-off, half of
+    ``np.finfo(dtype).eps``); two such computations then differ by at most twice that.
+    BLAS kernels (AVX2, AVX-512, NEON), thread counts and row blocks change the order of
+    the sums, so this, not equal bits, is what two of them can promise to each other.
+
+    Args:
+        a: (M, K) float array; b: (K, N) float array, same dtype (float16, float32 or
+            float64).
+    Returns:
+        (M, N) float64 array: ``2 gamma_K (|a| @ |b|)``, computed in float64.
+    Raises:
+        ValueError: when the shapes do not chain, or K u >= 1 (no bound).
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"product_round_off: shapes {a.shape} and {b.shape} do not chain")
+    u = np.finfo(np.result_type(a, b)).eps / 2
+    k = a.shape[1]
+    if k * u >= 1:
+        raise ValueError(f"product_round_off: {k} terms leave no bound at unit round-off {u}")
+    gamma = k * u / (1 - k * u)
+    return 2 * gamma * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+
+
+def assert_products_agree(got, want, a, b, name: str = "product") -> None:
+    """Raise AssertionError naming ``name`` unless ``got`` and ``want``, two computations
+    of ``a @ b`` (any shapes that :func:`product_round_off` takes), differ nowhere by more
+    than :func:`product_round_off` ``(a, b)`` (plus the smallest normal number, for the
+    terms that underflow). A product with a dropped or doubled term, a wrong row or a
+    block summed in half precision is far outside it (tests/test_fast_cpu.py)."""
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: shapes {got.shape} and {want.shape}")
+    bound = product_round_off(a, b) + np.finfo(np.result_type(a, b)).tiny
+    excess = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64)) - bound
+    if not (excess <= 0).all():                       # NaN counts as beyond
+        at = np.unravel_index(np.nanargmax(np.where(np.isnan(excess), np.inf, excess)),
+                              excess.shape)
+        raise AssertionError(f"{name}: {got[at]!r} against {want[at]!r} at {at}, beyond "
+                             f"the round-off bound {bound[at]:.3e}")
 
 
 def assert_module_gradients(module, inputs=(), **check_kw) -> GradcheckReport:

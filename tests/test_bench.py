@@ -155,6 +155,7 @@ def test_bench_default_run_times_trees_in_turns_and_compares_their_losses(tmp_pa
     assert [r["round"] for r in runs] == [0, 1] and all(r["steps_per_s"] > 0 for r in runs)
     assert summary["runs"] == [r["steps_per_s"] for r in runs]
     assert summary["ratio_to_first"] == 1.0 and summary["same_losses_as_first"] is True
+    assert summary["max_rel_loss_diff_to_first"] == 0.0     # one tree, one machine: its bits
     assert json.loads(out.read_text()) == [summary]
     with pytest.raises(SystemExit):
         bench.main(["--steps", "20", "--skip", "15"])
