@@ -857,20 +857,46 @@ def test_epoch_smaller_than_a_batch_is_an_error():
     store = position_store([[3, 4], [5], [2, 2]])  # 3 short documents: a few pairs
     vi = word_vocab(5000)
     n = count_instances(store, 64, 0, 0)
-    assert 0 < n < 128
-    with pytest.raises(CorpusError, match=rf"epoch 0 .* yields {n} instances, fewer than batch_size 128: "
-                                          r"lower --batch-size or add text"):
-        list(iterate_batches(store, vi, 128, 64, 0, 0))
-    with pytest.raises(CorpusError, match="fewer than batch_size"):  # also when resuming
+    assert 2 < n < 128
+    # one rule, drop_last or not: an epoch of fewer sequences than one batch is refused
+    for drop_last in (True, False):
+        with pytest.raises(CorpusError, match=(
+                rf"epoch 0 .*\(3 documents\) yields {n} sequences \(packed for mlm\+nsp\), "
+                rf"fewer than one batch of --batch-size 128: lower --batch-size to at most "
+                rf"{n}, or add text")):
+            list(iterate_batches(store, vi, 128, 64, 0, 0, drop_last=drop_last))
+    with pytest.raises(CorpusError, match="fewer than one batch"):  # also when resuming
         list(iterate_batches(store, vi, 128, 64, 0, 0, start_batch=2))
-    (last,) = iterate_batches(store, vi, 128, 64, 0, 0, drop_last=False)  # one smaller batch
-    assert last.input_ids.shape == (n, 64)
-    assert len(list(iterate_batches(store, vi, n, 64, 0, 0))) == 1  # exactly one full batch is fine
+    for drop_last in (True, False):   # exactly one full batch is fine
+        (one,) = iterate_batches(store, vi, n, 64, 0, 0, drop_last=drop_last)
+        assert one.input_ids.shape == (n, 64)
+    # a bigger epoch keeps its short last batch without drop_last
+    rows = [len(b.input_ids) for b in iterate_batches(store, vi, n - 1, 64, 0, 0, drop_last=False)]
+    assert rows == [n - 1, 1]
     # An epoch without any instance (here: SOP on one-token documents) is refused either way.
     tiny = position_store([[1], [1]])
     for drop_last in (True, False):
-        with pytest.raises(CorpusError, match="yields 0 instances"):
+        with pytest.raises(CorpusError, match=r"yields 0 sequences .*: add text$"):
             list(iterate_batches(tiny, vi, 1, 64, 0, 0, objective="mlm+sop", drop_last=drop_last))
+
+
+def test_line_by_line_epoch_smaller_than_a_batch_is_the_same_error():
+    """One corpus line per sequence follows the packed rule: fewer lines than one batch is
+    refused (it used to train on one short batch a step), exactly one batch runs."""
+    store = position_store([[3, 4, 2], [5, 1, 1], [2, 2, 6]])  # 9 lines in 3 documents
+    vi = word_vocab(5000)
+    kw = dict(objective="mlm", line_by_line=True)
+    for B, drop_last in ((128, False), (128, True), (10, False)):
+        with pytest.raises(CorpusError, match=(
+                rf"epoch 0 .*\(3 documents\) yields 9 sequences \(one per line\), fewer than "
+                rf"one batch of --batch-size {B}: lower --batch-size to at most 9, or add text")):
+            list(iterate_batches(store, vi, B, 16, 0, 0, drop_last=drop_last, **kw))
+    for drop_last in (True, False):
+        (one,) = iterate_batches(store, vi, 9, 16, 0, 0, drop_last=drop_last, **kw)
+        assert one.input_ids.shape[0] == 9
+    rows = [len(b.input_ids)
+            for b in iterate_batches(store, vi, 8, 16, 0, 0, drop_last=False, **kw)]
+    assert sorted(rows) == [1, 8]   # every line once: the short batch of a bigger epoch kept
 
 
 def test_eval_batches_fixed_and_unigram_baseline(corpus):

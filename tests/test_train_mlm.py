@@ -1,6 +1,7 @@
 """End-to-end checks of train_mlm.py on a small slice of the embedded corpus."""
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -336,8 +337,8 @@ def test_masked_lm_prob_04_gives_wider_batches(corpus, tmp_path):
 
 
 def test_too_few_instances_for_the_batch_is_an_error_not_a_hang(tmp_path, capsys):
-    """Packed sequences (here NSP pairs) fill whole batches only; one line per sequence
-    (the default recipe) takes a short last batch instead."""
+    """Packed NSP pairs fewer than one batch: an error line (the rule of every mode, see
+    test_a_corpus_smaller_than_one_batch_is_refused_in_every_mode)."""
     corpus = tmp_path / "short.txt"
     corpus.write_text("".join(f"doc {i} first line.\ndoc {i} second line.\n\n" for i in range(4)))
     with pytest.raises(SystemExit) as e:
@@ -345,7 +346,54 @@ def test_too_few_instances_for_the_batch_is_an_error_not_a_hang(tmp_path, capsys
                         "--vocab-size", "60", "--batch-size", "128", "--eval-fraction", "0",
                         "--no-progress", "--objective", "mlm+nsp"])
     assert e.value.code == 2
-    assert "fewer than batch_size 128" in capsys.readouterr().err
+    assert "fewer than one batch of --batch-size 128" in capsys.readouterr().err
+
+
+def nine_lines(tmp_path):
+    """A corpus of nine lines: three documents of three lines."""
+    corpus = tmp_path / "nine_lines.txt"
+    corpus.write_text("\n".join("".join(f"doc {d} line {i} of three.\n" for i in range(3))
+                                for d in range(3)), encoding="utf-8")
+    return corpus
+
+
+@pytest.mark.parametrize("mode, kind", [([], "one per line"),
+                                        (["--objective", "mlm"], "packed for mlm")])
+def test_a_corpus_smaller_than_one_batch_is_refused_in_every_mode(tmp_path, capsys, mode,
+                                                                   kind):
+    """Line by line (the default recipe) and packed, one rule: a training split of fewer
+    sequences than --batch-size is one error line naming both counts and the way out; a
+    --batch-size of the count it names runs."""
+    corpus = nine_lines(tmp_path)
+
+    def run(name, *extra):
+        return train_mlm.main(["--corpus", str(corpus), "--output-dir", str(tmp_path / name),
+                               "--vocab-size", "60", "--hidden-size", "16",
+                               "--num-hidden-layers", "1", "--num-attention-heads", "2",
+                               "--intermediate-size", "32", "--max-seq-length", "16",
+                               "--no-progress", *mode, *extra])
+
+    def refused(*extra) -> str:
+        with pytest.raises(SystemExit) as e:
+            run("refused", "--overwrite", *extra)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("error:") == 1, err
+        return err.strip().splitlines()[-1]
+
+    line = refused("--batch-size", "128", "--eval-fraction", "0")
+    m = re.fullmatch(r"train_mlm\.py: error: epoch 0 of the training documents \(3 documents\) "
+                     rf"yields (\d+) sequences \({kind}\), fewer than one batch of --batch-size "
+                     r"128: lower --batch-size to at most \1, or add text", line)
+    assert m, line
+    n = int(m[1])
+    assert n == 9 if not mode else 0 < n < 9   # packed: several lines a sequence
+    # the count is of the training split, after the held-out document is set aside
+    held = refused("--batch-size", "128")
+    assert "(2 documents)" in held, held
+    assert mode or "yields 6 sequences (one per line)" in held, held
+    assert run("fits", "--batch-size", str(n), "--eval-fraction", "0", "--max-steps", "1") == 0
+    assert json.loads((tmp_path / "fits" / "summary.json").read_text())["steps"] == 1
 
 
 def test_resume_of_a_finished_run_keeps_its_summary(corpus, tmp_path):

@@ -421,7 +421,9 @@ def iterate_batches(
         max_seq_length: T, the width of every batch (the most, line by line).
         max_predictions_per_seq: P, the width of the masked_lm arrays; None =
             ``default_max_predictions(max_seq_length, masked_lm_prob)``.
-        drop_last: drop the last, smaller batch, so every batch is (B, T) and (B, P).
+        drop_last: drop the last, smaller batch, so every batch is (B, T) and (B, P). An
+            epoch of fewer than B sequences is refused either way
+            (:func:`_check_epoch_holds_a_batch`).
         mask_replace_prob, random_replace_prob: the replacement rule
             (:func:`~.masking.create_masked_lm_predictions`).
         batch_masked_lm_prob: a masking-rate schedule: batch k is masked at rate
@@ -435,9 +437,9 @@ def iterate_batches(
     Yields:
         :class:`PretrainingBatch`, (B, T) and (B, P) arrays; ``next_sentence_label`` (B,) or None.
     Raises:
-        CorpusError: fewer documents than the objective needs, or an epoch that would
-            yield no batch at all: no instance, or with ``drop_last`` fewer than
-            ``batch_size`` (raised once the epoch has been generated).
+        CorpusError: fewer documents than the objective needs, or an epoch of fewer
+            sequences than ``batch_size`` (:func:`_check_epoch_holds_a_batch`; packed,
+            raised once the epoch has been generated, before any batch is yielded).
         ValueError: bad arguments (see ``iterate_instances``), batch_size < 1,
             start_batch < 0, or ``line_by_line`` with a sentence-level objective.
     """
@@ -477,10 +479,7 @@ def _packed_batches(obj: Objective, store: TokenStore, vocab: VocabInfo, batch_s
             yield _batch(pending, k, deferred, vocab, rule, seed, mask_copy, max_seq_length, P,
                          rate_of)
             pending, k = [], k + 1
-    if seen == 0 or (drop_last and seen < batch_size):
-        raise CorpusError(
-            f"epoch {epoch} of the training documents ({store.num_documents} documents) yields "
-            f"{seen} instances, fewer than batch_size {batch_size}: lower --batch-size or add text")
+    _check_epoch_holds_a_batch(epoch, store, seen, f"packed for {obj.name}", batch_size)
     if pending and not drop_last:
         yield _batch(pending, k, deferred, vocab, rule, seed, mask_copy, max_seq_length, P,
                      rate_of)
@@ -500,6 +499,32 @@ def _batch(items: list, k: int, deferred: bool, vocab: VocabInfo, rule: _Masking
     return batch
 
 
+def _check_epoch_holds_a_batch(epoch: int, store: TokenStore, sequences: int, kind: str,
+                               batch_size: int) -> None:
+    """The one size rule of every instance mode, packed or line by line: an epoch of the
+    training documents must give at least one whole batch, ``drop_last`` or not.
+
+    A smaller epoch would make every step a batch of fewer rows than ``--batch-size`` asks
+    (each step an epoch): a quiet change of the batch the learning rate was set for, and
+    under data parallelism, where ``--batch-size`` is the global batch, ranks left with a
+    row or two, or a stand-in. So it is refused, naming the counts and the way out.
+
+    Inputs:
+        sequences: the epoch's sequences; kind: how they are made, for the message
+            ("one per line", "packed for mlm+nsp").
+    Raises:
+        CorpusError: ``sequences < batch_size``, 0 sequences included.
+    """
+    if sequences >= batch_size:
+        return
+    fix = (f"lower --batch-size to at most {sequences}, or add text" if sequences
+           else "add text")
+    raise CorpusError(
+        f"epoch {epoch} of the training documents ({store.num_documents} documents) yields "
+        f"{sequences} sequences ({kind}), fewer than one batch of --batch-size {batch_size}: "
+        f"{fix}")
+
+
 def _line_batches(obj: Objective, store: TokenStore, vocab: VocabInfo, batch_size: int,
                   max_seq_length: int, epoch: int, seed: int, start_batch: int, masking: str,
                   dupe_factor: int, rule: _Masking, drop_last: bool,
@@ -510,15 +535,11 @@ def _line_batches(obj: Objective, store: TokenStore, vocab: VocabInfo, batch_siz
         raise ValueError(f"line_by_line gives one line per sequence: objective {obj.name!r} "
                          "needs sentence pairs; use mlm or electra")
     rows = line_rows(store, max_seq_length)
+    _check_epoch_holds_a_batch(epoch, store, len(rows.length), "one per line", batch_size)
     order = line_batch_rows(rows.length, batch_size,
                             np.random.default_rng([_TAG_LINES, seed, epoch]))
-    if drop_last and order and len(order[-1]) < batch_size:
+    if drop_last and len(order[-1]) < batch_size:   # a full batch is left before it
         order = order[:-1]
-    if not order:
-        raise CorpusError(
-            f"epoch {epoch} of the training documents ({store.num_documents} documents) yields "
-            f"{len(rows.length)} lines, fewer than batch_size {batch_size}: lower --batch-size "
-            "or add text")
     _, mask_copy = _copies(epoch, masking, dupe_factor)
     for k in range(start_batch, len(order)):
         rate = rule.masked_lm_prob if rate_of is None else float(rate_of(k))
