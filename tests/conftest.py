@@ -1,4 +1,5 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules, and the list of numerically sensitive tests."""
+import re
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,22 @@ import pytest
 from helpers import moby_chapters
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# The numerically sensitive tests, marked ``numerics`` here and nowhere else: those whose
+# result could depend on the BLAS kernel (AVX2, AVX-512), the thread count or the order of
+# a float32 sum. .ci/run runs them again under forced OpenBLAS kernels and other thread
+# counts (``pytest -m numerics``): the fast paths against the formulas, gradient checks,
+# parity with transformers, the examples, and every test of resuming, reproducing a run or
+# equal bits.
+NUMERICS_FILES = {"test_fast_cpu.py", "test_core.py", "test_gradcheck.py", "test_layers.py",
+                  "test_parity_hf.py", "test_examples.py", "test_optim.py"}
+NUMERICS_NAMES = re.compile(r"resum|reproduc|same_curve|bits|exactly|determin")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in NUMERICS_FILES or NUMERICS_NAMES.search(item.name):
+            item.add_marker(pytest.mark.numerics)
 
 
 @pytest.fixture(scope="session")
