@@ -44,7 +44,8 @@ def set_fast_paths(enabled: bool) -> bool:
       tests/test_fast_cpu.py), OpenBLAS runs on one thread while minibert splits the
       float32 products' rows over its own pool
       (:func:`minibert.fast_cpu.split_products`; switching off gives OpenBLAS its
-      threads back), and glibc keeps freed memory for the next step
+      threads back; OpenBLAS found through threadpoolctl on every system), and glibc,
+      where there is one, keeps freed memory for the next step
       (:func:`minibert.fast_cpu.keep_freed_memory`);
     - on CuPy arrays, AdamW, GELU, dropout, LayerNorm, softmax, the cross-entropy, the
       clipping, attention's head split and the gradient accumulations run their entry of

@@ -20,7 +20,8 @@ What the functions here do that the formulas do not:
   so the intermediate results stay in cache (:func:`parallel_blocks`);
 - ``out=`` buffers and in-place ufuncs instead of a new array for each intermediate;
 - for float32 GELU, a rational normal CDF instead of SciPy's erf (:func:`normal_cdf`);
-- glibc keeps freed memory for the next step's arrays (:func:`keep_freed_memory`).
+- glibc keeps freed memory for the next step's arrays (:func:`keep_freed_memory`; where
+  there is glibc).
 
 Each function gives the same bits as its reference formula (tests/test_fast_cpu.py), except
 float32 GELU, whose normal CDF is within 2.5e-7 of the exact one. The GPU runs the reference
@@ -191,12 +192,6 @@ def parallel_rows(fn, *arrays, min_size: int = _PARALLEL_MIN, align: int = 1,
 
 # --- matrix products -------------------------------------------------------------------
 
-# the thread-count functions of OpenBLAS builds: NumPy's wheels (scipy-openblas, 64-bit
-# integers), SciPy's, and a system OpenBLAS
-_BLAS_SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
-                 ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
-                 ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
-                 ("openblas_get_num_threads", "openblas_set_num_threads"))
 _blas_saved = None      # [(set_threads, count before)] while the products are split here
 _GEMM_ALIGN = 64        # a split product's blocks start at multiples of this many rows
 _GEMM_MIN_COLS = 16     # a product with fewer columns (or a shorter sum) is not split
@@ -207,27 +202,30 @@ _GEMM_CHUNK_ROWS = 256      # each of at least this many rows
 
 def _openblas_controls() -> list:
     """(get, set) thread-count functions of every OpenBLAS the process has loaded, found
-    in /proc/self/maps (Linux); [] where there is none (another BLAS, another system)."""
-    import ctypes
+    by threadpoolctl, which lists a process's libraries on Linux, macOS and Windows alike
+    and knows the builds' symbol names (NumPy's and SciPy's wheels, a system OpenBLAS);
+    [] where there is none (another BLAS: macOS's Accelerate, MKL; a static build) or
+    the libraries cannot be listed."""
     try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = sorted({line.split()[-1] for line in maps
-                            if "openblas" in line.lower() and "/" in line})
-    except OSError:
+        from threadpoolctl import ThreadpoolController
+        libs = ThreadpoolController().select(internal_api="openblas").lib_controllers
+    except (ImportError, OSError):
         return []
-    controls = []
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for get, put in _BLAS_SYMBOLS:
-            if hasattr(lib, get) and hasattr(lib, put):
-                get_fn, put_fn = getattr(lib, get), getattr(lib, put)
-                get_fn.restype, put_fn.argtypes, put_fn.restype = ctypes.c_int, [ctypes.c_int], None
-                controls.append((get_fn, put_fn))
-                break
-    return controls
+    return [(lib.get_num_threads, lib.set_num_threads) for lib in libs
+            if isinstance(lib.get_num_threads(), int)]     # None: no count to restore
+
+
+def _release_blas_control() -> None:
+    """Let another thread set OpenBLAS's threads again: threadpoolctl 3.8 lets only one
+    thread at a time set the count of a process-wide OpenBLAS pool (the first to set it,
+    until it lets go, as its own ``threadpool_limits`` does on leaving)."""
+    try:
+        from threadpoolctl import OpenBLASController
+    except ImportError:
+        return
+    clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+    if clear is not None:
+        clear()
 
 
 def split_products(enabled: bool) -> bool:
@@ -250,21 +248,32 @@ def split_products(enabled: bool) -> bool:
     products, attention's batched ones, which OpenBLAS runs on one thread anyway at
     T = 32 but not at the mini preset's T = 128, and any ``@`` outside the layers).
 
+    The OpenBLAS libraries are found through threadpoolctl (:func:`_openblas_controls`):
+    on macOS and Windows too, where there is no ``/proc/self/maps`` to read.
+
     Returns:
         Whether the products are split here now (False, with nothing changed, where no
-        OpenBLAS thread control is found: macOS's Accelerate, MKL, a static build).
+        OpenBLAS thread control is found: macOS's Accelerate, MKL, a static build; or
+        where another thread holds threadpoolctl's control of OpenBLAS's threads).
     """
     global _blas_saved
     if enabled and _blas_saved is None:
         controls = _openblas_controls()
         if controls:
-            _blas_saved = [(put, get()) for get, put in controls]
-            for put, _ in _blas_saved:
+            saved = [(put, get()) for get, put in controls]
+            for put, _ in saved:
                 put(1)
+            if all(get() == 1 for get, _ in controls):
+                _blas_saved = saved
+            else:                   # not ours to set now: put back what was changed
+                for put, count in saved:
+                    put(count)
+                _release_blas_control()
     elif not enabled and _blas_saved is not None:
         for put, count in _blas_saved:
             put(count)
         _blas_saved = None
+        _release_blas_control()
     return _blas_saved is not None
 
 

@@ -21,16 +21,16 @@ A run directory (``--output-dir``) belongs to one run of one job (``pretrain`` o
     .lock            while a job runs: its lock (:func:`lock_run_dir`), holding its pid
 
 Rules (:func:`prepare_run_dir`): a directory has one owner at a time: every job that
-writes one takes an exclusive ``fcntl.flock`` lock on its ``.lock`` file first, before it
-reads, cleans or writes anything there, and holds it to its end (the operating system lets
-it go when the process dies); a second job is refused and touches nothing. A job never
-writes into a directory that holds another run's checkpoint unless ``--overwrite`` is
-given, so a fine-tuning run can never replace a pretraining checkpoint; ``--resume``
-continues the run whose checkpoint is there (same job); stale ``*.tmp`` files of a killed
-write are removed, by the owner only. No job writes where its own inputs are
-(:func:`check_inputs`). A Hugging Face export goes to an empty or new directory or over
-an earlier export of the same model (:func:`prepare_export_dir`). Every file is written
-through :mod:`minibert.atomic`.
+writes one takes an exclusive lock on its ``.lock`` file first (``fcntl.flock``; on Windows
+``msvcrt.locking``), before it reads, cleans or writes anything there, and holds it to its
+end (the operating system lets it go when the process dies); a second job is refused and
+touches nothing. A job never writes into a directory that holds another run's checkpoint
+unless ``--overwrite`` is given, so a fine-tuning run can never replace a pretraining
+checkpoint; ``--resume`` continues the run whose checkpoint is there (same job); stale
+``*.tmp`` files of a killed write are removed, by the owner only. No job writes where its
+own inputs are (:func:`check_inputs`). A Hugging Face export goes to an empty or new
+directory or over an earlier export of the same model (:func:`prepare_export_dir`). Every
+file is written through :mod:`minibert.atomic`.
 
 Starting points (:func:`load_start`, used by ``finetune.py --init`` and ``train_mlm.py
 --init-checkpoint``): a run directory, a checkpoint file with ``vocab.txt`` beside it, or a
@@ -39,7 +39,6 @@ Hugging Face BERT directory.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -54,6 +53,15 @@ import numpy as np
 from .atomic import WriteError, atomic_write_bytes, atomic_write_json, remove_stale_tmp
 from .checkpoint import CheckpointError, load_checkpoint
 from .modeling import ModelConfig
+
+try:                     # POSIX: flock, held by the open file, let go when it is closed
+    import fcntl
+except ImportError:      # Windows: a byte-range lock of msvcrt instead
+    fcntl = None
+try:
+    import msvcrt
+except ImportError:
+    msvcrt = None
 
 CHECKPOINT = "checkpoint.npz"
 STABLE_CHECKPOINT = "checkpoint-stable.npz"
@@ -125,7 +133,8 @@ def lock_run_dir(path: str | os.PathLike, option: str = "--output-dir",
                  job: str | None = None) -> Path:
     """Make this process the one owner of the directory ``path`` (created with its parents
     when missing) before anything there is read, cleaned or written: an exclusive,
-    non-blocking ``fcntl.flock`` on ``path/.lock``, which then holds this process's pid.
+    non-blocking lock on ``path/.lock`` (:func:`_lock_file`), which then holds this
+    process's pid.
 
     The lock is held until :func:`release_run_dirs` (the end of the job: the ``.lock`` file
     is removed then) or the end of the process; the operating system lets it go when the
@@ -162,13 +171,13 @@ def _take_lock(path: Path, option: str) -> int:
     lock = path / LOCK
     for _ in range(100):
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = os.open(lock, _LOCK_FLAGS, 0o666)
         except OSError as e:
             raise RunError(f"{option} {path}: not writable ({e.strerror or e})") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_file(fd)
         except OSError as e:
-            holder = _holder(fd) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+            holder = _holder(fd) if e.errno in _HELD_ERRNOS else None
             os.close(fd)
             if holder is None:
                 raise RunError(f"{option} {path}: cannot be locked ({e.strerror or e})") from None
@@ -181,12 +190,76 @@ def _take_lock(path: Path, option: str) -> int:
         raise RunError(f"{option} {path}: cannot be locked (its {LOCK} keeps changing)")
     mine = f"{os.getpid()}\n".encode()
     try:  # in place, not atomically: the lock belongs to this file, not to its name
-        os.pwrite(fd, mine, 0)
+        _write_start(fd, mine)
         os.ftruncate(fd, len(mine))
     except OSError as e:
         _let_go(fd, lock)
         raise RunError(f"{option} {path}: not writable ({e.strerror or e})") from None
     return fd
+
+
+# the lock file is opened for reading and writing, created when missing, not inherited by
+# child processes (POSIX's O_CLOEXEC; Python's descriptors are not inherited anyway) and
+# in binary mode (Windows' O_BINARY: the pid's newline as written)
+_LOCK_FLAGS = (os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+# the byte msvcrt locks: far past the pid at the start, because a Windows lock is
+# mandatory (a locked byte cannot even be read) and a second job reads the holder's pid
+_MSVCRT_LOCK_AT = 1 << 30
+# the errors that mean "another process holds the lock": flock's EWOULDBLOCK / EAGAIN,
+# msvcrt.locking's EACCES (EDEADLOCK after retries)
+_HELD_ERRNOS = ((errno.EWOULDBLOCK, errno.EAGAIN) if fcntl is not None else
+                (errno.EACCES, getattr(errno, "EDEADLOCK", errno.EDEADLK)))
+
+
+def _lock_file(fd: int) -> None:
+    """Lock the open file ``fd`` exclusively, without waiting: ``fcntl.flock`` where there
+    is one (Linux, macOS), else one byte of it with ``msvcrt.locking`` (Windows). Both
+    locks go when the file is closed or the process dies.
+
+    Raises:
+        OSError: another process holds the lock (an errno of :data:`_HELD_ERRNOS`), the
+            file cannot be locked, or the system has neither (errno ENOLCK).
+    """
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    elif msvcrt is not None:
+        os.lseek(fd, _MSVCRT_LOCK_AT, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    else:
+        raise OSError(errno.ENOLCK, "this system has no file locks (neither fcntl nor msvcrt)")
+
+
+def _unlock_file(fd: int) -> None:
+    """Let go of :func:`_lock_file`'s lock before ``fd`` is closed: msvcrt's lock is
+    released at once this way (Windows may keep it a while after the close); flock's
+    goes with the close."""
+    if fcntl is None and msvcrt is not None:
+        try:
+            os.lseek(fd, _MSVCRT_LOCK_AT, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        except OSError:
+            pass
+
+
+def _write_start(fd: int, data: bytes) -> None:
+    """Write ``data`` at the start of the file ``fd`` (``os.pwrite``; a seek and a write
+    where there is no pwrite: Windows)."""
+    if hasattr(os, "pwrite"):
+        os.pwrite(fd, data, 0)
+        return
+    os.lseek(fd, 0, os.SEEK_SET)
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_start(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from the start of the file ``fd`` (``os.pread``, or a seek and a
+    read)."""
+    if hasattr(os, "pread"):
+        return os.pread(fd, n, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, n)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -199,11 +272,13 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def _let_go(fd: int, lock: Path) -> None:
     """Remove the lock file (while it is still locked, so that no other process can hold
-    it) and close it, which releases the lock."""
+    it) and close it, which releases the lock. On Windows an open file cannot be removed:
+    the file stays there, unlocked, and the next owner takes it over."""
     try:
         lock.unlink(missing_ok=True)
-    except OSError:  # a read-only directory: the file stays, unlocked
+    except OSError:  # a read-only directory, or Windows: the file stays, unlocked
         pass
+    _unlock_file(fd)
     os.close(fd)
 
 
@@ -211,7 +286,7 @@ def _holder(fd: int) -> str:
     """The pid written in a lock file that another process holds (it writes its pid just
     after it takes the lock: wait up to half a second for it), or "unknown"."""
     for _ in range(50):
-        first, newline, _ = os.pread(fd, 64, 0).decode("ascii", "replace").partition("\n")
+        first, newline, _ = _read_start(fd, 64).decode("ascii", "replace").partition("\n")
         if newline and first.strip().isdigit():
             return first.strip()
         time.sleep(0.01)

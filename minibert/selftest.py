@@ -463,12 +463,13 @@ def _check_parity_float16(steps: int = 50, preset: str = "mini") -> int:
 
 
 def _check_interrupted_run(at_step: str, *train_argv: str) -> int:
-    """``train_mlm.py TRAIN_ARGV`` in this process, stopped by a KeyboardInterrupt right
-    after the checkpoint of step ``at_step`` is written (as a crash would stop it; the
-    resume step then continues it with the same settings)."""
-    sys.path.insert(0, str(ROOT))
-    import train_mlm
+    """The pretraining job (``train_mlm.py TRAIN_ARGV``, through the package's
+    :func:`minibert.pretraining.command.main`, as the script runs it) in this process,
+    stopped by a KeyboardInterrupt right after the checkpoint of step ``at_step`` is
+    written (as a crash would stop it; the resume step then continues it with the same
+    settings)."""
     from . import training
+    from .pretraining.command import main as pretrain
     real_save, stop = training.save_checkpoint, int(at_step)
 
     def save_then_stop(path, model, optimizer, state, **kw):
@@ -478,7 +479,7 @@ def _check_interrupted_run(at_step: str, *train_argv: str) -> int:
 
     training.save_checkpoint = save_then_stop
     try:
-        status = train_mlm.main(list(train_argv))
+        status = pretrain(list(train_argv))
     except SystemExit as e:
         status = e.code
     finally:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import struct
 import zipfile
 from pathlib import Path
@@ -86,19 +85,87 @@ class UntrustedFileError(ValueError):
     field and what was expected."""
 
 
-def available_memory() -> int:
-    """Bytes this process can still allocate: the smaller of the system's ``MemAvailable``
-    (``/proc/meminfo``; the physical memory where that file is missing) and, under an
-    address-space limit (``ulimit -v``, ``RLIMIT_AS``), that limit less the process's
-    current virtual size."""
+def available_memory() -> int | None:
+    """Bytes this process can still allocate, or None where the system does not say.
+
+    The smaller of the system's free memory and, under an address-space limit
+    (``ulimit -v``, ``RLIMIT_AS``), that limit less the process's current virtual size
+    (``VmSize`` of ``/proc/self/status``; 0 where that file is missing). The free memory:
+    ``MemAvailable`` of ``/proc/meminfo`` (Linux), else :func:`system_memory`. The
+    limit is read where Python has the ``resource`` module (Linux, macOS); Windows has
+    none.
+
+    Returns:
+        bytes, or None when neither the free memory nor a limit is known (a Windows
+        without ``GlobalMemoryStatusEx``, an unusual system): the checks against memory
+        are then skipped, and the other checks of a file still run.
+    """
     avail = _proc_kb("/proc/meminfo", "MemAvailable:")
     if avail is None:
-        avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        used = _proc_kb("/proc/self/status", "VmSize:") or 0
-        avail = min(avail, max(0, soft - used))
+        avail = system_memory()
+    limit = _address_space_limit()
+    if limit is not None:
+        left = max(0, limit - (_proc_kb("/proc/self/status", "VmSize:") or 0))
+        avail = left if avail is None else min(avail, left)
     return avail
+
+
+def system_memory() -> int | None:
+    """The memory the system reports free without ``/proc``: on Windows the available
+    physical memory (``GlobalMemoryStatusEx``), elsewhere the physical memory
+    (``os.sysconf``: macOS, the BSDs, Linux); None where neither can be asked."""
+    if hasattr(os, "sysconf"):
+        try:
+            pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):   # a name this system does not know
+            pass
+        else:
+            if pages > 0 and size > 0:
+                return pages * size
+    return _windows_available_memory()
+
+
+def _windows_available_memory() -> int | None:
+    """``ullAvailPhys`` of kernel32's ``GlobalMemoryStatusEx``; None off Windows or when
+    the call fails."""
+    import ctypes
+    windll = getattr(ctypes, "windll", None)
+    if windll is None:
+        return None
+
+    class MemoryStatusEx(ctypes.Structure):   # MEMORYSTATUSEX (sysinfoapi.h)
+        _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
+                    ("ullTotalPhys", ctypes.c_ulonglong), ("ullAvailPhys", ctypes.c_ulonglong),
+                    ("ullTotalPageFile", ctypes.c_ulonglong),
+                    ("ullAvailPageFile", ctypes.c_ulonglong),
+                    ("ullTotalVirtual", ctypes.c_ulonglong),
+                    ("ullAvailVirtual", ctypes.c_ulonglong),
+                    ("ullAvailExtendedVirtual", ctypes.c_ulonglong)]
+
+    status = MemoryStatusEx()
+    status.dwLength = ctypes.sizeof(MemoryStatusEx)
+    try:
+        ok = windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
+    except (AttributeError, OSError):
+        return None
+    return int(status.ullAvailPhys) if ok else None
+
+
+def _address_space_limit() -> int | None:
+    """The soft ``RLIMIT_AS`` in bytes; None when there is none (unlimited) or no
+    ``resource`` module to ask (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    which = getattr(resource, "RLIMIT_AS", None)
+    if which is None:
+        return None
+    try:
+        soft, _ = resource.getrlimit(which)
+    except (ValueError, OSError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def _proc_kb(path: str, key: str) -> int | None:
@@ -231,7 +298,8 @@ def parameter_count(config) -> int:
 def check_model_fits(config, source: str) -> None:
     """Refuse a config whose model cannot be built in :func:`available_memory`:
     :data:`BYTES_PER_PARAMETER` x :func:`parameter_count` plus :data:`BYTES_PER_TENSOR`
-    for each of its 16 tensors per distinct layer and 20 others.
+    for each of its 16 tensors per distinct layer and 20 others. Nothing is refused where
+    the memory is not known (:func:`available_memory` gives None).
 
     Raises:
         UntrustedFileError: naming the sizes and the bytes they need.
@@ -239,7 +307,7 @@ def check_model_fits(config, source: str) -> None:
     params, tensors = parameter_count(config), 16 * _distinct_layers(config) + 20
     need = BYTES_PER_PARAMETER * params + BYTES_PER_TENSOR * tensors
     avail = available_memory()
-    if need > avail:
+    if avail is not None and need > avail:
         sizes = ", ".join(f"{k}={getattr(config, k)}" for k in SIZE_FIELDS)
         raise UntrustedFileError(f"{source}: the config's sizes ({sizes}) mean {params:,} "
                                  f"parameters in {tensors:,} tensors, {_gb(need)} to load, "
@@ -266,7 +334,7 @@ def check_weight_bytes(declared: int, config, path: str | os.PathLike,
         raise UntrustedFileError(f"{path}: its arrays declare {declared:,} bytes, more than "
                                  f"a model of its config holds ({bound:,} bytes at most)")
     avail = available_memory()
-    if declared > avail:
+    if avail is not None and declared > avail:
         raise UntrustedFileError(f"{path}: its arrays declare {_gb(declared)}, more than the "
                                  f"{_gb(avail)} of memory available")
 
@@ -378,7 +446,7 @@ def check_npz_members(path: str | os.PathLike) -> int:
         infos = z.infolist()
         total = sum(i.file_size for i in infos)
         avail = available_memory()
-        if total > avail:
+        if avail is not None and total > avail:
             raise UntrustedFileError(f"{path}: its members declare {_gb(total)}, more than the "
                                      f"{_gb(avail)} of memory available")
         for info in infos:

@@ -6,6 +6,10 @@ statement counts, at module level, inside a function (a lazy import) or under
 name`` is an edge to the submodule ``pkg.name`` when there is one, else to ``pkg`` (its
 ``__init__``); importing a submodule does not add an edge to its package, so a package
 ``__init__`` that re-exports its submodules makes no circle with them.
+
+Nor does any module of minibert import one of the job scripts at the repository's root
+(``train_mlm.py``, ``finetune.py``, ``evaluate.py`` ...): the scripts are wiring over the
+package, and the package runs a job through its own modules (issue 51 item 9).
 """
 from __future__ import annotations
 
@@ -136,3 +140,35 @@ def test_the_finder_passes_a_package_without_circles(tmp_path):
                              "pkg/a.py": "from .b import B\nA = 1\n",
                              "pkg/b.py": "import json\nB = 2\n"})
     assert cycles(import_graph(tmp_path, "pkg")) == []
+
+
+def script_imports(root: Path, package: str) -> dict[str, set[str]]:
+    """{module: the scripts at ``root`` (its ``*.py`` files) that the module imports}, for
+    every module of ``package`` that imports one, at any level of its code."""
+    scripts = {p.stem for p in root.glob("*.py")}
+    found: dict[str, set[str]] = {}
+    for name, path in module_files(root, package).items():
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+        if names & scripts:
+            found[name] = names & scripts
+    return found
+
+
+def test_no_package_module_imports_a_script():
+    assert {"train_mlm", "finetune", "evaluate"} <= {p.stem for p in ROOT.glob("*.py")}
+    assert script_imports(ROOT, "minibert") == {}
+
+
+def test_the_script_finder_sees_an_import_inside_a_function(tmp_path):
+    write_package(tmp_path, {
+        "job.py": "print('a script')\n",
+        "pkg/__init__.py": "",
+        "pkg/a.py": "def run():\n    import job\n    return job\n",
+        "pkg/b.py": "from job import something\n",
+        "pkg/c.py": "from . import a\nimport json\n"})
+    assert script_imports(tmp_path, "pkg") == {"pkg.a": {"job"}, "pkg.b": {"job"}}

@@ -185,3 +185,21 @@ def test_a_steps_output_ends_with_the_stream_that_says_most():
     assert ok == (0, "to stderr\nto stdout\n")
     assert bad == (3, "to stdout\nto stderr\n")
     assert slow[0] is None and "to stdout" in slow[1] and "to stderr" in slow[1]
+
+
+def test_the_interrupted_run_check_runs_the_job_from_the_package(moby30, moby_vocab, tmp_path,
+                                                                  capsys, monkeypatch):
+    """smoke/train-30's check runs the pretraining job in its process through
+    minibert.pretraining.command (no script put on sys.path, issue 51 item 9) and stops it
+    right after the asked step's checkpoint: on the CPU here, 4 of 8 steps."""
+    import json
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(selftest.ROOT)])
+    monkeypatch.delitem(sys.modules, "train_mlm", raising=False)   # no script to import
+    from helpers import tiny_pretrain_argv
+    from minibert.checkpoint import load_checkpoint
+    out = tmp_path / "run"
+    assert selftest._check_interrupted_run("4", *tiny_pretrain_argv(moby30, moby_vocab, out)) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    assert lines[-1]["ok"] and lines[-1]["exit_status"] == 130, lines[-1]
+    assert load_checkpoint(out / "checkpoint.npz", arrays=False)["trainer"]["step"] == 4
+    assert "train_mlm" not in sys.modules

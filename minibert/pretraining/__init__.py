@@ -18,6 +18,8 @@ options and :func:`run_pretraining` (in :mod:`.job`, imported on first use) runs
     from minibert.pretraining import PretrainingConfig, run_pretraining
     run_pretraining(PretrainingConfig(max_steps=100, output_dir="runs/x"))
 
+The script's command line is :mod:`.command`'s (``main(argv)``, which the script calls).
+
 Typical use of the data pipeline::
 
     objective = get_objective("mlm+nsp")
