@@ -11,7 +11,8 @@ It shows
   tooltip; these are written into the page, so they show without the script too;
 * the attention view: the attention of one layer and head chosen on the page (rows =
   query token, columns = key token), with the rollout up to that layer beside it
-  (Abnar & Zuidema 2020), both drawn by the script as tables of shaded cells.
+  (Abnar & Zuidema 2020), both drawn by the script as tables of cells shaded by the
+  value over the table's largest.
 
 The script marks the body ``data-ready="1"`` when it has drawn, and writes a script
 error into ``#errors`` (``data-errors`` on the body), which the browser test reads.
@@ -59,7 +60,8 @@ _SCRIPT = """
   for (var h = 0; h < data.attentions[0].length; h++) option(headSel, h, 'head ' + (h + 1));
   layerSel.value = data.attentions.length - 1;
   function draw(tableId, m) {
-    var t = document.getElementById(tableId), T = data.tokens.length, i, j;
+    var t = document.getElementById(tableId), T = data.tokens.length, i, j, top = 1e-9;
+    for (i = 0; i < T; i++) for (j = 0; j < T; j++) top = Math.max(top, m[i][j]);
     t.textContent = '';
     var head = t.createTHead().insertRow(), body = t.createTBody();
     head.appendChild(document.createElement('th'));
@@ -72,7 +74,7 @@ _SCRIPT = """
       lab.textContent = data.tokens[i]; row.appendChild(lab);
       for (j = 0; j < T; j++) {
         var c = row.insertCell(), v = m[i][j];
-        c.style.background = 'rgba(30, 90, 200, ' + Math.min(1, v).toFixed(3) + ')';
+        c.style.background = 'rgba(30, 90, 200, ' + (v / top).toFixed(3) + ')';
         c.title = data.tokens[i] + ' -> ' + data.tokens[j] + ': ' + v.toFixed(4);
       }
     }
@@ -152,8 +154,8 @@ def render_page(e) -> str:
 <p class="meta">Text: {html.escape(e.text)}</p>
 {_header(e)}
 <section id="attribution-view"><h2>Attribution</h2>
-<p id="pieces">{_spans(e.tokens, e.scores, "piece")}</p>
-<p id="words">{_spans(e.words, e.word_scores, "word")}</p>
+<p id="pieces"><span class="meta">word pieces:</span> {_spans(e.tokens, e.scores, "piece")}</p>
+<p id="words"><span class="meta">words:</span> {_spans(e.words, e.word_scores, "word")}</p>
 <p class="meta">Green: evidence for {html.escape(str(e.target_label))}; red: against.
 Word scores are the sums over their word pieces.</p></section>
 <section id="attention-view"><h2>Attention</h2>
