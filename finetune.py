@@ -109,6 +109,9 @@ def add_output_arguments(p) -> None:
                    help="write OUTPUT_DIR/attention.png (layers x heads maps for TEXT "
                         "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
                         "attends to, averaged over heads)")
+    g.add_argument("--explain-dev", type=int_at_least(0), default=0, metavar="N",
+                   help="sequence-classification: after training, write OUTPUT_DIR/explain/"
+                        "dev-K.html for the first N dev rows (python -m minibert explain)")
     g.add_argument("--export-hf", metavar="DIR",
                    help="also write the best model as a Hugging Face directory: a new or "
                         "empty one, or an earlier export of the same model (else --overwrite)")

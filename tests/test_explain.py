@@ -22,7 +22,8 @@ from minibert.hf import save_hf_directory
 from minibert.modeling import BertForPreTraining, BertModel
 from minibert.pipelines import pipeline
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from helpers import WORDS  # noqa: E402
 
 TEXT = "the acting was good , the plot was dull ."
@@ -125,3 +126,19 @@ def test_page_escapes_the_text(models):
     e = pipe.explain("the plot </script><b>was</b> good", method="rollout")
     page = render_page(e)
     assert "</script><b>" not in page and "&lt;/script&gt;" in page
+
+
+def test_finetune_writes_pages_for_dev_rows(dataset, pretrained_run, tmp_path, capsys):
+    import finetune
+    out = tmp_path / "ft"
+    assert finetune.main(["--init", str(pretrained_run), "--data", str(dataset),
+                          "--output-dir", str(out), "--max-steps", "2", "--batch-size", "8",
+                          "--max-seq-length", "16", "--no-progress", "--explain-dev", "2"]) == 0
+    pages = sorted((out / "explain").glob("*.html"))
+    assert [p.name for p in pages] == ["dev-1.html", "dev-2.html"]
+    assert "integrated gradients" in pages[0].read_text(encoding="utf-8")
+    assert "wrote " + str(pages[0]) in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        finetune.main(["--init", str(pretrained_run), "--data", str(dataset), "--task",
+                       "token-classification", "--explain-dev", "1"])
+    assert "--explain-dev: pages of dev rows" in capsys.readouterr().err
