@@ -97,6 +97,7 @@ def add_output_arguments(p) -> None:
     """Where the run goes, and what is done with the model afterwards."""
     g = p.add_argument_group("output")
     add_options(g, output_dir="runs/finetune", resume=None, log_every=10, progress=True,
+                report_to="none",
                 overwrite=dict(default=False, help="replace the run in --output-dir and what "
                                "--export-hf DIR holds (default: refuse to write over them)"))
     g.add_argument("--predict", nargs="+", metavar="TEXT",

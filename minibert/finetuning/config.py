@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..reporting import report_to_choice
 from ..cli import (JobOptions, dropout_probability, flag, float_in, int_at_least,
                    non_negative_float, positive_float, positive_int)
 
@@ -83,6 +84,7 @@ class FinetuningConfig(JobOptions):
     output_dir: str = "runs/finetune"  # the run directory
     resume: str | None = None          # continue the run in this directory ("": output_dir)
     log_every: int = 10                # steps between train records, >= 1
+    report_to: str = "none"            # "tensorboard": event files beside metrics.jsonl
     progress: bool = True
     overwrite: bool = False            # replace the run (and what export_hf holds)
     predict: list[str] | None = None   # one text or a pair (QA: QUESTION CONTEXT)
@@ -106,7 +108,7 @@ class FinetuningConfig(JobOptions):
         "seed": int_at_least(0), "device": ("cpu", "cuda"), "dtype": ("float32", "float16"),
         "metric": METRICS, "distributed": ("auto", "none", "mpi", "nccl"),
         "log_every": positive_int, "export_dtype": ("float32", "float16", "bfloat16"),
-        "explain_dev": int_at_least(0)}
+        "explain_dev": int_at_least(0), "report_to": report_to_choice}
 
     def with_defaults(self) -> "FinetuningConfig":
         """With ``resume`` set, ``output_dir`` becomes it; returns self."""

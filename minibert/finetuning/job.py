@@ -63,7 +63,7 @@ from .tasks import FinetuningWorkload, make_task, task_for_model
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "max_nonfinite_steps",
                "eval_batch_size", "model", "predict", "plot_attention", "export_hf", "export_dtype",
-               "test", "explain_dev",
+               "test", "explain_dev", "report_to",
                "pooling", "teacher", "distill_alpha", "temperature", "transfer_data")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted
@@ -483,4 +483,4 @@ def training_config(cfg: FinetuningConfig, total: int, per_epoch: int) -> Traini
                           seed=cfg.seed, log_every=cfg.log_every,
                           eval_every=cfg.eval_every or per_epoch, save_every=per_epoch,
                           max_nonfinite_steps=cfg.max_nonfinite_steps, progress=cfg.progress,
-                          desc="fine-tune")
+                          desc="fine-tune", report_to=cfg.report_to)
