@@ -230,8 +230,9 @@ def gradient_x_input(model, inputs: Inputs, output: str = "probability") -> Grad
     with tapped(model) as tap:
         f, g, _ = score_and_gradient(model, inputs, tap, output=output)
         g, f = to_numpy(g[0]).astype(np.float64), float(to_numpy(f)[0])   # (T, C)
-    table = to_numpy(_embeddings(model).word_embeddings.weight.data)
-    w = table[np.asarray(inputs.input_ids)].astype(np.float64)           # (T, C)
+    table = _embeddings(model).word_embeddings.weight.data               # (V, C)
+    ids = get_array_module(table).asarray(inputs.input_ids)
+    w = to_numpy(table[ids]).astype(np.float64)                          # (T, C)
     return GradientResult((w * g).sum(-1), np.sqrt((g * g).sum(-1)), f)
 
 

@@ -12,12 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibert import BertConfig
-from minibert.albert import AlbertConfig, AlbertForSequenceClassification
+from minibert.albert import (AlbertConfig, AlbertForPreTraining, AlbertForSequenceClassification,
+                             AlbertForTokenClassification)
 from minibert.attribution import (AttributionError, Inputs, attention_maps,
                                   attention_rollout, baseline_ids, explain, gradient_x_input,
                                   head_kind, integrated_gradients, step_rule, word_sums)
-from minibert.distilbert import DistilBertConfig, DistilBertForSequenceClassification
-from minibert.electra import ElectraConfig, ElectraForSequenceClassification
+from minibert.distilbert import (DistilBertConfig, DistilBertForMaskedLM,
+                                 DistilBertForSequenceClassification,
+                                 DistilBertForTokenClassification)
+from minibert.electra import (ElectraConfig, ElectraForMaskedLM, ElectraForSequenceClassification,
+                              ElectraForTokenClassification)
 from minibert.gradcheck import rel_error
 from minibert.heads import (BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification)
@@ -93,13 +97,24 @@ def test_ig_is_complete_at_64_steps(kind, heads, layers, T, seed, data):
     assert r.scores[0] == r.scores[-1] == 0          # [CLS] and [SEP] are in the baseline
 
 
+HEADS = {"bert": (BertForTokenClassification, BertForPreTraining),
+         "albert": (AlbertForTokenClassification, AlbertForPreTraining),
+         "electra": (ElectraForTokenClassification, ElectraForMaskedLM),
+         "distilbert": (DistilBertForTokenClassification, DistilBertForMaskedLM)}
+
+
+@pytest.mark.parametrize("kind", ["sequence", "token", "mlm"])
 @pytest.mark.parametrize("family", list(SEQUENCE))
-def test_ig_is_complete_on_every_family(family):
-    model = SEQUENCE[family](family_config(family), seed=3, dtype=np.float64)
-    ids = sequence(np.random.default_rng(1), 7)
-    r = integrated_gradients(model, inputs_for("sequence", ids, 1), baseline_ids(
-        ids, PAD, (CLS, SEP)), steps=64)
+def test_ig_is_complete_on_every_family_and_head(family, kind):
+    cls = {"sequence": SEQUENCE[family], "token": HEADS[family][0], "mlm": HEADS[family][1]}[kind]
+    kw = {"seq_relationship_head": False} if cls in (BertForPreTraining,
+                                                     AlbertForPreTraining) else {}
+    model = cls(family_config(family), seed=3, dtype=np.float64, **kw)
+    ids = sequence(np.random.default_rng(1), 7, 3 if kind == "mlm" else None)
+    r = integrated_gradients(model, inputs_for(kind, ids, 1, 3), baseline_ids(
+        ids, PAD, (CLS, SEP, MASK)), steps=64)
     assert abs(r.gap) < 1e-3 and abs(r.value - r.baseline_value) > 1e-4
+    assert not any(p.grad.any() for p in model.parameters())
 
 
 def test_gap_shrinks_as_steps_grow():
