@@ -409,12 +409,13 @@ def plot_explanation(e, path: str | os.PathLike, dpi: int = 100) -> Path:
     grid = fig.add_gridspec(2, 2, height_ratios=[1, 5])
     top = fig.add_subplot(grid[0, :])
     top.axis("off")
-    x = 0.0
+    x, renderer = 0.0, fig.canvas.get_renderer()
     for tok, s in zip(e.tokens, scores):
         rgb = (0.16, 0.63, 0.24) if s >= 0 else (0.82, 0.2, 0.2)
-        top.text(x, 0.5, tok, fontsize=10, family="monospace", va="center",
-                 bbox=dict(facecolor=(*rgb, min(1.0, abs(s) / scale)), edgecolor="#ccc"))
-        x += (len(tok) + 2) / max(sum(len(t) + 2 for t in e.tokens), 1)
+        text = top.text(x, 0.5, tok, fontsize=10, family="monospace", va="center",
+                        bbox=dict(facecolor=(*rgb, min(1.0, abs(s) / scale)), edgecolor="#ccc"))
+        box = text.get_window_extent(renderer).transformed(top.transAxes.inverted())
+        x = box.x1 + 0.022                       # the next box clear of this one (its pad)
     top.set_title(f"{e.method}: why {e.target_label} (p = {e.probability:.3f}); "
                   f"predicted {e.predicted} (p = {e.predicted_probability:.3f})", fontsize=10)
     fontsize = float(np.clip(200.0 / max(T, 1), 4, 9))
