@@ -97,6 +97,7 @@ def add_output_arguments(p) -> None:
     """Where the run goes, and what is done with the model afterwards."""
     g = p.add_argument_group("output")
     add_options(g, output_dir="runs/finetune", resume=None, log_every=10, progress=True,
+                report_to="none",
                 overwrite=dict(default=False, help="replace the run in --output-dir and what "
                                "--export-hf DIR holds (default: refuse to write over them)"))
     g.add_argument("--predict", nargs="+", metavar="TEXT",
@@ -109,6 +110,9 @@ def add_output_arguments(p) -> None:
                    help="write OUTPUT_DIR/attention.png (layers x heads maps for TEXT "
                         "[TEXT_B]) and OUTPUT_DIR/attention_cls.png (per layer, what [CLS] "
                         "attends to, averaged over heads)")
+    g.add_argument("--explain-dev", type=int_at_least(0), default=0, metavar="N",
+                   help="sequence-classification: after training, write OUTPUT_DIR/explain/"
+                        "dev-K.html for the first N dev rows (python -m minibert explain)")
     g.add_argument("--export-hf", metavar="DIR",
                    help="also write the best model as a Hugging Face directory: a new or "
                         "empty one, or an earlier export of the same model (else --overwrite)")

@@ -28,6 +28,7 @@ _EXPORTS = {
     **dict.fromkeys(("PRESETS", "BertConfig", "BertForPreTraining", "BertForPreTrainingOutput",
                      "BertModel", "BertModelOutput"), "modeling"),
     "pipeline": "pipelines",
+    "explain": "attribution",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,6 +7,8 @@
     python -m minibert predict text-classification runs/finetune "a gripping film"
     python -m minibert predict question-answering runs/qa "Who wrote it?" "Ann wrote it."
     python -m minibert score runs/pretrain "the dogs bark ." "the dogs barks ." [--per-token]
+    python -m minibert explain runs/finetune "a gripping film" [--target LABEL] \\
+        [--method ig|grad-x-input|rollout] --output page.html [--format png]
 
 ``predict`` runs a :func:`minibert.pipeline` on the TEXTs or on the lines of ``--input``
 and writes one JSON object per input, ``{"input": ..., "output": ...}``, to stdout or
@@ -14,6 +16,12 @@ and writes one JSON object per input, ``{"input": ..., "output": ...}``, to stdo
 question and its context, two texts to compare with ``--pairs``) are two TEXTs in a row,
 or one input line with a tab between them; an input line may also be a JSON object
 (``{"text", "text_pair"}``, ``{"question", "context"}``).
+
+``explain`` writes one self-contained HTML page (:mod:`minibert.explain_page`; or a PNG,
+``--format png``) of why the model predicts what it does for TEXT: the word pieces and
+words coloured by attribution (:mod:`minibert.attribution`), the prediction, and the
+attention of each layer and head beside the rollout. A text or token classifier explains
+a label, a masked LM the token it puts at the text's [MASK].
 
 ``score`` writes the pseudo-log-likelihood of each sentence (:mod:`minibert.scoring`),
 ``{"text", "score" (nats), "tokens"}`` and with ``--per-token`` ``"token_scores"``.
@@ -76,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="masked copies per forward")
     add_options(sc, device=None, progress=True, fast_cpu=True)
 
+    _explain_parser(sub)
     mp = sub.add_parser("minimal-pairs", help="accuracy on BLiMP-format minimal pairs, "
                         "beside a random-weights and a word-trigram floor")
     mp.add_argument("paths", nargs="+", metavar="MODEL_OR_PAIRS",
@@ -92,6 +101,59 @@ def _parser() -> argparse.ArgumentParser:
                     help="masked copies per forward")
     add_options(mp, device=None, fast_cpu=True)
     return ap
+
+
+def _explain_parser(sub) -> None:
+    """The ``explain`` command's options, each range-checked here."""
+    from .attribution import METHODS, STEP_RULES
+    ex = sub.add_parser("explain", help="a self-contained HTML page (or PNG) of which words "
+                        "carried a prediction, with the attention and its rollout")
+    ex.add_argument("model", help="a fine-tuned text / token classifier, or a masked LM "
+                                  "(a run directory, checkpoint or Hugging Face directory)")
+    ex.add_argument("text", metavar="TEXT", help="the text to explain (a masked LM's with "
+                                                 "a [MASK])")
+    ex.add_argument("--output", type=Path, required=True, help="the page (or PNG) to write")
+    ex.add_argument("--format", choices=("html", "png"), default="html")
+    ex.add_argument("--method", choices=METHODS, default="ig",
+                    help="ig: integrated gradients (default); grad-x-input; rollout")
+    ex.add_argument("--target", help="the label (a masked LM: the token) to explain "
+                                     "(default: the prediction)")
+    ex.add_argument("--position", type=int_at_least(1),
+                    help="token classification: the word piece to explain (default 1)")
+    ex.add_argument("--steps", type=int_at_least(2), default=64,
+                    help="integrated gradients: points on the path (default 64)")
+    ex.add_argument("--step-rule", choices=STEP_RULES, default="gausslegendre")
+    ex.add_argument("--baseline", choices=("pad", "mask"), default="pad",
+                    help="integrated gradients: the baseline token (default pad)")
+    ex.add_argument("--batch-size", type=int_at_least(1), default=16,
+                    help="integrated gradients: path points per forward")
+    ex.add_argument("--max-length", type=int_at_least(3),
+                    help="tokens kept (default: the model's maximum)")
+    add_options(ex, device=None, fast_cpu=True)
+
+
+def explain(args) -> None:
+    """``explain``: load the model for its head, explain TEXT, write the page or PNG."""
+    from .explain_page import write_page
+    from .pipelines import PIPELINES, explain_task, load_pipeline_model
+    from .runs import load_start
+    _set_device(args)
+    pre = load_start(args.model, "MODEL")
+    task = explain_task(pre)
+    model, tokenizer, extra = load_pipeline_model(task, pre, "MODEL")
+    pipe = PIPELINES[task](model, tokenizer, max_length=args.max_length, **extra)
+    e = pipe.explain(args.text, method=args.method, target=args.target,
+                     position=args.position, steps=args.steps,
+                     step_rule_name=args.step_rule, baseline=args.baseline,
+                     batch_size=args.batch_size)
+    if args.format == "png":
+        from .viz import plot_explanation
+        plot_explanation(e, args.output)
+    else:
+        write_page(e, args.output)
+    gap = "" if e.gap is None else f", completeness gap {e.gap:+.2g}"
+    print(f"{e.predicted} ({e.predicted_probability:.3f}); explained {e.target_label} by "
+          f"{e.method}{gap}; wrote {args.output}", file=sys.stderr)
 
 
 def _inputs(args) -> list:
@@ -332,7 +394,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         _claim_outputs(args, "output", "plot")
-        {"predict": predict, "score": score,
+        {"predict": predict, "score": score, "explain": explain,
          "minimal-pairs": minimal_pairs}[args.command](args)
     except ValueError as e:            # RunError, PipelineError, DatasetError included
         fail(PROG, str(e))

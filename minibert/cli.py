@@ -16,6 +16,8 @@ from functools import partial, wraps
 from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
+from .reporting import report_to_choice
+
 
 def _stop(line: str, status: int) -> NoReturn:
     """Print ``line`` to stderr and exit with ``status``; with several ranks the line names
@@ -157,6 +159,12 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         help="continue the run in DIR (default: --output-dir) from its checkpoint")),
     "log_every": (("--log-every",), dict(type=positive_int,
                                          help="steps between train records")),
+    "report_to": (("--report-to",), dict(
+        type=report_to_choice,
+        metavar="{none,tensorboard}",
+        help="tensorboard: also write metrics.jsonl's records as TensorBoard event files "
+             "in OUTPUT_DIR/tensorboard (needs tensorboardX: pip install "
+             "'minibert[tensorboard]'); as the HF Trainer's report_to")),
     "progress": (("--no-progress",), dict(dest="progress", action="store_false",
                                           help="no progress bars")),
     "fast_cpu": (("--fast-cpu",), dict(

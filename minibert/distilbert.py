@@ -44,7 +44,7 @@ from .heads import (BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification, SequenceClassifierOutput, _add, _take_cache)
 from .modeling import (BertEncoder, BertForPreTraining, BertModel, BertModelOutput,
                        BertSelfAttention, ModelConfig, _check_inputs, init_self_attention,
-                       self_attention_backward, sinusoidal_positions)
+                       self_attention_backward, sinusoidal_positions, tapped_sum)
 from .nn import (Activation, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList,
                  Parameter, attention_forward, cross_entropy_backward,
                  cross_entropy_forward, extended_attention_mask, linear_forward)
@@ -187,6 +187,8 @@ def distilbert_state_from_bert(state: dict) -> dict:
 class DistilBertEmbeddings(Module):
     """transformers ``Embeddings``: word + position embeddings, LayerNorm, dropout."""
 
+    tap = None   # the attribution seam, as BertEmbeddings.tap
+
     def __init__(self, config: DistilBertConfig, rng: np.random.Generator, dtype=np.float32):
         C, std = config.dim, config.initializer_range
         self.word_embeddings = Embedding(config.vocab_size, C, config.pad_token_id, rng=rng,
@@ -205,12 +207,16 @@ class DistilBertEmbeddings(Module):
         T = input_ids.shape[1]
         x = self.word_embeddings(input_ids)                              # (B, T, C)
         x = x + self.position_embeddings(xp.arange(T))                   # (T, C) broadcast
-        return self.dropout(self.LayerNorm(x))                           # (B, T, C)
+        return self.dropout(self.LayerNorm(tapped_sum(self, x)))         # (B, T, C)
 
     def backward(self, dout) -> None:
-        """dout: (B, T, C); adds into the two tables' grads."""
+        """dout: (B, T, C); adds into the two tables' grads (or hands the gradient of the
+        sum to :attr:`tap`, as :class:`~minibert.modeling.BertEmbeddings`)."""
         # forward: return dropout(LayerNorm(x))
         dx = self.LayerNorm.backward(self.dropout.backward(dout))        # (B, T, C)
+        if self.tap is not None:
+            self.tap.keep(dx)
+            return
         # forward: x = word_embeddings(input_ids) + position_embeddings(arange(T))
         self.word_embeddings.backward(dx)
         self.position_embeddings.backward(dx.sum(axis=0))                # (T, C), sum over B

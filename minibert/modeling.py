@@ -180,6 +180,16 @@ def sinusoidal_positions(num_positions: int, dim: int) -> np.ndarray:
     return pe
 
 
+def tapped_sum(embeddings: Module, x):
+    """The sum of the embedding tables ``x`` (B, T, C) as the embeddings' ``tap`` replaces
+    it (``x`` itself when no tap is set). With a tap, the embeddings' backward gives the
+    tap the gradient of this sum instead of adding into the tables: the gradient at the
+    input of the first LayerNorm that gradient x input and integrated gradients read
+    (:mod:`minibert.attribution`), with the model's own forward and backward unchanged."""
+    tap = embeddings.tap
+    return x if tap is None else tap.replace(x)
+
+
 class BertEmbeddings(Module):
     """word + position + token-type embeddings, then LayerNorm and dropout.
 
@@ -202,6 +212,12 @@ class BertEmbeddings(Module):
         self.LayerNorm = LayerNorm(C, config.layer_norm_eps, dtype=dtype)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
+    #: The seam attributions use (:mod:`minibert.attribution`): None, or an object with
+    #: ``replace(x) -> x'``, given the (B, T, C) sum of the tables in forward and returning
+    #: the sum to normalise instead, and ``keep(dx)``, given the gradient (B, T, C) of that
+    #: sum in backward, which then adds nothing into the tables. See :func:`tapped_sum`.
+    tap = None
+
     def forward(self, input_ids, token_type_ids):
         """input_ids, token_type_ids: (B, T) int -> (B, T, C)."""
         xp = get_array_module(self.word_embeddings.weight.data)
@@ -212,13 +228,17 @@ class BertEmbeddings(Module):
             x += self.position_embeddings(xp.arange(T))                  # (T, C) broadcast
         else:
             x += self.position_buffer[:T]
-        return self.dropout(self.LayerNorm(x))
+        return self.dropout(self.LayerNorm(tapped_sum(self, x)))
 
     def backward(self, dout) -> None:
         """dout: (B, T, C); adds into the embedding tables' grads (the integer ids and the
-        fixed sinusoidal table have no gradient)."""
+        fixed sinusoidal table have no gradient), or hands the gradient of the sum to
+        :attr:`tap` when one is set."""
         # forward: return dropout(LayerNorm(x))
         dx = self.LayerNorm.backward(self.dropout.backward(dout))        # (B, T, C)
+        if self.tap is not None:
+            self.tap.keep(dx)
+            return
         # forward: x = word_embeddings(input_ids) + token_type_embeddings(token_type_ids)
         self.word_embeddings.backward(dx)
         self.token_type_embeddings.backward(dx)

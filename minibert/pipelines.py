@@ -124,6 +124,25 @@ class Pipeline:
     def _run(self, items: list, **options) -> list:
         raise NotImplementedError
 
+    def explain(self, text: str, **options):
+        """Why the model predicts what it does for one ``text``: the
+        :class:`~minibert.attribution.Explanation` of
+        :func:`minibert.attribution.explain` (attributions per word piece and word,
+        attention, rollout) with this pipeline's model, tokenizer, labels and
+        ``max_length``; ``options``: that function's (``method``, ``target``,
+        ``position``, ``steps`` ...). Text and token classification explain a label,
+        fill-mask the token predicted at the [MASK].
+
+        Raises:
+            AttributionError (a ValueError): an empty text, an unknown label, a pipeline
+                whose model has no head to explain (feature extraction, QA), a bad option.
+        """
+        from .attribution import AttributionError, explain
+        if not isinstance(text, str):
+            raise AttributionError(f"explain takes one text, got {type(text).__name__}")
+        return explain(self.model, self.tokenizer, text, labels=getattr(self, "labels", None),
+                       max_length=self.max_length, **options)
+
     def _encode(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None
                 ) -> EncodedSplit:
         """``[CLS] text [SEP]`` (``[CLS] text [SEP] pair [SEP]``) ids, truncated to
@@ -525,6 +544,30 @@ def load_pipeline_model(task: str, path, option: str = "model"):
     return model.to(get_device()), tokenizer, extra
 
 
+def explain_task(pre) -> str:
+    """The pipeline task that explains the start ``pre`` (a
+    :class:`~minibert.runs.Pretrained`): ``text-classification`` or
+    ``token-classification`` for a model fine-tuned on those, ``fill-mask`` for a start
+    with its masked-LM head.
+
+    Raises:
+        PipelineError: a start with none of these heads (question answering, an encoder
+            alone), naming what it is.
+    """
+    from .auto import has_mlm_head
+    ft = task_for_model(pre)
+    if ft is not None:
+        for name in ("text-classification", "token-classification"):
+            if PIPELINES[name].finetune_task == ft.name:
+                return name
+        raise PipelineError(f"{pre.source}: a {ft.name} model; explain needs a sequence or "
+                            "token classifier or a masked LM")
+    if has_mlm_head(pre.state):
+        return "fill-mask"
+    raise PipelineError(f"{pre.source}: neither a fine-tuned classifier nor a masked LM "
+                        "(no head to explain)")
+
+
 def pipeline(task: str, model, tokenizer=None, *, batch_size: int = 32,
              max_length: int | None = None, device: str | None = None, fast_cpu: bool = True,
              **options) -> Pipeline:
@@ -576,4 +619,4 @@ def for_finetune_task(task: TaskBase, model, tokenizer, labels, **kwargs) -> Pip
 __all__ = ["PIPELINES", "Pipeline", "PipelineError", "FillMaskPipeline",
            "FeatureExtractionPipeline", "TextClassificationPipeline",
            "TokenClassificationPipeline", "QuestionAnsweringPipeline", "cosine_similarity",
-           "for_finetune_task", "load_pipeline_model", "pipeline"]
+           "explain_task", "for_finetune_task", "load_pipeline_model", "pipeline"]

@@ -500,13 +500,19 @@ class MetricsLog:
     a ``note:`` line on stderr names the file and the lines (so does a missing or empty
     file of a run resumed past step 0: its records before the checkpoint are gone).
 
+    With ``report_to="tensorboard"`` every record also goes to TensorBoard event files in
+    ``tensorboard/`` beside the file (:class:`minibert.reporting.TensorBoardLog`, rebuilt
+    from the records kept here, so a resumed run has no step twice there either).
+
     Args:
         path: the file.
         resume_step: the step the run starts from (0 for a new run, which keeps nothing),
             or None to start the file empty.
+        report_to: ``"none"`` or ``"tensorboard"`` (:data:`minibert.reporting.REPORT_TO`).
     """
 
-    def __init__(self, path: str | os.PathLike, resume_step: int | None = None):
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None,
+                 report_to: str = "none"):
         self.path = Path(path)
         kept: list[str] = []
         damaged: list[int] = []
@@ -533,6 +539,11 @@ class MetricsLog:
                   f"{resume_step} are lost", file=sys.stderr)
         atomic_write_bytes(self.path, "".join(k + "\n" for k in kept).encode("utf-8"))
         self._file = self.path.open("a", encoding="utf-8")
+        self.tensorboard = None
+        if report_to == "tensorboard":
+            from .reporting import TensorBoardLog
+            self.tensorboard = TensorBoardLog(self.path.parent / "tensorboard",
+                                              [json.loads(k) for k in kept])
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` as one line. Raises: WriteError (disk full ...), naming the
@@ -542,6 +553,8 @@ class MetricsLog:
             self._file.flush()
         except OSError as e:
             raise WriteError(e.errno, e.strerror or str(e), str(self.path)) from e
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     @staticmethod
     def read(path: str | os.PathLike) -> list[dict]:
@@ -561,6 +574,8 @@ class MetricsLog:
             self._file.close()
         except OSError:
             pass
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 # ---------------------------------------------------------------------------------------

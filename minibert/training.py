@@ -126,6 +126,8 @@ class TrainingConfig:
     max_nonfinite_steps: stop after this many non-finite steps in a row (>= 1).
     log_grad_norms: every N steps a "grad_flow" record (0 = off).
     progress: show a tqdm bar. desc: its label.
+    report_to: ``"tensorboard"``: metrics.jsonl's records also as TensorBoard event files
+        (:mod:`minibert.reporting`); ``"none"`` (default).
     """
 
     max_steps: int
@@ -144,6 +146,7 @@ class TrainingConfig:
     log_grad_norms: int = 0
     progress: bool = True
     desc: str = "train"
+    report_to: str = "none"
 
 
 @dataclass
@@ -506,7 +509,8 @@ class _RunOutputs:
         self.model, self.optimizer, self.workload, self.ema = model, optimizer, workload, ema
         self.guard, self.window = guard, window
         self.t_start = time.perf_counter() - state.elapsed_s
-        self.metrics = MetricsLog(metrics_path, resume_step=state.step) if leader else None
+        self.metrics = (MetricsLog(metrics_path, resume_step=state.step,
+                                   report_to=cfg.report_to) if leader else None)
         self.bar = tqdm(total=cfg.max_steps, initial=state.step,
                         disable=not (cfg.progress and leader), desc=cfg.desc, dynamic_ncols=True)
 

@@ -6,6 +6,9 @@
 * :func:`plot_cls_attention` -- per layer, a bar chart of what [CLS] attends to, averaged
   over heads (``attn[:, 0, :]`` of each layer).
 * :func:`plot_attention` -- both of the above for a text run through a model.
+* :func:`plot_explanation` -- one explanation (:mod:`minibert.attribution`): the word
+  pieces coloured by attribution, the last layer's attention (mean of heads) and the
+  rollout through it, the PNG twin of :mod:`minibert.explain_page`.
 * :func:`plot_training_curves` -- training loss per step and the dev metrics per evaluation.
 * :func:`plot_grad_flow` -- per-layer gradient norms and update/weight ratios per step
   (the records of :mod:`minibert.gradflow`).
@@ -388,4 +391,41 @@ def plot_pretraining_runs(runs: Mapping[str, Sequence[Mapping]], path: str | os.
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def plot_explanation(e, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Write a PNG of the :class:`~minibert.attribution.Explanation` ``e``: on top the T
+    word pieces in boxes coloured by attribution (green for the target, red against,
+    strength |score| / max |score|), below the last layer's attention averaged over the
+    heads and the attention rollout through the last layer (Abnar & Zuidema 2020),
+    (T, T) each, rows = query token. Returns the path written."""
+    plt = _pyplot()
+    T = len(e.tokens)
+    scores = np.asarray(e.scores, dtype=np.float64)
+    scale = float(np.abs(scores).max()) or 1.0
+    width = float(np.clip(0.45 * T + 2, 7.0, 24.0))
+    fig = plt.figure(figsize=(width, width / 2 + 1.6))
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 5])
+    top = fig.add_subplot(grid[0, :])
+    top.axis("off")
+    x, renderer = 0.0, fig.canvas.get_renderer()
+    for tok, s in zip(e.tokens, scores):
+        rgb = (0.16, 0.63, 0.24) if s >= 0 else (0.82, 0.2, 0.2)
+        text = top.text(x, 0.5, tok, fontsize=10, family="monospace", va="center",
+                        bbox=dict(facecolor=(*rgb, min(1.0, abs(s) / scale)), edgecolor="#ccc"))
+        box = text.get_window_extent(renderer).transformed(top.transAxes.inverted())
+        x = box.x1 + 0.022                       # the next box clear of this one (its pad)
+    top.set_title(f"{e.method}: why {e.target_label} (p = {e.probability:.3f}); "
+                  f"predicted {e.predicted} (p = {e.predicted_probability:.3f})", fontsize=10)
+    fontsize = float(np.clip(200.0 / max(T, 1), 4, 9))
+    for col, (m, name) in enumerate(((e.attentions[-1].mean(axis=0), "last layer, mean of heads"),
+                                     (e.rollout[-1], "rollout through the last layer"))):
+        ax = fig.add_subplot(grid[1, col])
+        ax.imshow(m, cmap="Blues", vmin=0.0, vmax=max(float(m.max()), 1e-6))
+        ax.set_xticks(range(T))
+        ax.set_xticklabels(e.tokens, rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(T))
+        ax.set_yticklabels(e.tokens, fontsize=fontsize)
+        ax.set_title(name, fontsize=9)
     return _save(fig, path, dpi)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..reporting import report_to_choice
 from ..cli import (JobOptions, dropout_probability, flag, float_in, int_at_least,
                    non_negative_float, positive_float, positive_int)
 
@@ -83,10 +84,12 @@ class FinetuningConfig(JobOptions):
     output_dir: str = "runs/finetune"  # the run directory
     resume: str | None = None          # continue the run in this directory ("": output_dir)
     log_every: int = 10                # steps between train records, >= 1
+    report_to: str = "none"            # "tensorboard": event files beside metrics.jsonl
     progress: bool = True
     overwrite: bool = False            # replace the run (and what export_hf holds)
     predict: list[str] | None = None   # one text or a pair (QA: QUESTION CONTEXT)
     plot_attention: list[str] | None = None  # one text or a pair
+    explain_dev: int = 0               # explain/dev-N.html pages for the first N dev rows
     export_hf: str | None = None       # also write the best model as a HF directory
     export_dtype: str = "float32"      # the weights' type in the export_hf directory
 
@@ -104,7 +107,8 @@ class FinetuningConfig(JobOptions):
         "max_nonfinite_steps": positive_int, "eval_every": positive_int,
         "seed": int_at_least(0), "device": ("cpu", "cuda"), "dtype": ("float32", "float16"),
         "metric": METRICS, "distributed": ("auto", "none", "mpi", "nccl"),
-        "log_every": positive_int, "export_dtype": ("float32", "float16", "bfloat16")}
+        "log_every": positive_int, "export_dtype": ("float32", "float16", "bfloat16"),
+        "explain_dev": int_at_least(0), "report_to": report_to_choice}
 
     def with_defaults(self) -> "FinetuningConfig":
         """With ``resume`` set, ``output_dir`` becomes it; returns self."""
@@ -131,6 +135,10 @@ class FinetuningConfig(JobOptions):
         for name in ("predict", "plot_attention"):
             if getattr(self, name) and len(getattr(self, name)) > 2:
                 raise ValueError(f"{flag(name)} takes one text or a pair of texts")
+        if self.explain_dev and (self.task != "sequence-classification" or self.model):
+            raise ValueError("--explain-dev: pages of dev rows after training a --task "
+                             "sequence-classification model (for a saved model: python -m "
+                             "minibert explain)")
         if "export_dtype" in given and not self.export_hf:
             raise ValueError("--export-dtype goes with --export-hf")
         if self.export_hf and Path(self.export_hf).exists() and not Path(self.export_hf).is_dir():

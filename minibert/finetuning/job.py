@@ -63,7 +63,7 @@ from .tasks import FinetuningWorkload, make_task, task_for_model
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "max_nonfinite_steps",
                "eval_batch_size", "model", "predict", "plot_attention", "export_hf", "export_dtype",
-               "test",
+               "test", "explain_dev", "report_to",
                "pooling", "teacher", "distill_alpha", "temperature", "transfer_data")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"group_by_length": False,   # older runs batched unsorted
@@ -419,7 +419,26 @@ def _finish(cfg: FinetuningConfig, job, task, data, workload, state, timing: dic
         use_finetuned(cfg, task, model, tokenizer, data.labels, pre, job.xp, job.run.path)
     except ValueError as e:
         fail(prog, str(e))
+    if cfg.explain_dev:
+        explain_dev(model, tokenizer, data.labels, data.dev, cfg.explain_dev,
+                    job.run.path / "explain", task.max_len(model.config))
     return summary
+
+
+def explain_dev(model, tokenizer, labels, dev, n: int, out: Path, max_len: int) -> None:
+    """``--explain-dev N``: ``out/dev-K.html`` (K from 1) for the first ``n`` dev rows of
+    a sequence classifier, each explaining the row's gold label by integrated gradients
+    (:mod:`minibert.attribution`, :mod:`minibert.explain_page`); a row with a text pair
+    is explained on its first text."""
+    from ..attribution import explain
+    from ..explain_page import write_page
+    for k, ex in enumerate(dev.examples[:n], 1):
+        target = ex.label if ex.label in labels else None
+        e = explain(model, tokenizer, ex.text_a, target=target, labels=labels,
+                    max_length=max_len)
+        path = write_page(e, out / f"dev-{k}.html")
+        print(f"wrote {path} (gold {ex.label}, predicted {e.predicted} "
+              f"{e.predicted_probability:.3f})")
 
 
 def _prepare(cfg: FinetuningConfig, job, prog: str):
@@ -464,4 +483,4 @@ def training_config(cfg: FinetuningConfig, total: int, per_epoch: int) -> Traini
                           seed=cfg.seed, log_every=cfg.log_every,
                           eval_every=cfg.eval_every or per_epoch, save_every=per_epoch,
                           max_nonfinite_steps=cfg.max_nonfinite_steps, progress=cfg.progress,
-                          desc="fine-tune")
+                          desc="fine-tune", report_to=cfg.report_to)

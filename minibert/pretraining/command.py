@@ -187,6 +187,7 @@ def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
     distributed.add_arguments(g)
     g = p.add_argument_group("output")
     add_options(g, output_dir="runs/pretrain", overwrite=False, resume=None, log_every=10,
+                report_to="none",
                 eval_every=250, progress=True)
     g.add_argument("--init-checkpoint", default=None, metavar="DIR_OR_FILE",
                    help="start from the weights (and config and vocab) of a train_mlm.py "

@@ -16,6 +16,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..reporting import report_to_choice
 from ..cli import (JobOptions, dropout_probability, float_in, int_at_least, non_negative_float,
                    non_negative_int, positive_float, positive_int, probability)
 from .masking import default_max_predictions
@@ -132,6 +133,7 @@ class PretrainingConfig(JobOptions):
     export_hf: str | None = None        # also write the final model as a HF directory
     log_grad_norms: int = 0             # steps between gradient-norm records, >= 0 (0: off)
     save_every: int = 250               # steps between checkpoints, >= 1
+    report_to: str = "none"             # "tensorboard": event files beside metrics.jsonl
 
     CHECKS = {
         "vocab_size": int_at_least(8), "vocab_algorithm": ("wordpiece", "wordpiece-ratio", "bpe"),
@@ -169,7 +171,7 @@ class PretrainingConfig(JobOptions):
         "device": ("cpu", "cuda"), "dtype": ("float32", "float64", "float16"),
         "distributed": ("auto", "none", "mpi", "nccl"), "log_every": positive_int,
         "eval_every": positive_int, "log_grad_norms": non_negative_int,
-        "save_every": positive_int}
+        "save_every": positive_int, "report_to": report_to_choice}
 
     def with_defaults(self) -> "PretrainingConfig":
         """Fill, in place, what was left at None with its derived value and return self:

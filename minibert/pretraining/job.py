@@ -68,7 +68,7 @@ RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu"
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
                "save_every", "max_nonfinite_steps", "allow_data_change", "export_hf",
-               "max_steps")
+               "max_steps", "report_to")
 # The value of an argument added later, for checkpoints written before it existed.
 RESUME_DEFAULTS = {"exclude_documents": ["none"],   # older runs left nothing out
                    "lr_scheduler_type": "linear", "decay_ratio": 0.1, "ema_decay": 0.0,
@@ -913,4 +913,4 @@ def training_config(cfg: PretrainingConfig, ramp_steps: int | None = None) -> Tr
                           save_every=cfg.save_every,
                           max_nonfinite_steps=cfg.max_nonfinite_steps,
                           log_grad_norms=cfg.log_grad_norms, progress=cfg.progress,
-                          desc="pretrain")
+                          desc="pretrain", report_to=cfg.report_to)
