@@ -14,6 +14,12 @@ most 20 per sequence, as BERT's data), vocab 30522, at one --precision: float32,
 matmuls (GPU), or float16 mixed precision (minibert's ``--dtype float16`` against PyTorch's
 autocast with a GradScaler).
 
+``--isa avx2`` holds every process to what a CPU without AVX-512 runs, on a machine that
+has it: OpenBLAS's Haswell kernel (``OPENBLAS_CORETYPE``), NumPy's AVX2 loops (its
+AVX-512 dispatch switched off with ``NPY_DISABLE_CPU_FEATURES``), and PyTorch's AVX2
+kernels (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``); the
+first line printed names the kernels each library then reports.
+
 Each system runs in its own fresh Python process, as its users run it (minibert's
 ``set_fast_paths(True)``, which the jobs call and so does this benchmark, changes the
 process's malloc settings, which would otherwise speed up the peers in the same process too;
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -218,6 +225,45 @@ def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
 SYSTEMS = ("minibert", "torch_equal_work", "transformers")
 
 
+# what an AVX2 CPU without AVX-512 runs, for every library of the benchmark
+AVX2_ENV = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}
+
+
+def held_to_avx2() -> None:
+    """Start this script again with :data:`AVX2_ENV` set (the BLAS and NumPy read it when
+    they load, so it cannot be set later in the process). NumPy's AVX-512 dispatch is
+    switched off only where this NumPy dispatches to it (NumPy refuses to switch off a
+    feature it does not know)."""
+    import os
+    env = dict(os.environ, **AVX2_ENV, MINIBERT_BENCH_ISA="avx2")
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__ as dispatch
+    except ImportError:                                  # NumPy 1
+        from numpy.core._multiarray_umath import __cpu_dispatch__ as dispatch
+    features = [f for f in env["NPY_DISABLE_CPU_FEATURES"].split() if f in dispatch]
+    if features:
+        env["NPY_DISABLE_CPU_FEATURES"] = " ".join(features)
+    else:
+        env.pop("NPY_DISABLE_CPU_FEATURES")
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def kernels() -> str:
+    """The kernels the libraries of this process run: OpenBLAS's core type (threadpoolctl),
+    NumPy's highest dispatched AVX level, PyTorch's CPU capability."""
+    import threadpoolctl
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+    blas = [i.get("architecture") for i in threadpoolctl.threadpool_info()
+            if i.get("internal_api") == "openblas"]
+    numpy_isa = "AVX-512" if features.get("AVX512_SKX") else \
+        "AVX2" if features.get("AVX2") else "below AVX2"
+    import torch
+    return (f"OpenBLAS {','.join(map(str, blas)) or 'none'}, NumPy {numpy_isa}, "
+            f"torch {torch.backends.cpu.get_cpu_capability()}")
+
+
 def run_child(script: str, system: str, preset: str, **options):
     """Run ``script --one SYSTEM --presets PRESET --OPTION VALUE ...`` in a fresh Python
     process (options named as keywords, ``batch_size`` -> ``--batch-size``) and return the
@@ -275,6 +321,9 @@ def main(argv=None):
                    help="fp32; tf32 (TF32 matmuls, --device cuda only); fp16 (minibert's "
                         "--dtype float16 against PyTorch's autocast + GradScaler)")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--isa", choices=["native", "avx2"], default="native",
+                   help="avx2: hold NumPy, OpenBLAS and PyTorch to AVX2 kernels, as on a CPU "
+                        "without AVX-512 (default: what this CPU picks)")
     p.add_argument("--one", choices=SYSTEMS + ("gemm_peak",), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in ("steps", "warmup", "rounds", "batch_size", "seq_len", "vocab_size"):
@@ -283,6 +332,10 @@ def main(argv=None):
                     f"got {getattr(args, name)}")
     if args.precision == "tf32" and args.device != "cuda":
         p.error("--precision tf32 is a GPU setting (TF32 tensor cores): use --device cuda")
+    if args.isa == "avx2" and args.device != "cpu":
+        p.error("--isa avx2 holds the CPU's kernels: use it with --device cpu")
+    if args.isa == "avx2" and not args.one and os.environ.get("MINIBERT_BENCH_ISA") != "avx2":
+        held_to_avx2()                                   # does not return
     if args.one == "gemm_peak":  # a child process: the GPU's GEMM peak
         print(json.dumps(cuda_gemm_peak(args.precision)))
         return 0
@@ -295,6 +348,7 @@ def main(argv=None):
           f"{torch.get_num_threads()}, torch {torch.__version__}, numpy {np.__version__}, "
           f"device {args.device}")
     if args.device == "cpu":
+        print(f"kernels: {kernels()}")
         peak = gemm_peak()
         print(f"float32 GEMM peak (2048^3 matmul, best of 5): {peak:.1f} GFLOP/s")
     else:
