@@ -368,7 +368,9 @@ def derive_seed(*keys: int) -> int:
     Used so that randomness at a given training step depends only on the run seed and the
     step, which makes a resumed run draw the same dropout masks as an uninterrupted one.
     """
-    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> 1)
+    word = np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0]
+    # the shift on a Python int: NumPy 1 refuses uint64 >> int (no safe common type)
+    return int(word) >> 1
 
 
 def compute_dtype(dtype):

@@ -222,7 +222,11 @@ class AdamW:
         self.t += 1
         step_size, v_scale = lr, 1.0
         if self.correct_bias:
-            step_size = lr / (1.0 - b1 ** self.t)
+            # a 0-d lr keeps its type: NumPy 1 widens float32 / Python float to float64
+            correction = 1.0 - b1 ** self.t
+            if hasattr(lr, "dtype"):
+                correction = lr.dtype.type(correction)
+            step_size = lr / correction
             v_scale = 1.0 / math.sqrt(1.0 - b2 ** self.t)
         p, g = self.flat.data, self.flat.grad
         if self.master is not None:
@@ -326,8 +330,12 @@ def clip_grad_norm(parameters: Iterable, max_norm: float):
     if fast is not None:
         return fast(grads, max_norm)
     xp = get_array_module(grads[0])
-    total = xp.sqrt(sum(xp.vdot(g.ravel(), g.ravel()) for g in grads))
-    coef = xp.minimum(max_norm / (total + 1e-6), 1.0).astype(grads[0].dtype)
+    squares = [xp.vdot(g.ravel(), g.ravel()) for g in grads]
+    total = xp.sqrt(sum(squares[1:], squares[0]))
+    # the constants in the norm's type: NumPy 1 widens a 0-d float32 with a Python number
+    # to float64 (NumPy 2 and CuPy do not), and the sum above starts from no Python 0
+    one = total.dtype.type
+    coef = xp.minimum(one(max_norm) / (total + one(1e-6)), 1.0).astype(grads[0].dtype)
     for g in grads:
         g *= coef
     return total

@@ -291,7 +291,9 @@ def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr:
     grad_norm = clip_grad_norm([grad], cfg.max_grad_norm or float("inf"))
     finite = xp.isfinite(grad_norm) & xp.isfinite(loss_sum)
     xp.copyto(grad, 0, where=~finite)                               # NaN * 0 is NaN: zero them
-    optimizer.step(finite.astype(grad.dtype) * lr)                  # lr 0 on a bad step
+    # lr 0 on a bad step; lr cast first, as NumPy 1 would widen a 0-d float32 times a
+    # Python float to float64 (NumPy 2 keeps float32)
+    optimizer.step(finite.astype(grad.dtype) * grad.dtype.type(lr))
     optimizer.update_scale(finite)
     return loss_sum, grad_norm, finite, sums
 

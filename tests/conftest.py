@@ -1,4 +1,5 @@
-"""Fixtures shared by several test modules, and the list of numerically sensitive tests."""
+"""Fixtures shared by several test modules; the lists of numerically sensitive tests and of
+the tests run at the dependency floors."""
 import re
 from pathlib import Path
 
@@ -18,9 +19,45 @@ NUMERICS_FILES = {"test_fast_cpu.py", "test_core.py", "test_gradcheck.py", "test
                   "test_parity_hf.py", "test_examples.py", "test_optim.py"}
 NUMERICS_NAMES = re.compile(r"resum|reproduc|same_curve|bits|exactly|determin")
 
+# ------------------------------------------------------------------- the floor selection
+# The tests that .ci/floor runs (``pytest -m floor``) at the lowest versions pyproject.toml
+# allows: Python 3.10 and the pins of .ci/floor-constraints.txt, with no torch,
+# transformers or CuPy installed. Each entry is a module of tests/ ("test_core.py") or
+# one test of it ("test_core.py::test_name", every parametrization). A test here that
+# needs torch must skip without it (pytest.importorskip). tests/test_floor.py checks that
+# every entry still names a module and a test.
+FLOOR_TESTS = (
+    # the core: layers, model, optimizer, loop, data, backend, the CPU fast paths, and
+    # the GPU code through the NumPy stand-in (where NumPy 1's promotion rules showed)
+    "test_floor.py", "test_core.py", "test_backend.py", "test_layers.py", "test_model.py",
+    "test_training.py", "test_mixed_precision.py", "test_fast_cpu.py",
+    "test_pretraining.py", "test_objectives.py", "test_gpu.py", "test_gpu_kernels.py",
+    "test_selftest.py",
+    # the jobs: shared options, tiny runs from Python, a train_mlm.py run and exact resume
+    # of pretraining and fine-tuning
+    "test_cli.py", "test_job_configs.py",
+    "test_train_mlm.py::test_runs_and_writes_everything",
+    "test_train_mlm.py::test_killed_and_resumed_reproduces_the_loss_curve",
+    "test_finetune.py::test_finetune_killed_and_resumed_reproduces_the_loss_curve",
+)
 
+
+def in_floor_selection(nodeid: str) -> bool:
+    """Whether the test ``nodeid`` ("tests/test_x.py::test_y[param]") is one of
+    FLOOR_TESTS."""
+    path, sep, rest = nodeid.partition("::")
+    name = path.rsplit("/", 1)[-1] + sep + rest
+    return any(name == entry or name.startswith((entry + "::", entry + "["))
+               for entry in FLOOR_TESTS)
+
+
+@pytest.hookimpl(tryfirst=True)       # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
+    """Marks the tests of FLOOR_TESTS ``floor``, and the numerically sensitive ones
+    ``numerics``."""
     for item in items:
+        if in_floor_selection(item.nodeid):
+            item.add_marker(pytest.mark.floor)
         if item.path.name in NUMERICS_FILES or NUMERICS_NAMES.search(item.name):
             item.add_marker(pytest.mark.numerics)
 

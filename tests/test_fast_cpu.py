@@ -645,15 +645,20 @@ def test_parallel_rows_in_chunks_cover_every_row_once_in_order(monkeypatch, thre
                                                                n, align):
     """With ``chunks`` blocks a thread, taken by whichever thread is free, every row is
     visited once, the results come back in block order, and both the calling thread and
-    the pool's take blocks when one block is slow."""
+    the pool's take blocks while the other side holds one."""
     import threading
     monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
     seen, names = np.zeros(n, int), set()
+    # a block waits (10 s at most) until the other side has taken one too: a sleep in one
+    # block instead left the calling thread without a block on a loaded machine
+    took = {True: threading.Event(), False: threading.Event()}
 
     def visit(ids, seen_rows):
-        names.add(threading.current_thread().name)
-        if len(ids) and ids[0] == 0:
-            time.sleep(0.05)                 # the first block holds its thread up
+        name = threading.current_thread().name
+        names.add(name)
+        caller = name == "MainThread"
+        took[caller].set()
+        took[not caller].wait(timeout=10)
         seen_rows += 1
         return int(ids[0]) if len(ids) else None
 
