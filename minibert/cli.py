@@ -279,12 +279,20 @@ class JobOptions:
 def fast_paths_line(enabled: bool, device: str | None = "cpu") -> str:
     """The log line that names the fast-path setting (``--fast-cpu``) on ``device`` (None:
     $MINIBERT_DEVICE or cpu, as ``--device``): the CPU fast paths (minibert/fast_cpu.py), or
-    on "cuda" the fused kernels (minibert/gpu_kernels.py) that the same switch installs."""
+    on "cuda" the fused kernels (minibert/gpu_kernels.py) that the same switch installs.
+    Once the CPU fast paths are on, the line also says how the products run and on which
+    OpenBLAS kernel (:func:`minibert.fast_cpu.products_line`)."""
     from .backend import requested_device
     if requested_device(device) == "cuda":
         return ("fast paths: on (fused GPU kernels)" if enabled
                 else "fast paths: off (the formulas of minibert/nn/ on the GPU)")
-    return f"fast CPU paths: {'on' if enabled else 'off'}"
+    if not enabled:
+        return "fast CPU paths: off"
+    from .fast import fast_paths_enabled
+    if not fast_paths_enabled():            # named before they are switched on
+        return "fast CPU paths: on"
+    from .fast_cpu import products_line
+    return f"fast CPU paths: on ({products_line()})"
 
 
 # ---------------------------------------------------------------------------------------

@@ -303,6 +303,22 @@ def test_split_products_take_the_blas_threads_and_give_them_back(monkeypatch):
 _MATMUL = np.matmul                    # the real one, while a test replaces np.matmul
 
 
+def test_the_log_line_says_how_the_products_run_and_on_which_kernel(monkeypatch):
+    """A job's fast-paths line names the split and the OpenBLAS kernel threadpoolctl
+    reports (what to look at when a run is slow on another CPU); off, the BLAS's own
+    threads."""
+    from threadpoolctl import threadpool_info
+    from minibert.cli import fast_paths_line
+    kernel = next(i["architecture"] for i in threadpool_info() if i["internal_api"] == "openblas")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert fast_paths_line(True) == "fast CPU paths: on"        # not switched on yet
+    with fast.fast_paths():
+        line = fast_paths_line(True)
+    assert line == f"fast CPU paths: on (products split over 2 threads, OpenBLAS {kernel} " \
+                   "kernel on 1 thread)"
+    assert fast_cpu.products_line() == f"products on the BLAS's own threads, OpenBLAS {kernel} kernel"
+
+
 def _last_term_dropped(rows, b, out):
     """A wrong block: the sum without its last term."""
     return _MATMUL(rows[:, :-1], b[:-1], out=out)
