@@ -253,10 +253,9 @@ def held_to_avx2() -> None:
 def kernels() -> str:
     """The kernels the libraries of this process run: OpenBLAS's core type (threadpoolctl),
     NumPy's highest dispatched AVX level, PyTorch's CPU capability."""
-    import threadpoolctl
     from numpy._core._multiarray_umath import __cpu_features__ as features
-    blas = [i.get("architecture") for i in threadpoolctl.threadpool_info()
-            if i.get("internal_api") == "openblas"]
+    from minibert.fast_cpu import openblas_kernels
+    blas = openblas_kernels()
     numpy_isa = "AVX-512" if features.get("AVX512_SKX") else \
         "AVX2" if features.get("AVX2") else "below AVX2"
     import torch

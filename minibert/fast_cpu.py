@@ -277,18 +277,24 @@ def split_products(enabled: bool) -> bool:
     return _blas_saved is not None
 
 
+def openblas_kernels() -> list:
+    """The core types (kernels) of the OpenBLAS libraries in this process, as threadpoolctl
+    reports them ("SkylakeX", "Haswell", ...), sorted; [] where it finds none."""
+    try:
+        from threadpoolctl import threadpool_info
+        return sorted({str(i.get("architecture")) for i in threadpool_info()
+                       if i.get("internal_api") == "openblas"})
+    except (ImportError, OSError):
+        return []
+
+
 def products_line() -> str:
     """How the float32 products of the Linear layers run now, for a job's first log lines:
     split here over :func:`cpu_threads` threads with OpenBLAS on one, or on the BLAS's own
     threads (no OpenBLAS thread control found, or the fast paths off), with the OpenBLAS
     kernels threadpoolctl reports (SkylakeX, Haswell ...: an AVX2 CPU runs Haswell's),
     so that a slow run on another CPU says what it ran."""
-    try:
-        from threadpoolctl import threadpool_info
-        kernels = sorted({str(i.get("architecture")) for i in threadpool_info()
-                          if i.get("internal_api") == "openblas"})
-    except (ImportError, OSError):
-        kernels = []
+    kernels = openblas_kernels()
     blas = f"OpenBLAS {'/'.join(kernels)} kernel" if kernels else "no OpenBLAS found"
     if _blas_saved is not None:
         return f"products split over {cpu_threads()} threads, {blas} on 1 thread"
