@@ -4,14 +4,17 @@ evaluation, from each run's metrics.jsonl, as a table and a plot against trainin
 
     python bench/compare_pretraining.py runs/pretrain runs/vocab4096 --plot docs/pairs_vs_minutes.png
     python bench/compare_pretraining.py runs/a runs/b --seconds-per-step 0.287 0.301
+    python bench/compare_pretraining.py runs/a runs/b --probe pairs
 
 Minutes are the run's own wall clock at each evaluation (``elapsed_s``) unless
 --seconds-per-step gives each run a pace measured on a quiet machine (a run timed while
 the machine was shared reads slower than it is): minutes = step x pace / 60. Each row: the
 last evaluation's step, minutes, held-out MLM loss (nats, on the run's own held-out
-sequences) and minimal-pair macro accuracy (``pairs_acc``, the ``--eval-pairs`` sample),
-and the best pair accuracy of any evaluation with its step. The trigram floor printed and
-drawn is the first run's (``pairs_trigram_acc``): the runs compared share their pairs.
+sequences) and minimal-pair macro accuracy of the probe: ``--probe blimp`` (the default),
+``blimp_acc``, the sample of BLiMP's development set, or ``--probe pairs``, ``pairs_acc``,
+the ``--eval-pairs`` sample; and the best accuracy of any evaluation with its step. The
+unigram and trigram floors printed and drawn are the first run's (``PROBE_unigram_acc``,
+``PROBE_trigram_acc``): the runs compared share their pairs.
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ def main(argv=None) -> int:
     p.add_argument("--labels", nargs="+", help="a name per run (default: the directory name)")
     p.add_argument("--seconds-per-step", nargs="+", type=float,
                    help="a quiet machine's pace per run (default: the run's own clock)")
+    p.add_argument("--probe", choices=("blimp", "pairs"), default="blimp",
+                   help="which minimal pairs: BLiMP dev's sample or our pairs' sample")
     p.add_argument("--plot", type=Path, help="write the two-panel PNG here")
     args = p.parse_args(argv)
     labels = args.labels or [r.name for r in args.runs]
@@ -49,26 +54,27 @@ def main(argv=None) -> int:
         p.error("--labels and --seconds-per-step take one value per run")
     if len(set(labels)) != len(labels):
         p.error(f"two runs share a label ({', '.join(labels)}); name them with --labels")
-    runs, floor = {}, None
-    print("| run | steps | minutes | held-out MLM | pairs acc | best pairs acc (step) |")
+    key, runs, floors = f"{args.probe}_acc", {}, None
+    print(f"| run | steps | minutes | held-out MLM | {args.probe} acc | best {args.probe} acc "
+          f"(step) |")
     print("|---|---|---|---|---|---|")
     for run, label, pace in zip(args.runs, labels, paces):
         recs = runs[label] = evaluations(run, pace)
         if not recs:
             p.error(f"{run}: no evaluation records in its {METRICS}")
         last = recs[-1]
-        scored = [r for r in recs if r.get("pairs_acc") is not None]
-        best = max(scored, key=lambda r: r["pairs_acc"]) if scored else None
-        if floor is None:        # the first run's: the runs compared share their pairs
-            floor = next((r["pairs_trigram_acc"] for r in recs if "pairs_trigram_acc" in r),
-                         None)
+        scored = [r for r in recs if r.get(key) is not None]
+        best = max(scored, key=lambda r: r[key]) if scored else None
+        if floors is None:       # the first run's: the runs compared share their pairs
+            floors = {f"word {n}": r[f"{args.probe}_{n}_acc"] for n in ("unigram", "trigram")
+                      for r in recs[:1] if f"{args.probe}_{n}_acc" in r}
         print(f"| {label} | {last['step']} | {last['minutes']:.1f} | {last['mlm_loss']:.3f} | "
-              + (f"{last.get('pairs_acc', float('nan')):.1f} | {best['pairs_acc']:.1f} "
-                 f"({best['step']})" if best else "- | -") + " |")
-    if floor is not None:
-        print(f"word trigram on the same pairs: {floor:.1f}")
+              + (f"{last.get(key, float('nan')):.1f} | {best[key]:.1f} ({best['step']})"
+                 if best else "- | -") + " |")
+    for name, value in floors.items():
+        print(f"{name} on the same pairs: {value:.1f}")
     if args.plot:
-        print(f"wrote {plot_pretraining_runs(runs, args.plot, floor)}")
+        print(f"wrote {plot_pretraining_runs(runs, args.plot, floors, probe=args.probe)}")
     return 0
 
 

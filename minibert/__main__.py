@@ -86,15 +86,18 @@ def _parser() -> argparse.ArgumentParser:
 
     _explain_parser(sub)
     mp = sub.add_parser("minimal-pairs", help="accuracy on BLiMP-format minimal pairs, "
-                        "beside a random-weights and a word-trigram floor")
+                        "beside random-weights, word-unigram and word-trigram floors")
     mp.add_argument("paths", nargs="+", metavar="MODEL_OR_PAIRS",
                     help="models (run directories, checkpoints, Hugging Face directories) "
                          "and BLiMP-format .jsonl pair files, in any order")
+    mp.add_argument("--blimp", action="store_true",
+                    help="also score BLiMP's development pairs (pairIDs 100-299 of its 67 "
+                         "paradigms, data/minimal_pairs/blimp/dev.jsonl)")
     mp.add_argument("--method", choices=METHODS, default="pll-word-l2r")
     mp.add_argument("--output", type=Path, help="write the results as JSON here")
     mp.add_argument("--plot", type=Path, help="write the bar chart per field here (PNG)")
-    mp.add_argument("--corpus", nargs="+", help="the trigram floor's text (default: the "
-                    "first model's pretraining corpus, as its run recorded it)")
+    mp.add_argument("--corpus", nargs="+", help="the unigram and trigram floors' text "
+                    "(default: the first model's pretraining corpus, as its run recorded it)")
     mp.add_argument("--no-floors", dest="floors", action="store_false",
                     help="score the models only")
     mp.add_argument("--batch-size", type=int_at_least(1), default=128,
@@ -313,25 +316,29 @@ def score(args) -> None:
     _write(args, out)
 
 
-def _trigram_corpus(args, starts) -> list[str] | None:
-    """--corpus, else the first model's recorded pretraining corpus, else None."""
+def _floor_corpus(args, starts) -> tuple[list[str] | None, list[str]]:
+    """The floors' text: (--corpus, nothing left out), else the first model's recorded
+    pretraining corpus less the documents its run left out (``exclude_documents``), else
+    (None, [])."""
     if args.corpus:
-        return args.corpus
+        return args.corpus, []
     for pre in starts:
-        corpus = pre.trainer.get("args", {}).get("corpus")
-        if corpus:
-            return list(corpus)
-    return None
+        recorded = pre.trainer.get("args", {})
+        if recorded.get("corpus"):
+            return list(recorded["corpus"]), list(recorded.get("exclude_documents") or [])
+    return None, []
 
 
 def _floors(args, starts, pairs) -> dict:
-    """The random-weights floor (the first model's architecture, seed 0) and the
-    trigram floor; a note on stderr when the trigram has no corpus."""
+    """The random-weights floor (the first model's architecture, seed 0) and the add-0.1
+    word-unigram and Kneser-Ney word-trigram floors on the models' corpus; a note on
+    stderr when there is no corpus to count."""
     from .evaluation.minimal_pairs import score_pairs_lm, score_pairs_mlm
-    from .evaluation.ngram import KneserNeyTrigram
+    from .evaluation.ngram import AddKUnigram, KneserNeyTrigram
     from .auto import model_class
     from .modeling import BertForPreTraining
     from .pretraining.corpus import CorpusError, iter_documents, resolve_corpus_files
+    from .pretraining.exclusion import DocumentExclusion
     from .tokenization import BertTokenizer
 
     first = starts[0]
@@ -340,17 +347,20 @@ def _floors(args, starts, pairs) -> dict:
     tok = BertTokenizer(first.vocab_file, **first.tokenizer_options)
     out = {"random weights": score_pairs_mlm(random, tok, pairs, args.method,
                                              args.batch_size)}
-    corpus = _trigram_corpus(args, starts)
+    corpus, exclude = _floor_corpus(args, starts)
     if corpus is None:
-        print("note: no trigram floor: the models record no pretraining corpus; give "
-              "--corpus", file=sys.stderr)
+        print("note: no unigram or trigram floor: the models record no pretraining corpus; "
+              "give --corpus", file=sys.stderr)
         return out
     try:
         files = resolve_corpus_files(corpus)
-        lm = KneserNeyTrigram().fit(s for doc in iter_documents(files) for s in doc)
+        sentences = [s for doc in iter_documents(files, exclude=DocumentExclusion.read(exclude))
+                     for s in doc]
     except CorpusError as e:
         raise ValueError(f"--corpus: {e}") from None
-    out["trigram (KN, own corpus)"] = score_pairs_lm(lm, pairs)
+    out["unigram (add-0.1, own corpus)"] = score_pairs_lm(AddKUnigram(0.1).fit(sentences),
+                                                          pairs)
+    out["trigram (KN, own corpus)"] = score_pairs_lm(KneserNeyTrigram().fit(sentences), pairs)
     return out
 
 
@@ -362,10 +372,12 @@ def minimal_pairs(args) -> None:
     from .pipelines import load_pipeline_model
     from .runs import load_start
 
+    from .evaluation.blimp import BLIMP_DEV
     pair_files = [p for p in args.paths if p.endswith(".jsonl") and Path(p).is_file()]
     models = [p for p in args.paths if p not in pair_files]
+    pair_files += [str(BLIMP_DEV)] if args.blimp else []
     if not pair_files or not models:
-        raise ValueError("give at least one model and one .jsonl pairs file")
+        raise ValueError("give at least one model and one .jsonl pairs file (or --blimp)")
     pairs = [p for f in pair_files for p in read_pairs(f)]
     _set_device(args)
     results, starts = {}, []

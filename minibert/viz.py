@@ -360,15 +360,17 @@ def plot_minimal_pairs(results: Mapping[str, Mapping], path: str | os.PathLike,
 
 
 def plot_pretraining_runs(runs: Mapping[str, Sequence[Mapping]], path: str | os.PathLike,
-                          floor: float | None = None, dpi: int = 110) -> Path:
+                          floors: Mapping[str, float] | None = None, dpi: int = 110,
+                          probe: str = "pairs") -> Path:
     """Pretraining runs side by side against training minutes: held-out MLM loss (left)
-    and minimal-pair accuracy (right), one line per run, the word-trigram floor dashed.
+    and minimal-pair accuracy (right), one line per run, the count floors dashed.
 
     Args:
         runs: run label -> its evaluation records in step order, each with ``minutes``
             (float, training time at that evaluation), ``mlm_loss`` (nats) and, where
-            scored, ``pairs_acc`` (macro %, :mod:`minibert.evaluation.minimal_pairs`).
-        floor: the trigram's macro % on the same pairs, or None.
+            scored, ``PROBE_acc`` (macro %, :mod:`minibert.evaluation.minimal_pairs`).
+        floors: floor name (``"word trigram"``) -> its macro % on the same pairs.
+        probe: ``"pairs"`` (our pairs) or ``"blimp"`` (BLiMP dev), the panel's pairs.
         path: the PNG to write.
     Returns:
         the path written.
@@ -378,14 +380,16 @@ def plot_pretraining_runs(runs: Mapping[str, Sequence[Mapping]], path: str | os.
     for label, recs in runs.items():
         a1.plot([r["minutes"] for r in recs], [r["mlm_loss"] for r in recs], "o-", ms=3,
                 label=label)
-        pts = [(r["minutes"], r["pairs_acc"]) for r in recs if r.get("pairs_acc") is not None]
+        pts = [(r["minutes"], r[f"{probe}_acc"]) for r in recs
+               if r.get(f"{probe}_acc") is not None]
         if pts:
             a2.plot(*zip(*pts), "o-", ms=3, label=label)
-    if floor is not None:
-        a2.axhline(floor, linestyle="--", color="grey", linewidth=1, label="word trigram")
+    for (name, value), style in zip((floors or {}).items(), ("--", "-.")):
+        a2.axhline(value, linestyle=style, color="grey", linewidth=1, label=name)
     a2.axhline(50, linestyle=":", color="grey", linewidth=1)
     a1.set_ylabel("held-out MLM loss (nats)")
-    a2.set_ylabel("minimal pairs, macro accuracy (%)")
+    a2.set_ylabel(("BLiMP dev" if probe == "blimp" else "minimal pairs")
+                  + ", macro accuracy (%)")
     for a in (a1, a2):
         a.set_xlabel("training minutes")
         a.grid(alpha=0.3)

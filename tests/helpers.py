@@ -156,9 +156,10 @@ def cut_tagging(src: Path, dst: Path, n_train: int, n_eval: int) -> Path:
     return dst
 
 
-def tiny_mlm_run(path: Path, seed: int = 1) -> Path:
+def tiny_mlm_run(path: Path, seed: int = 1, **recorded) -> Path:
     """A pretraining run directory: a tiny BERT on the bert-base-uncased vocabulary whose
-    MLM bias is spread out, so that its top-k tokens are well separated."""
+    MLM bias is spread out, so that its top-k tokens are well separated; ``recorded``: more
+    of the run's recorded arguments (``corpus``, ``exclude_documents``)."""
     path.mkdir(parents=True)
     (path / "vocab.txt").write_bytes(UNCASED_VOCAB.read_bytes())
     config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2,
@@ -166,7 +167,7 @@ def tiny_mlm_run(path: Path, seed: int = 1) -> Path:
     model = BertForPreTraining(config, seed=seed)
     model.cls.predictions.bias.data[:] = np.random.default_rng(seed).normal(0, 3, 30522)
     save_checkpoint(path / "checkpoint.npz", model,
-                    trainer_state={"args": {"lowercase": True}, "step": 0})
+                    trainer_state={"args": {"lowercase": True, **recorded}, "step": 0})
     return path
 
 

@@ -113,27 +113,33 @@ def test_bench_albert_compares_the_families_at_one_width(capsys):
 
 def test_compare_pretraining_tables_and_plots_runs(tmp_path, capsys):
     """Minutes come from a given pace (step x s/step) or the run's clock; the table holds
-    the last evaluation and the best pair accuracy; the plot is a PNG."""
+    the last evaluation and the best accuracy of the chosen probe (BLiMP dev unless
+    ``--probe pairs``); the plot is a PNG."""
     runs = []
     for name, accs in (("a", (52.0, 61.0, 58.0)), ("b", (50.0, 51.0, 55.0))):
         run = tmp_path / name
         run.mkdir()
         recs = [{"kind": "train", "step": 1, "loss": 9.0}] + [
             {"kind": "eval", "step": 100 * (i + 1), "elapsed_s": 30.0 * (i + 1),
-             "mlm_loss": 6.0 - i, "pairs_acc": acc, "pairs_trigram_acc": 66.0}
+             "mlm_loss": 6.0 - i, "pairs_acc": acc, "pairs_trigram_acc": 66.0,
+             "blimp_acc": acc - 5, "blimp_unigram_acc": 54.0, "blimp_trigram_acc": 52.0}
             for i, acc in enumerate(accs)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         runs.append(str(run))
     png = tmp_path / "curves.png"
-    assert load("compare_pretraining").main(runs + ["--seconds-per-step", "0.6", "1.2",
-                                                     "--plot", str(png)]) == 0
+    compare = load("compare_pretraining").main
+    assert compare(runs + ["--seconds-per-step", "0.6", "1.2", "--probe", "pairs",
+                           "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "| a | 300 | 3.0 | 4.000 | 58.0 | 61.0 (200) |" in out      # 300 x 0.6 s
     assert "| b | 300 | 6.0 | 4.000 | 55.0 | 55.0 (300) |" in out      # 300 x 1.2 s
-    assert "word trigram on the same pairs: 66.0" in out
+    assert "word trigram on the same pairs: 66.0" in out and "unigram" not in out
     assert png.read_bytes()[:4] == b"\x89PNG"
-    load("compare_pretraining").main(runs[:1])
-    assert "| a | 300 | 1.5 |" in capsys.readouterr().out              # its own clock: 90 s
+    assert compare(runs[:1] + ["--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| a | 300 | 1.5 | 4.000 | 53.0 | 56.0 (200) |" in out       # its own clock: 90 s
+    assert "word unigram on the same pairs: 54.0" in out
+    assert "word trigram on the same pairs: 52.0" in out
 
 
 def test_bench_default_run_times_trees_in_turns_and_compares_their_losses(tmp_path, capsys):

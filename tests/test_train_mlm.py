@@ -36,7 +36,7 @@ def args_for(corpus, out, *extra):
             "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "8",
             "--log-every", "1", "--eval-every", "4", "--save-every", "4",
             "--eval-fraction", "0.1", "--eval-instances", "16", "--eval-pairs-per-paradigm",
-            "2", "--no-progress", *extra]
+            "2", "--eval-blimp-per-paradigm", "1", "--no-progress", *extra]
 
 
 CURVE_KEYS = ("step", "epoch", "lr", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc",
@@ -104,16 +104,23 @@ def test_runs_and_writes_everything(corpus, tmp_path, capsys):
         probs = [p for _, p in s["top"]]
         assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < probs[0] <= 1
         assert f"(was: {s['answer']})" in printed
-    # minimal pairs: the model's macro accuracy at each evaluation, the trigram floor once
-    assert all(0 <= r["pairs_acc"] <= 100 for r in evals)
-    assert 0 <= summary["pairs_trigram_acc"] <= 100 and "pairs trigram acc" in printed
+    # minimal pairs, ours and BLiMP dev: the model's macro accuracy at each evaluation,
+    # the unigram and trigram floors on the training text once
+    assert all(0 <= r["pairs_acc"] <= 100 and 0 <= r["blimp_acc"] <= 100 for r in evals)
+    for probe in ("pairs", "blimp"):
+        for floor in ("unigram", "trigram"):
+            assert 0 <= summary[f"{probe}_{floor}_acc"] <= 100
+            assert f"{probe} {floor} acc" in printed
+    from minibert.evaluation.blimp import BLIMP_DEV
     from minibert.evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
     from minibert.pipelines import load_pipeline_model
     model, tok, _ = load_pipeline_model("fill-mask", out)
-    pairs = first_per_paradigm(read_pairs(ROOT / "data/minimal_pairs/en/pairs.jsonl"), 2)
-    assert len(pairs) == 24
-    assert summary["eval_pairs_acc"] == pytest.approx(PairsProbe(pairs, tok)(model.eval()),
-                                                      abs=1e-9)
+    for probe, path, n in (("pairs", ROOT / "data/minimal_pairs/en/pairs.jsonl", 24),
+                           ("blimp", BLIMP_DEV, 67)):
+        pairs = first_per_paradigm(read_pairs(path), n // 12 if probe == "pairs" else 1)
+        assert len(pairs) == n
+        assert summary[f"eval_{probe}_acc"] == pytest.approx(
+            PairsProbe(pairs, tok)(model.eval()), abs=1e-9)
     # the last samples are what the saved model's fill-mask pipeline answers
     from minibert import pipeline
     filled = pipeline("fill-mask", out)(texts, top_k=3)

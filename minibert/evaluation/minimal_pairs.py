@@ -76,21 +76,42 @@ def read_pairs(path: str | Path) -> list[MinimalPair]:
 
 def accuracy(pairs: Sequence[MinimalPair], good: Sequence[float], bad: Sequence[float]
              ) -> dict:
-    """``{"macro", "fields": {field: acc}, "paradigms": {uid: acc}, "pairs": n}`` in
-    percent, from each pair's two scores (right when good > bad; a tie counts half)."""
+    """The accuracies of one system on ``pairs`` from each pair's two scores, in percent.
+
+    A pair is right when good > bad; a tie counts half (a system that cannot tell the two
+    sentences apart, such as a unigram count on a word-order pair, is at chance there, not
+    at 0 or 100: Papusoi & Nisioi 2025 trace an "unexpectedly high" frequency baseline on
+    BLiMP to ties counted as right).
+
+    Returns:
+        ``{"macro", "se", "fields", "phenomena", "paradigms", "pairs"}``: the mean over
+        paradigms (``UID``), its standard error, the mean of the paradigms of each
+        ``field`` and of each phenomenon (``linguistics_term``), each paradigm's accuracy,
+        and the number of pairs. ``se`` = sqrt(sum_p s_p^2 / n_p) / P over the P
+        paradigms, s_p^2 the variance of paradigm p's per-pair outcomes (1, 0.5, 0) over
+        its n_p pairs: the sampling error of the macro when the pairs of each paradigm
+        are a random draw from its generator (BLiMP's are).
+    """
     right = np.where(np.asarray(good) > np.asarray(bad), 1.0,
                      np.where(np.asarray(good) == np.asarray(bad), 0.5, 0.0))
     by_uid: dict[str, list[float]] = {}
-    field_of: dict[str, str] = {}
+    labels: dict[str, tuple[str, str]] = {}
     for p, r in zip(pairs, right):
         by_uid.setdefault(p.uid, []).append(float(r))
-        field_of[p.uid] = p.field
-    paradigms = {u: 100.0 * float(np.mean(v)) for u, v in sorted(by_uid.items())}
-    fields: dict[str, list[float]] = {}
-    for u, acc in paradigms.items():
-        fields.setdefault(field_of[u], []).append(acc)
+        labels[p.uid] = (p.field, p.term)
+    uids = sorted(by_uid)
+    paradigms = {u: 100.0 * float(np.mean(by_uid[u])) for u in uids}
+    variance = sum(float(np.var(by_uid[u])) / len(by_uid[u]) for u in uids)
+
+    def mean_by(which: int) -> dict[str, float]:
+        groups: dict[str, list[float]] = {}
+        for u in uids:
+            groups.setdefault(labels[u][which], []).append(paradigms[u])
+        return {g: float(np.mean(v)) for g, v in sorted(groups.items())}
+
     return {"macro": float(np.mean(list(paradigms.values()))),
-            "fields": {f: float(np.mean(v)) for f, v in sorted(fields.items())},
+            "se": 100.0 * variance ** 0.5 / len(uids),
+            "fields": mean_by(0), "phenomena": mean_by(1),
             "paradigms": paradigms, "pairs": len(pairs)}
 
 
@@ -151,27 +172,44 @@ class PairsProbe:
         n = len(self.pairs)
         return accuracy(self.pairs, s[:n], s[n:])["macro"]
 
-    def trigram_floor(self, sentences: Iterable[str]) -> float:
-        """Macro accuracy (percent) of a Kneser-Ney trigram fitted on ``sentences``."""
-        from .ngram import KneserNeyTrigram
-        return score_pairs_lm(KneserNeyTrigram().fit(sentences), self.pairs)["macro"]
+
+
+def probe_floors(probes: dict[str, PairsProbe], sentences: Iterable[str]) -> dict[str, float]:
+    """``{NAME_unigram_acc, NAME_trigram_acc}``: the macro accuracy (percent) on each probe's
+    pairs of an add-0.1 word unigram and a Kneser-Ney word trigram, both counted once on
+    ``sentences`` (:mod:`.ngram`)."""
+    from .ngram import AddKUnigram, KneserNeyTrigram
+    sentences = list(sentences)
+    counted = {"unigram": AddKUnigram(0.1).fit(sentences),
+               "trigram": KneserNeyTrigram().fit(sentences)}
+    return {f"{name}_{kind}_acc": score_pairs_lm(lm, probe.pairs)["macro"]
+            for name, probe in probes.items() for kind, lm in counted.items()}
 
 
 def table(results: dict[str, dict]) -> str:
-    """A text table: one row per field and the macro mean, one column per system."""
+    """A text table, one column per system: a row per field, a row per phenomenon (when
+    the pairs have fewer phenomena than paradigms), the macro mean over paradigms and its
+    standard error (:func:`accuracy`)."""
     names = list(results)
-    fields = sorted({f for r in results.values() for f in r["fields"]})
-    width = max(len("macro (paradigms)"), *(len(f) for f in fields))
-    head = "".join(f"  {n[-24:]:>24}" for n in names)
-    lines = [f"{'field':<{width}}{head}"]
-    for f in fields:
-        lines.append(f"{f:<{width}}" + "".join(
-            f"  {results[n]['fields'].get(f, float('nan')):>24.1f}" for n in names))
+    first = results[names[0]]
+    rows = [(f, "fields") for f in sorted({f for r in results.values() for f in r["fields"]})]
+    phenomena = sorted({t for r in results.values() for t in r.get("phenomena", {})})
+    if len(phenomena) < len(first["paradigms"]):
+        rows += [(t, "phenomena") for t in phenomena]
+    width = max(len("macro (paradigms)"), *(len(f) for f, _ in rows))
+    lines = [f"{'field / phenomenon':<{width}}" + "".join(f"  {n[-24:]:>24}" for n in names)]
+    for label, key in rows:
+        if key == "phenomena" and label == phenomena[0]:
+            lines.append("")
+        lines.append(f"{label:<{width}}" + "".join(
+            f"  {results[n][key].get(label, float('nan')):>24.1f}" for n in names))
     lines.append(f"{'macro (paradigms)':<{width}}" + "".join(
         f"  {results[n]['macro']:>24.1f}" for n in names))
+    lines.append(f"{'standard error':<{width}}" + "".join(
+        f"  {results[n].get('se', float('nan')):>24.1f}" for n in names))
     return "\n".join(lines)
 
 
 __all__ = ["FIELDS", "MinimalPair", "PairsError", "PairsProbe", "accuracy",
-           "first_per_paradigm", "read_pairs",
+           "first_per_paradigm", "probe_floors", "read_pairs",
            "score_pairs_lm", "score_pairs_mlm", "table"]

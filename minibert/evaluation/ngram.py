@@ -1,5 +1,6 @@
-"""A word trigram language model with interpolated Kneser-Ney smoothing: the count-based
-floor a masked LM's grammar is measured against (``python -m minibert minimal-pairs``).
+"""Count-based floors a masked LM's grammar is measured against (``python -m minibert
+minimal-pairs``): a word trigram with interpolated Kneser-Ney smoothing and an add-k word
+unigram (:class:`AddKUnigram`).
 
 Interpolated Kneser-Ney (Kneser & Ney 1995; the interpolated form of Chen & Goodman 1998,
 "An Empirical Study of Smoothing Techniques for Language Modeling", eqs. 17-18), one
@@ -106,11 +107,48 @@ class KneserNeyTrigram:
     def sentence_logprob(self, sentence: str) -> float:
         """log P(sentence </s>) in nats."""
         w = [BOS, BOS, *self.words(sentence), EOS]
-        return sum(math.log(self.prob(a, b, c)) for a, b, c in zip(w, w[1:], w[2:]))
+        return math.fsum(math.log(self.prob(a, b, c)) for a, b, c in zip(w, w[1:], w[2:]))
 
     def score(self, sentences: Sequence[str]) -> list[float]:
         """log P of each sentence (nats), as :meth:`sentence_logprob`."""
         return [self.sentence_logprob(s) for s in sentences]
 
 
-__all__ = ["KneserNeyTrigram"]
+class AddKUnigram:
+    """Word frequencies of a corpus: the floor that knows no order and no context.
+
+    P(w) = (c(w) + k) / (N + k (|V| + 1)), with N the corpus's words (``</s>`` counted
+    once per sentence), |V| its word types and one more type for every unseen word (add-k
+    or Lidstone smoothing; Chen & Goodman 1998, section 2.1). Words are split as
+    :class:`KneserNeyTrigram` splits them. A sentence's log-probability is summed exactly
+    (``math.fsum``), so two sentences of the same words in another order tie to the bit,
+    and a minimal pair of that kind counts half (:func:`..minimal_pairs.accuracy`).
+    """
+
+    def __init__(self, k: float = 0.1, lowercase: bool = True):
+        if not k > 0:
+            raise ValueError(f"k must be > 0, got {k}")
+        self.k, self.lowercase = k, lowercase
+
+    words = KneserNeyTrigram.words
+
+    def fit(self, sentences: Iterable[str]) -> "AddKUnigram":
+        counts: Counter = Counter()
+        for s in sentences:
+            counts.update(self.words(s))
+            counts[EOS] += 1
+        self.counts, self.total = counts, sum(counts.values())
+        self.denominator = self.total + self.k * (len(counts) + 1)
+        return self
+
+    def sentence_logprob(self, sentence: str) -> float:
+        """log P(sentence </s>) in nats, the words taken as independent."""
+        return math.fsum(math.log((self.counts.get(w, 0) + self.k) / self.denominator)
+                         for w in [*self.words(sentence), EOS])
+
+    def score(self, sentences: Sequence[str]) -> list[float]:
+        """log P of each sentence (nats), as :meth:`sentence_logprob`."""
+        return [self.sentence_logprob(s) for s in sentences]
+
+
+__all__ = ["AddKUnigram", "KneserNeyTrigram"]

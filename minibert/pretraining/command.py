@@ -112,6 +112,10 @@ def add_eval_arguments(p) -> None:
                         "macro %% over paradigms, beside the word-trigram floor on the corpus)")
     g.add_argument("--eval-pairs-per-paradigm", type=non_negative_int, default=25,
                    help="the first N pairs of each paradigm of --eval-pairs (0: no pairs)")
+    g.add_argument("--eval-blimp-per-paradigm", type=non_negative_int, default=5,
+                   help="the first N pairs of each of BLiMP's 67 paradigms in its development "
+                        "set (data/minimal_pairs/blimp/dev.jsonl), scored at each evaluation "
+                        "(blimp_acc, beside the unigram and trigram floors; 0: none)")
 
 
 def add_model_arguments(p) -> None:

@@ -74,6 +74,7 @@ class PretrainingConfig(JobOptions):
     eval_samples: int = 3               # sentences whose masked word is shown, >= 0
     eval_pairs: str = str(DEFAULT_PAIRS)  # BLiMP-format minimal pairs scored each evaluation
     eval_pairs_per_paradigm: int = 25   # pairs per paradigm, >= 0 (0: none)
+    eval_blimp_per_paradigm: int = 5    # BLiMP dev pairs per paradigm, >= 0 (0: none)
     allow_data_change: bool = False     # resume although the corpus or vocab changed
     # -- model ---------------------------------------------------------------------------
     model: str = "bert"                 # "bert" or "albert"
@@ -146,6 +147,7 @@ class PretrainingConfig(JobOptions):
         "masking": ("dynamic", "static"), "dupe_factor": positive_int, "max_ngram": positive_int,
         "eval_fraction": float_in(0.0, 1.0, high_open=True), "eval_instances": positive_int,
         "eval_samples": non_negative_int, "eval_pairs_per_paradigm": non_negative_int,
+        "eval_blimp_per_paradigm": non_negative_int,
         "model": ("bert", "albert", "distilbert"), "preset": ("base", "medium", "mini", "small", "tiny"),
         "num_hidden_layers": positive_int, "hidden_size": positive_int,
         "num_attention_heads": positive_int, "intermediate_size": positive_int,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,9 @@ from .samples import MaskSamples, pick_samples
 from .schedule import BatchSteps, masked_lm_prob_at
 from .tsv_text import TSV_SUFFIX
 from ..training import TrainingConfig, TrainingError, train
-from ..evaluation.minimal_pairs import PairsProbe, first_per_paradigm, read_pairs
+from ..evaluation.blimp import BLIMP_DEV
+from ..evaluation.minimal_pairs import (PairsProbe, first_per_paradigm, probe_floors,
+                                          read_pairs)
 
 # Training sequences (the first, in corpus order) that --student-init pruned scores the
 # teacher's units on (Minitron, Muralidharan et al. 2024, section 2.2, uses 1,024).
@@ -67,6 +69,7 @@ ALBERT_OPTIONS = ("embedding_size", "num_hidden_groups", "inner_group_num")
 RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
+               "eval_blimp_per_paradigm",
                "save_every", "max_nonfinite_steps", "allow_data_change", "export_hf",
                "max_steps", "report_to")
 # The value of an argument added later, for checkpoints written before it existed.
@@ -401,9 +404,9 @@ class PretrainData:
     :class:`~.corpus.TokenStore` of a run (:func:`prepare_data`), the fingerprint of the
     corpus, vocab and left-out documents they come from
     (:func:`minibert.provenance.data_fingerprint`), which every checkpoint records, the
-    minimal pairs it is evaluated on (a
-    :class:`~minibert.evaluation.minimal_pairs.PairsProbe` or None) and the documents left
-    out of the corpus (:class:`~.exclusion.DocumentExclusion`)."""
+    minimal pairs it is evaluated on (``{"pairs": our pairs, "blimp": BLiMP dev}``, each a
+    :class:`~minibert.evaluation.minimal_pairs.PairsProbe`, those asked for only) and the
+    documents left out of the corpus (:class:`~.exclusion.DocumentExclusion`)."""
 
     objective: Any
     tokenizer: BertTokenizer
@@ -412,7 +415,7 @@ class PretrainData:
     held_out: TokenStore
     fingerprint: dict
     excluded: DocumentExclusion
-    pairs: PairsProbe | None = None
+    pairs: dict[str, PairsProbe] = field(default_factory=dict)
 
 
 def prepare_data(cfg: PretrainingConfig, run, reuse_vocab: bool,
@@ -420,7 +423,7 @@ def prepare_data(cfg: PretrainingConfig, run, reuse_vocab: bool,
     """Corpus files less the documents of ``--exclude-documents``
     (:class:`~.exclusion.DocumentExclusion`), tokenizer (:func:`prepare_tokenizer`), the
     token store cached in ``RUN/cache``, the held-out documents (``--eval-fraction``) and
-    the minimal pairs (:func:`pairs_probe`). A ``resumed`` run must leave out the same
+    the minimal pairs (:func:`pairs_probes`). A ``resumed`` run must leave out the same
     documents as its checkpoint records (:func:`minibert.provenance.check_same_data`).
 
     Raises:
@@ -443,7 +446,7 @@ def prepare_data(cfg: PretrainingConfig, run, reuse_vocab: bool,
     train, held_out = split_documents(store, eval_fraction=cfg.eval_fraction, seed=cfg.seed,
                                       min_documents=objective.min_documents)
     return PretrainData(objective, tokenizer, VocabInfo.from_tokenizer(tokenizer), train,
-                        held_out, fingerprint, exclude, pairs_probe(cfg, tokenizer))
+                        held_out, fingerprint, exclude, pairs_probes(cfg, tokenizer))
 
 
 def check_corpus_shape(data: PretrainData) -> None:
@@ -556,9 +559,11 @@ def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, m
     """Baselines printed beside every evaluation (nats per masked token; accuracies):
     the unigram baseline (every masked token predicted from training-token frequencies),
     the majority share of the sentence task's labels, the minimal-pair macro accuracy
-    (percent) of a Kneser-Ney word trigram fitted on the corpus (``pairs_trigram_acc``,
-    beside the model's ``pairs_acc``) and, with a teacher that has an MLM head, the
-    teacher's held-out MLM loss. Empty without held-out batches."""
+    (percent) of an add-0.1 word unigram and a Kneser-Ney word trigram counted on the
+    training corpus (``pairs_unigram_acc``, ``pairs_trigram_acc``, ``blimp_unigram_acc``,
+    ``blimp_trigram_acc``, beside the model's ``pairs_acc`` and ``blimp_acc``) and, with a
+    teacher that has an MLM head, the teacher's held-out MLM loss. Empty without held-out
+    batches."""
     if not eval_batches:
         return {}
     counts = token_counts(data.train, model.config.vocab_size)
@@ -570,10 +575,10 @@ def reference_losses(cfg: PretrainingConfig, data: PretrainData, eval_batches, m
         # one segment, which the reference always pairs with a random B
         share = float(np.concatenate([b.next_sentence_label for b in eval_batches]).mean())
         reference[f"{task}_majority"] = max(share, 1.0 - share)
-    if data.pairs is not None:
+    if data.pairs:
         files = resolve_corpus_files(cfg.corpus)
-        reference["pairs_trigram_acc"] = data.pairs.trigram_floor(
-            s for doc in iter_documents(files, exclude=data.excluded) for s in doc)
+        reference.update(probe_floors(data.pairs, (
+            s for doc in iter_documents(files, exclude=data.excluded) for s in doc)))
     if cfg.teacher and model.teacher.has_mlm_head:
         total, count = model.teacher.mlm_loss_sums(eval_batches, xp)
         reference["teacher_mlm_loss"] = total / count if count else float("nan")
@@ -647,7 +652,7 @@ class PretrainingWorkload:
                   if eval_batches and cfg.eval_samples else [])
         self.mlm = getattr(model, "generator", model)   # ELECTRA: its generator fills masks
         self.samples = MaskSamples(self.mlm, data.tokenizer, picked) if picked else None
-        self.pairs = data.pairs if eval_batches else None
+        self.pairs = data.pairs if eval_batches else {}
         self.data_kw = dict(masking=cfg.masking, dupe_factor=cfg.dupe_factor,
                             short_seq_prob=cfg.short_seq_prob,
                             masked_lm_prob=cfg.masked_lm_prob,
@@ -710,7 +715,7 @@ class PretrainingWorkload:
         for b in self.eval_batches:   # summed on the device, read once
             for k, v in self.forward(self.model, b)[1].items():
                 sums[k] = sums.get(k, 0) + v
-        grammar = {"pairs_acc": self.pairs(self.mlm)} if self.pairs else {}
+        grammar = {f"{name}_acc": probe(self.mlm) for name, probe in self.pairs.items()}
         return {**self.summarize({k: float(v) for k, v in sums.items()}), **grammar,
                 **self.reference}
 
@@ -720,18 +725,25 @@ class PretrainingWorkload:
                 "data": self.data_fingerprint, **self.pinned}
 
 
-def pairs_probe(cfg: PretrainingConfig, tokenizer) -> PairsProbe | None:
-    """The minimal pairs of ``--eval-pairs`` (the first ``--eval-pairs-per-paradigm`` of
-    each paradigm), or None when that is 0 or no pair survives the vocabulary.
+def pairs_probes(cfg: PretrainingConfig, tokenizer) -> dict[str, PairsProbe]:
+    """The minimal pairs scored at each evaluation: ``"pairs"``, the first
+    ``--eval-pairs-per-paradigm`` of each paradigm of ``--eval-pairs``, and ``"blimp"``,
+    the first ``--eval-blimp-per-paradigm`` of each paradigm of BLiMP's development set
+    (:data:`~minibert.evaluation.blimp.BLIMP_DEV`); one is left out when its count is 0
+    or none of its pairs survives the vocabulary.
 
     Raises:
         PairsError: an unreadable pairs file (the message names file, line and field).
     """
-    if not cfg.eval_pairs_per_paradigm:
-        return None
-    pairs = first_per_paradigm(read_pairs(cfg.eval_pairs), cfg.eval_pairs_per_paradigm)
-    probe = PairsProbe(pairs, tokenizer, max_length=cfg.max_position_embeddings)
-    return probe if probe.pairs else None
+    probes = {}
+    for name, path, n in (("pairs", cfg.eval_pairs, cfg.eval_pairs_per_paradigm),
+                          ("blimp", BLIMP_DEV, cfg.eval_blimp_per_paradigm)):
+        if n:
+            probe = PairsProbe(first_per_paradigm(read_pairs(path), n), tokenizer,
+                               max_length=cfg.max_position_embeddings)
+            if probe.pairs:
+                probes[name] = probe
+    return probes
 
 
 def write_summary(cfg: PretrainingConfig, run, workload: PretrainingWorkload, state,
