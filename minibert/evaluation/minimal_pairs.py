@@ -197,16 +197,20 @@ def table(results: dict[str, dict]) -> str:
     if len(phenomena) < len(first["paradigms"]):
         rows += [(t, "phenomena") for t in phenomena]
     width = max(len("macro (paradigms)"), *(len(f) for f, _ in rows))
-    lines = [f"{'field / phenomenon':<{width}}" + "".join(f"  {n[-24:]:>24}" for n in names)]
+    shown = [n[-32:] for n in names]
+    cols = [max(8, len(n)) for n in shown]
+
+    def row(label: str, values) -> str:
+        return f"{label:<{width}}" + "".join(f"  {v:>{c}.1f}" for v, c in zip(values, cols))
+
+    lines = [f"{'field / phenomenon':<{width}}" + "".join(f"  {n:>{c}}"
+                                                           for n, c in zip(shown, cols))]
     for label, key in rows:
         if key == "phenomena" and label == phenomena[0]:
             lines.append("")
-        lines.append(f"{label:<{width}}" + "".join(
-            f"  {results[n][key].get(label, float('nan')):>24.1f}" for n in names))
-    lines.append(f"{'macro (paradigms)':<{width}}" + "".join(
-        f"  {results[n]['macro']:>24.1f}" for n in names))
-    lines.append(f"{'standard error':<{width}}" + "".join(
-        f"  {results[n].get('se', float('nan')):>24.1f}" for n in names))
+        lines.append(row(label, [results[n][key].get(label, float("nan")) for n in names]))
+    lines.append(row("macro (paradigms)", [results[n]["macro"] for n in names]))
+    lines.append(row("standard error", [results[n].get("se", float("nan")) for n in names]))
     return "\n".join(lines)
 
 
