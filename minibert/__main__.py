@@ -333,8 +333,7 @@ def _floors(args, starts, pairs) -> dict:
     """The random-weights floor (the first model's architecture, seed 0) and the add-0.1
     word-unigram and Kneser-Ney word-trigram floors on the models' corpus; a note on
     stderr when there is no corpus to count."""
-    from .evaluation.minimal_pairs import score_pairs_lm, score_pairs_mlm
-    from .evaluation.ngram import AddKUnigram, KneserNeyTrigram
+    from .evaluation.minimal_pairs import count_floors, score_pairs_lm, score_pairs_mlm
     from .auto import model_class
     from .modeling import BertForPreTraining
     from .pretraining.corpus import CorpusError, iter_documents, resolve_corpus_files
@@ -358,9 +357,9 @@ def _floors(args, starts, pairs) -> dict:
                      for s in doc]
     except CorpusError as e:
         raise ValueError(f"--corpus: {e}") from None
-    out["unigram (add-0.1, own corpus)"] = score_pairs_lm(AddKUnigram(0.1).fit(sentences),
-                                                          pairs)
-    out["trigram (KN, own corpus)"] = score_pairs_lm(KneserNeyTrigram().fit(sentences), pairs)
+    counted = count_floors(sentences)
+    out["unigram (add-0.1, own corpus)"] = score_pairs_lm(counted["unigram"], pairs)
+    out["trigram (KN, own corpus)"] = score_pairs_lm(counted["trigram"], pairs)
     return out
 
 

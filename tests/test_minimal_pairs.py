@@ -261,11 +261,18 @@ def test_cut_dev_keeps_the_development_ids_and_nothing_of_the_held_out(tmp_path,
         err = capsys.readouterr().err
         assert e.value.code == 2 and msg in err and "Traceback" not in err, err
     lines = (source / "p_two.jsonl").read_text().splitlines()
+    lines_b = (source / "p_two.jsonl").read_bytes().splitlines(keepends=True)
     (source / "p_two.jsonl").write_text("\n".join(lines[:150] + lines[151:]) + "\n")
     with pytest.raises(SystemExit):
         blimp.main(["--source", str(source), "--output", str(out)])
     assert "p_two.jsonl: pairID 150 is missing" in capsys.readouterr().err
     assert len(out.read_text().splitlines()) == 60       # the earlier file is kept
+    (source / "p_two.jsonl").write_bytes(b"".join(lines_b[:3]) + b"\xff\xfe{}\n")
+    with pytest.raises(SystemExit):
+        blimp.main(["--source", str(source), "--output", str(out)])
+    err = capsys.readouterr().err
+    assert "p_two.jsonl:4: not valid UTF-8" in err and "Traceback" not in err, err
+    assert len(out.read_text().splitlines()) == 60
 
 
 def test_pairs_probe_drops_what_cannot_be_scored_and_scores_the_rest(tmp_path):

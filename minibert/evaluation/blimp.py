@@ -86,15 +86,18 @@ def cut_dev(source: Path, output: Path, first: int = HELD_OUT, count: int = 200)
     name order) to ``output`` atomically; returns the number of pairs.
 
     Raises:
-        ValueError: no paradigm files, or a file :func:`dev_rows` refuses.
+        ValueError: no paradigm files, a line that is not UTF-8 (naming file, line and
+            column), or a file :func:`dev_rows` refuses.
+        OSError: a file cannot be read.
     """
     from ..atomic import atomic_write_bytes
+    from ..textfiles import utf8_lines
     files = sorted(Path(source).glob("*.jsonl"))
     if not files:
         raise ValueError(f"--source: no *.jsonl files in {source}")
     rows = []
     for f in files:
-        rows += dev_rows(f.read_text(encoding="utf-8").splitlines(), first, count, str(f))
+        rows += dev_rows((text for _, text in utf8_lines(f)), first, count, str(f))
     atomic_write_bytes(output, "".join(json.dumps(r) + "\n" for r in rows).encode("utf-8"))
     return len(rows)
 

@@ -174,14 +174,20 @@ class PairsProbe:
 
 
 
-def probe_floors(probes: dict[str, PairsProbe], sentences: Iterable[str]) -> dict[str, float]:
-    """``{NAME_unigram_acc, NAME_trigram_acc}``: the macro accuracy (percent) on each probe's
-    pairs of an add-0.1 word unigram and a Kneser-Ney word trigram, both counted once on
-    ``sentences`` (:mod:`.ngram`)."""
+def count_floors(sentences: Iterable[str]) -> dict[str, object]:
+    """The two count floors fitted once on ``sentences``: ``{"unigram": add-0.1 word
+    unigram, "trigram": Kneser-Ney word trigram}`` (:mod:`.ngram`), each scored with
+    :func:`score_pairs_lm`."""
     from .ngram import AddKUnigram, KneserNeyTrigram
     sentences = list(sentences)
-    counted = {"unigram": AddKUnigram(0.1).fit(sentences),
-               "trigram": KneserNeyTrigram().fit(sentences)}
+    return {"unigram": AddKUnigram(0.1).fit(sentences),
+            "trigram": KneserNeyTrigram().fit(sentences)}
+
+
+def probe_floors(probes: dict[str, PairsProbe], sentences: Iterable[str]) -> dict[str, float]:
+    """``{NAME_unigram_acc, NAME_trigram_acc}``: the macro accuracy (percent) on each probe's
+    pairs of the :func:`count_floors` counted once on ``sentences``."""
+    counted = count_floors(sentences)
     return {f"{name}_{kind}_acc": score_pairs_lm(lm, probe.pairs)["macro"]
             for name, probe in probes.items() for kind, lm in counted.items()}
 
