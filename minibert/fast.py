@@ -22,7 +22,8 @@ _cpu_paths: dict = {}   # minibert.fast_cpu.FAST_PATHS, once set_fast_paths(True
 
 _GPU_ONLY = frozenset({"split_heads", "merge_head_grads", "linear_backward_into",
                        "layernorm_backward_into", "add_grads", "clip_grad_norm",
-                       "masked_softmax_forward", "dropout_softmax_backward"})
+                       "masked_softmax_forward", "dropout_softmax_backward",
+                       "batched_matmul"})
 """Formulas with a fused GPU kernel and no CPU fast path (NumPy arrays run the formula)."""
 
 

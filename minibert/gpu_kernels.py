@@ -624,19 +624,132 @@ def bias_dropout_add_forward(x, b, residual, p: float, rng):
 _ONES = {}      # (device, n, dtype) -> a (1, n) row of ones on that device, made once
 
 
-def _gemm_ready(a) -> bool:
-    """Whether cuBLAS reads ``a`` (2-D) in place: C- or F-contiguous (else
-    ``cupy.cublas.gemm`` copies it first, one more launch)."""
-    return a.flags.c_contiguous or a.flags.f_contiguous
+# ------------------------------------------------------------------ matrix products
+#
+# cuBLAS enums (cublas_api.h, library_types.h), the values CuPy's cupy.cuda.cublas takes.
+_CUBLAS_OP = (0, 1)                                # CUBLAS_OP_N, CUBLAS_OP_T
+_CUDA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}   # CUDA_R_*
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70           # CUBLAS_COMPUTE_*
+_GEMM_DEFAULT, _GEMM_DEFAULT_TENSOR_OP = -1, 99                           # cublasGemmAlgo_t
+_SCALARS = {(v, t): numpy.array(v, t) for v in (0.0, 1.0) for t in (numpy.float32,
+                                                                      numpy.float64)}
+"""alpha and beta as host scalars of the compute type (cuBLAS's default host pointer
+mode reads them during the call); kept alive here for the process."""
+
+
+def _gemm_layout(x, what: str):
+    """``(array, ld, batch_stride, batch)`` for a row-major operand of shape (..., R, C):
+    the array cuBLAS reads (``x`` itself when its rows are unit-stride and its leading axes
+    collapse to one stride, else a C-contiguous copy: one launch), its row stride in
+    elements, the stride between matrices (0 for a 2-D operand, repeated over the batch)
+    and the number of matrices."""
+    size = x.itemsize
+    if x.ndim >= 2 and x.shape[-1] > 0 and (x.strides[-1] == size or x.shape[-1] == 1) and \
+            x.strides[-2] % size == 0 and x.strides[-2] // size >= x.shape[-1]:
+        lead = [(n, st) for n, st in zip(x.shape[:-2], x.strides[:-2]) if n != 1]
+        ok = all(st % size == 0 and st == n2 * st2 for (n, st), (n2, st2) in
+                 zip(lead, lead[1:]))
+        batch_stride = lead[-1][1] // size if lead else 0
+        if ok and (not lead or batch_stride >= x.shape[-2] * x.strides[-2] // size):
+            batch = math.prod(x.shape[:-2])
+            return x, max(x.strides[-2] // size, 1), batch_stride, batch
+    x = cupy.ascontiguousarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"{what}: a matrix product needs >= 2 axes, got shape {x.shape}")
+    R, C = x.shape[-2:]
+    return x, max(C, 1), R * C if x.ndim > 2 else 0, math.prod(x.shape[:-2])
+
+
+def gemm_ex(a, b, out=None, transpose_a: bool = False, transpose_b: bool = False,
+            beta: float = 0.0):
+    """``out = op(a) @ op(b) + beta out`` as one cuBLAS GemmEx call
+    (``cublasGemmStridedBatchedEx`` over a batch, ``cublasGemmEx`` for one matrix), op
+    transposing the last two axes where asked, read in place: no copy of a transposed
+    operand, no cast. Float16 and bfloat16 operands keep 16-bit inputs and outputs with
+    float32 accumulation on tensor cores (CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP;
+    NVIDIA's cuBLAS guide, "cublasGemmEx"); float32 uses TF32 tensor cores when
+    :func:`minibert.backend.set_tf32` allows them; float64 stays float64.
+
+    cuBLAS is column-major: the row-major ``C = op(A) op(B)`` is run as the column-major
+    ``C^T = op(B)^T op(A)^T`` (a row-major (R, C) matrix is its column-major transpose with
+    leading dimension C), as CuPy's ``matmul`` does.
+
+    Args:
+        a: (..., M, K), or (..., K, M) with ``transpose_a``; b: (..., K, N), or (..., N, K)
+            with ``transpose_b``; CuPy arrays of one float dtype, their leading axes equal to
+            ``out``'s or absent (a 2-D operand is repeated over the batch).
+        out: (..., M, N) of the operands' dtype, rows unit-stride (C-contiguous), or None
+            for a new array (``beta`` must then be 0); with ``beta = 1`` the product is
+            added into it (a gradient accumulation).
+    Returns:
+        out.
+    Raises:
+        ValueError: shapes or dtypes that do not fit.
+    """
+    from .backend import get_tf32
+    dtype = numpy.dtype(a.dtype)
+    if b.dtype != dtype or dtype.name not in _CUDA_TYPE:
+        raise ValueError(f"gemm_ex: operands {a.dtype} and {b.dtype}; expected one of "
+                         f"{', '.join(_CUDA_TYPE)}")
+    M, K = a.shape[-1:-3:-1] if transpose_a else a.shape[-2:]
+    K2, N = b.shape[-1:-3:-1] if transpose_b else b.shape[-2:]
+    lead = a.shape[:-2] if a.ndim >= b.ndim else b.shape[:-2]
+    if K != K2 or (a.ndim > 2 and a.shape[:-2] != lead) or (b.ndim > 2 and b.shape[:-2] != lead):
+        raise ValueError(f"gemm_ex: shapes {a.shape}{'^T' * transpose_a} and "
+                         f"{b.shape}{'^T' * transpose_b} do not multiply")
+    if out is None:
+        if beta != 0.0:
+            raise ValueError("gemm_ex: beta != 0 needs out")
+        out = cupy.empty((*lead, M, N), dtype)
+    if out.shape != (*lead, M, N) or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"gemm_ex: out {out.shape} {out.dtype} (C-contiguous: "
+                         f"{out.flags.c_contiguous}); expected {(*lead, M, N)} {dtype}")
+    if out.size == 0:
+        return out
+    a, lda, stride_a, _ = _gemm_layout(a, "a")
+    b, ldb, stride_b, _ = _gemm_layout(b, "b")
+    batch = math.prod(lead)
+    if dtype == numpy.float64:
+        compute, algo, scalar = _COMPUTE_64F, _GEMM_DEFAULT, numpy.float64
+    else:
+        compute = _COMPUTE_32F_FAST_TF32 if dtype == numpy.float32 and get_tf32() \
+            else _COMPUTE_32F
+        algo, scalar = _GEMM_DEFAULT_TENSOR_OP, numpy.float32
+    one, beta_ = _SCALARS[(1.0, scalar)], _SCALARS[(float(beta), scalar)]
+    kind = _CUDA_TYPE[dtype.name]
+    blas = cupy.cuda.cublas
+    op_b, op_a, handle = _CUBLAS_OP[transpose_b], _CUBLAS_OP[transpose_a], \
+        cupy.cuda.get_cublas_handle()
+    # column-major: C^T (N x M, ld N) = op(B)^T (N x K) op(A)^T (K x M)
+    if batch == 1:
+        blas.gemmEx(handle, op_b, op_a, N, M, K, one.ctypes.data, b.data.ptr, kind, ldb,
+                    a.data.ptr, kind, lda, beta_.ctypes.data, out.data.ptr, kind, N,
+                    compute, algo)
+    else:
+        blas.gemmStridedBatchedEx(handle, op_b, op_a, N, M, K, one.ctypes.data,
+                                  b.data.ptr, kind, ldb, stride_b, a.data.ptr, kind, lda,
+                                  stride_a, beta_.ctypes.data, out.data.ptr, kind, N, M * N,
+                                  batch, compute, algo)
+    return out
+
+
+def batched_matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
+    """:func:`minibert.nn.attention.batched_matmul` as one :func:`gemm_ex`: the transposed
+    operand read in place, and float16 / bfloat16 on tensor cores with float32
+    accumulation. CuPy's ``matmul`` of more than two axes casts float16 to float32, runs
+    the product there and casts back (``cupy/_core/_routines_linalg.pyx``: three more
+    launches, and no tensor cores), and copies a transposed operand first."""
+    return gemm_ex(a, b, None, transpose_a, transpose_b)
 
 
 def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
     """:func:`minibert.nn.linear.linear_backward_into` with the accumulations inside the
-    products: ``dw_acc += dout2^T x2`` and ``db_acc += 1^T dout2`` each one cuBLAS gemm with
-    ``beta = 1`` (``cupy.cublas.gemm``), instead of a product or a sum and an addition.
+    products: ``dw_acc += dout2^T x2`` and ``db_acc += 1^T dout2`` each one cuBLAS GemmEx
+    with ``beta = 1`` (:func:`gemm_ex`; float16 with float32 accumulation), instead of a
+    product or a sum and an addition.
 
-    Float16 (cuBLAS gemm through ``cupy.cublas`` takes float32 / float64 only) and an
-    accumulator that is not contiguous run the formula's operations.
+    An accumulator of another dtype than ``dout`` or not contiguous runs the formula's
+    operations.
 
     Args:
         dout: (..., O) CuPy float array; cache: from :func:`minibert.nn.linear_forward`;
@@ -644,24 +757,23 @@ def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
     Returns:
         dx (..., I).
     """
-    import cupy.cublas
     x, w, has_bias = cache
     O = dout.shape[-1]
     d2 = dout.reshape(-1, O)                             # (N, O)
     x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
     dx = (d2 @ w).reshape(x.shape)
-    gemm = dout.dtype.char in "fd" and x.dtype == dout.dtype
+    gemm = x.dtype == dout.dtype
     if dw_acc is not None:
         if gemm and dw_acc.dtype == dout.dtype and dw_acc.flags.c_contiguous:
-            cupy.cublas.gemm("T", "N", d2, x2, out=dw_acc, beta=1.0)
+            gemm_ex(d2, x2, dw_acc, transpose_a=True, beta=1.0)
         else:
             dw_acc += d2.T @ x2
     if has_bias and db_acc is not None:
-        if gemm and db_acc.dtype == dout.dtype and db_acc.flags.c_contiguous and _gemm_ready(d2):
+        if gemm and db_acc.dtype == dout.dtype and db_acc.flags.c_contiguous:
             key = (cupy.cuda.runtime.getDevice(), d2.shape[0], dout.dtype.char)
             if key not in _ONES:
                 _ONES[key] = cupy.ones((1, d2.shape[0]), dout.dtype)
-            cupy.cublas.gemm("N", "N", _ONES[key], d2, out=db_acc.reshape(1, O), beta=1.0)
+            gemm_ex(_ONES[key], d2, db_acc.reshape(1, O), beta=1.0)
         else:
             db_acc += d2.sum(axis=0)
     return dx
@@ -818,6 +930,7 @@ FAST_PATHS.update({
     "linear_backward_into": linear_backward_into,
     "layernorm_backward_into": layernorm_backward_into,
     "split_heads": split_heads, "merge_head_grads": merge_head_grads,
+    "batched_matmul": batched_matmul,
     "bias_dropout_add_forward": bias_dropout_add_forward,
     "gelu_forward": gelu_forward, "gelu_backward": gelu_backward,
     "dropout_forward": dropout_forward, "dropout_backward": dropout_backward,

@@ -88,12 +88,40 @@ class Transfers:
         uploads: the same for each host-to-device copy.
         launches: one ``"<what> at <folder>/<file>:<line> (<function>)"`` string per
             operation that launches a kernel on a GPU (see :func:`_launch`), in order.
+        products: one :class:`Product` per cuBLAS matrix product, in order: the routine,
+            the data types of A, B and C and the compute type CuPy or the caller chose.
     """
 
     def __init__(self):
         self.syncs: list[str] = []
         self.uploads: list[str] = []
         self.launches: list[str] = []
+        self.products: list[Product] = []
+
+
+class Product(tuple):
+    """One cuBLAS product as recorded: ``(routine, a, b, c, compute, where)``; the types are
+    NumPy dtype names ("float16", "float32", "bfloat16", "float64"), the compute type one
+    of "float32", "tf32", "float64" (CuPy's legacy float32 batched path records "float32")."""
+
+    def __new__(cls, routine, a, b, c, compute, where):
+        return super().__new__(cls, (routine, a, b, c, compute, where))
+
+    routine = property(lambda self: self[0])
+    types = property(lambda self: self[1:4])
+    compute = property(lambda self: self[4])
+    where = property(lambda self: self[5])
+
+
+def _product(routine: str, a, b, c, compute: str) -> None:
+    """Record one cuBLAS product (and its launch)."""
+    _launch(routine)
+    if not _recorders:
+        return
+    names = [np.dtype(t).name if not isinstance(t, str) else t for t in (a, b, c)]
+    event = Product(routine, *names, compute, _caller())
+    for rec in _recorders:
+        rec.products.append(event)
 
 
 _local = threading.local()    # .allowed: what cupyx.allow_synchronize put in force
@@ -289,7 +317,7 @@ class ndarray(NDArrayOperatorsMixin):
     strides = property(lambda self: self._a.strides)
     flags = property(lambda self: self._a.flags)
     T = property(lambda self: _wrap(self._a.T))
-    data = property(lambda self: _Pointer(self._a.__array_interface__["data"][0]))
+    data = property(lambda self: _Pointer(_register(self._a)))
     device = property(lambda self: Device(0))
 
     def __len__(self):
@@ -397,6 +425,8 @@ class ndarray(NDArrayOperatorsMixin):
 
     # -- NumPy's protocols ----------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is np.matmul and method == "__call__":
+            return _matmul(*inputs, **kwargs)
         name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
         return _call(getattr(ufunc, method), inputs, kwargs, launch=name)
 
@@ -451,6 +481,8 @@ class _Ufunc:
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
     def __call__(self, *args, **kwargs):
+        if self._ufunc is np.matmul:
+            return _matmul(*args, **kwargs)
         return _call(self._ufunc, args, kwargs, launch=self.__name__)
 
     def __getattr__(self, method):
@@ -788,8 +820,153 @@ def gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
             _launch("cupy.cublas.gemm (copy back into out)")
         t = a.dtype.type
         out._a[...] = t(alpha) * product + t(beta) * out._a
-    _launch("cupy.cublas.gemm")
+    _product("cupy.cublas.gemm", a.dtype, b.dtype, out.dtype, a.dtype.name)
     return out
+
+
+def _matmul(a, b, out=None, **kwargs):
+    """``cupy.matmul`` / ``a @ b`` with the launches and cuBLAS call CuPy 14 makes
+    (``cupy/_core/_routines_linalg.pyx``, ``matmul``, ``dot``, ``tensordot_core``):
+
+    - both operands 2-D (or 1-D): ``dot``, one ``gemmEx`` in the operands' type (float16
+      and bfloat16 with float32 compute); an operand neither C- nor F-contiguous is copied
+      first (one launch);
+    - more dimensions: float16 is promoted to float32 (``if dtype.char == 'e': dtype =
+      numpy.dtype('f')``), each operand made C-contiguous in that type (one launch where it
+      is not already), one ``gemmStridedBatchedEx`` in float32 with a legacy compute type
+      (``sgemmBatched`` plus three pointer kernels when an operand is broadcast), and a
+      copy back into a float16 result (one launch).
+    """
+    if kwargs:
+        raise TypeError(f"matmul: the stand-in takes no {sorted(kwargs)}")
+    x, y = _unwrap(a), _unwrap(b)
+    result = np.matmul(x, y)
+    if x.ndim <= 2 and y.ndim <= 2:
+        for op in (x, y):
+            if not (op.flags.c_contiguous or op.flags.f_contiguous):
+                _launch("cupy.matmul (copy of a strided operand)")
+        kind = result.dtype
+        _product("gemmEx (cupy.matmul)", kind, kind, kind,
+                 "float64" if kind == np.float64 else "float32")
+    else:
+        kind = np.dtype(np.float32) if result.dtype == np.float16 else result.dtype
+        for op in (x, y):
+            if op.dtype != kind:
+                _launch(f"cupy.matmul (cast of an operand to {kind.name})")
+            elif not op.flags.c_contiguous:
+                _launch("cupy.matmul (copy of a strided operand)")
+        if x.shape[:-2] != y.shape[:-2]:
+            for _ in range(3):
+                _launch("cupy.matmul (_mat_ptrs)")
+            _product("sgemmBatched (cupy.matmul)", kind, kind, kind, kind.name)
+        else:
+            _product("gemmStridedBatchedEx (cupy.matmul)", kind, kind, kind, kind.name)
+        if kind != result.dtype:
+            _launch(f"cupy.matmul (cast of the result to {result.dtype.name})")
+        elif out is not None and not out.flags.c_contiguous:
+            _launch("cupy.matmul (copy into out)")
+    if out is not None:
+        out._a[...] = result
+        return out
+    return _wrap(result)
+
+
+# cuBLAS / CUDA enums (cublas_api.h, library_types.h), as cupy.cuda.cublas / runtime name them
+_CUDA_TYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float64), 2: np.dtype(np.float16),
+               14: "bfloat16"}
+_COMPUTE_TYPES = {68: "float32", 77: "tf32", 70: "float64"}     # CUBLAS_COMPUTE_*
+_registered: dict = {}          # host address -> weakref of the array whose .data was asked
+
+
+def _register(a: np.ndarray) -> int:
+    """``a.data.ptr``: the host address of ``a``'s first element, remembered so that a raw
+    cuBLAS call given that pointer finds the array (and its extent) again."""
+    import weakref
+    ptr = a.__array_interface__["data"][0]
+    _registered[ptr] = weakref.ref(a)
+    return ptr
+
+
+def _scalar(ptr: int, compute: str) -> float:
+    """The host scalar at ``ptr`` (alpha, beta): float32 for a float32 / TF32 compute type,
+    float64 for float64 (CUBLAS_POINTER_MODE_HOST, CuPy's default)."""
+    import ctypes
+    kind = np.float64 if compute == "float64" else np.float32
+    size = np.dtype(kind).itemsize
+    return float(np.frombuffer((ctypes.c_char * size).from_address(ptr), kind)[0])
+
+
+def _matrices(what, ptr, cuda_type, rows, cols, ld, stride, batch):
+    """The (batch, rows, cols) column-major matrices cuBLAS reads at ``ptr``: element
+    (b, i, j) at ``ptr + (b stride + i + j ld) itemsize``. Raises AssertionError (where
+    cuBLAS would read or write past the array, or misread it) for an unknown pointer, a
+    dtype other than ``cuda_type``, ``ld < rows`` or an extent past the array."""
+    ref = _registered.get(ptr)
+    arr = ref() if ref is not None else None
+    if arr is None:
+        raise AssertionError(f"{what}: pointer {ptr:#x} is no live array's .data.ptr")
+    kind = _CUDA_TYPES.get(cuda_type)
+    if kind is None or arr.dtype != kind:
+        raise AssertionError(f"{what}: declared CUDA type {cuda_type} ({kind}), "
+                             f"the array is {arr.dtype}")
+    if ld < max(1, rows) or stride < 0 or batch < 1 or rows < 1 or cols < 1:
+        raise AssertionError(f"{what}: invalid ld {ld} for {rows} rows, stride {stride}, "
+                             f"batch {batch}")
+    isz = arr.itemsize
+    if any(st < 0 for st in arr.strides):
+        raise AssertionError(f"{what}: an array with negative strides")
+    span = sum((n - 1) * st for n, st in zip(arr.shape, arr.strides)) + isz if arr.size else 0
+    extent = ((batch - 1) * stride + (rows - 1) + (cols - 1) * ld + 1) * isz
+    if extent > span:
+        raise AssertionError(f"{what}: cuBLAS would reach {extent} bytes from the pointer; "
+                             f"the array {arr.shape} {arr.dtype} spans {span}")
+    return np.lib.stride_tricks.as_strided(arr, (batch, rows, cols),
+                                           (stride * isz, isz, ld * isz))
+
+
+def _gemm_raw(routine, transa, transb, m, n, k, alpha, A, Atype, lda, strideA,
+              B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batch, compute, algo):
+    """What a cuBLAS GemmEx call computes, column-major: ``C = alpha op(A) op(B) + beta C``
+    with op(A) m x k, op(B) k x n, C m x n (C is not read when beta is 0), in float32 (or
+    float64) arithmetic, rounded once into C's type. Records the product with its types."""
+    kind = _COMPUTE_TYPES.get(compute)
+    if kind is None:
+        raise AssertionError(f"{routine}: compute type {compute} is not one the stand-in knows")
+    if transa not in (0, 1) or transb not in (0, 1):
+        raise AssertionError(f"{routine}: trans {transa} / {transb}")
+    a = _matrices(f"{routine} A", A, Atype, *((m, k) if transa == 0 else (k, m)), lda,
+                  strideA, batch)
+    b = _matrices(f"{routine} B", B, Btype, *((k, n) if transb == 0 else (n, k)), ldb,
+                  strideB, batch)
+    c = _matrices(f"{routine} C", C, Ctype, m, n, ldc, strideC, batch)
+    if strideC and strideC < m + (n - 1) * ldc and batch > 1:
+        raise AssertionError(f"{routine}: the batches of C overlap (stride {strideC})")
+    arith = np.float64 if kind == "float64" else np.float32
+    op_a = (a if transa == 0 else a.transpose(0, 2, 1)).astype(arith)
+    op_b = (b if transb == 0 else b.transpose(0, 2, 1)).astype(arith)
+    result = arith(_scalar(alpha, kind)) * np.matmul(op_a, op_b)
+    beta_value = _scalar(beta, kind)
+    if beta_value != 0:
+        result = result + arith(beta_value) * c.astype(arith)
+    c[...] = result.astype(c.dtype)
+    _product(routine, _CUDA_TYPES[Atype], _CUDA_TYPES[Btype], _CUDA_TYPES[Ctype], kind)
+
+
+def gemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
+           Ctype, ldc, computeType, algo):
+    """``cupy.cuda.cublas.gemmEx`` (cublasGemmEx): see :func:`_gemm_raw`."""
+    _gemm_raw("cublas.gemmEx", transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype,
+              ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType, algo)
+
+
+def gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B,
+                         Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
+                         computeType, algo):
+    """``cupy.cuda.cublas.gemmStridedBatchedEx`` (cublasGemmStridedBatchedEx): see
+    :func:`_gemm_raw`; a stride of 0 repeats one matrix over the batch."""
+    _gemm_raw("cublas.gemmStridedBatchedEx", transa, transb, m, n, k, alpha, A, Atype, lda,
+              strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
+              computeType, algo)
 
 
 class ReductionKernel:
@@ -916,6 +1093,7 @@ class _runtime:
     getDeviceCount = staticmethod(lambda: 1)
     getDevice = staticmethod(lambda: 0)
     runtimeGetVersion = staticmethod(lambda: 0)
+    CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
     driverGetVersion = staticmethod(lambda: 0)
 
     @staticmethod
@@ -970,6 +1148,9 @@ cupy = _module(
         launch="cupy.linalg.norm")),
     cublas=_module("cupy.cublas", gemm=gemm),
     cuda=_module("cupy.cuda", Device=Device, runtime=_runtime, curand=_curand,
+                 cublas=_module("cupy.cuda.cublas", gemmEx=gemmEx,
+                                gemmStridedBatchedEx=gemmStridedBatchedEx),
+                 get_cublas_handle=lambda: 0,
                  nvrtc=types.SimpleNamespace(getVersion=lambda: (0, 0)),
                  get_current_stream=lambda: _Stream()),
 )

@@ -114,6 +114,29 @@ def split_heads(qkv, num_heads: int, bias=None):
     return q, k, v, scale
 
 
+def batched_matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
+    """``op(a) @ op(b)`` over the leading (batch) axes, op swapping the last two axes where
+    asked: attention's products (``q k^T``, ``probs v`` and their gradients).
+
+    Args:
+        a: (..., M, K), or (..., K, M) with ``transpose_a``; b: (..., K, N), or (..., N, K)
+            with ``transpose_b``; one float dtype, the same leading axes.
+    Returns:
+        (..., M, N) in the operands' dtype. With the fast paths on
+        (:func:`minibert.fast.set_fast_paths`), CuPy arrays run
+        :func:`minibert.gpu_kernels.batched_matmul` instead: one cuBLAS GemmEx that reads the
+        transposed operand in place, float16 on tensor cores with float32 accumulation.
+    """
+    fast = fast_path("batched_matmul", a)
+    if fast is not None:
+        return fast(a, b, transpose_a, transpose_b)
+    if transpose_a:
+        a = a.swapaxes(-1, -2)
+    if transpose_b:
+        b = b.swapaxes(-1, -2)
+    return a @ b
+
+
 def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng=None,
                       qkv_bias=None):
     """softmax(q k^T / sqrt(HS) + mask) v over each head (Vaswani et al. 2017, eq. 1).
@@ -140,12 +163,12 @@ def attention_forward(qkv, mask_add, num_heads: int, dropout_p: float = 0.0, rng
         ctx, fields = fast(qkv, mask_add, num_heads, dropout_p, rng, qkv_bias)
         return ctx, AttentionCache(*fields)
     q, k, v, scale = split_heads(qkv, num_heads, qkv_bias)     # (B, NH, T, HS) each
-    scores = q @ k.transpose(0, 1, 3, 2)                        # (B, NH, T, T)
+    scores = batched_matmul(q, k, transpose_b=True)             # q @ k^T, (B, NH, T, T)
     probs, softmax_cache = masked_softmax_forward(scores, mask_add)  # (B, NH, T, T)
     dropped, dropout_cache = probs, None
     if dropout_p > 0.0:
         dropped, dropout_cache = dropout_forward(probs, dropout_p, rng)
-    ctx = dropped @ v                                           # (B, NH, T, HS)
+    ctx = batched_matmul(dropped, v)                            # (B, NH, T, HS)
     cache = AttentionCache(q, k, v, softmax_cache, dropped, dropout_cache, scale)
     return merge_heads(ctx), cache                              # (B, T, C)
 
@@ -202,11 +225,12 @@ def attention_backward_formula(dctx, cache: AttentionCache, dprobs=None):
     path runs on each block of the batch."""
     q, k, v, softmax_cache, dropped, dropout_cache, scale = cache
     B, NH, T, HS = q.shape
-    # forward: return merge_heads(ctx)
-    dctx = dctx.reshape(B, T, NH, HS).transpose(0, 2, 1, 3)     # (B, NH, T, HS) view
-    # forward: ctx = dropped @ v
-    ddropped = dctx @ v.transpose(0, 1, 3, 2)                   # (B, NH, T, T)
-    dv = dropped.transpose(0, 1, 3, 2) @ dctx                   # (B, NH, T, HS)
+    # forward: return merge_heads(ctx); made contiguous once for the two products below
+    dctx = get_array_module(dctx).ascontiguousarray(
+        dctx.reshape(B, T, NH, HS).transpose(0, 2, 1, 3))      # (B, NH, T, HS)
+    # forward: ctx = batched_matmul(dropped, v)
+    ddropped = batched_matmul(dctx, v, transpose_b=True)        # dctx @ v^T, (B, NH, T, T)
+    dv = batched_matmul(dropped, dctx, transpose_a=True)        # dropped^T @ dctx, (B, NH, T, HS)
     if dprobs is None:
         # forward: dropped = dropout(probs), probs = softmax(scores); masked entries have
         # probs 0, hence dscores 0
@@ -218,8 +242,9 @@ def attention_backward_formula(dctx, cache: AttentionCache, dprobs=None):
         dprobs = d + dprobs.astype(d.dtype, copy=False)                  # (B, NH, T, T)
         # forward: probs = softmax(scores)
         dscores = softmax_backward(dprobs, softmax_cache, out=dprobs)    # (B, NH, T, T)
-    # forward: scores = (q * scale) @ k^T (+ mask_add, a constant); cache.q holds q * scale
-    dq_scaled = dscores @ k                                     # d(q * scale), (B, NH, T, HS)
-    dk = dscores.transpose(0, 1, 3, 2) @ q                      # (B, NH, T, HS)
+    # forward: scores = batched_matmul(q, k, transpose_b=True) (+ mask_add, a constant),
+    # where cache.q holds q * scale
+    dq_scaled = batched_matmul(dscores, k)                      # d(q * scale), (B, NH, T, HS)
+    dk = batched_matmul(dscores, q, transpose_a=True)           # dscores^T @ q, (B, NH, T, HS)
     # forward: q, k, v = split_heads(qkv)
     return merge_head_grads(dq_scaled, dk, dv, scale)           # (B, T, 3C)
