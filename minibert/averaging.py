@@ -41,7 +41,7 @@ class WeightAverage:
 
     Args:
         optimizer: the run's AdamW; its weights are ``optimizer.master`` (float32) with
-            float16 parameters, else ``optimizer.flat.data``.
+            float16 or bfloat16 parameters, else ``optimizer.flat.data``.
         decay: d in (0, 1) (GPT-BERT: 0.999).
     Attributes:
         average: (S,) array on the parameters' device, in the weights' dtype (float32, or
@@ -74,7 +74,7 @@ class WeightAverage:
     def swapped_in(self) -> Iterator[None]:
         """A block in which the model's parameters hold the average (cast to their dtype);
         the raw weights are put back at its end, bit for bit, also when it raises. The
-        optimizer's float32 master weights (float16 runs) are not touched. Nothing may
+        optimizer's float32 master weights (16-bit runs) are not touched. Nothing may
         train inside the block."""
         flat = self.optimizer.flat.data
         saved = (self._scratch if self._scratch.dtype == flat.dtype

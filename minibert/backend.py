@@ -373,12 +373,66 @@ def derive_seed(*keys: int) -> int:
     return int(word) >> 1
 
 
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+"""The names ``--dtype`` takes (:func:`resolve_dtype`)."""
+
+
+def resolve_dtype(name: str, device: str | None = None) -> np.dtype:
+    """The NumPy dtype of a ``--dtype`` name.
+
+    bfloat16 (8 exponent bits as float32, 7 mantissa bits; Kalamkar et al. 2019) is
+    ``ml_dtypes.bfloat16``, the type CuPy 14 computes bfloat16 with; NumPy has no arithmetic
+    of its own for it, so it is a GPU dtype here.
+
+    Args:
+        name: one of :data:`DTYPES`.
+        device: "cpu" or "cuda" (default: the device in force).
+    Raises:
+        BackendError: an unknown name; bfloat16 on the CPU, without ml_dtypes, or with a
+            NumPy older than 2.1.2 (below it CuPy registers no bfloat16 kernels:
+            ``cupy/_util.pyx``).
+    """
+    if name not in DTYPES:
+        raise BackendError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    if name != "bfloat16":
+        return np.dtype(name)
+    if (device or _device) != "cuda":
+        raise BackendError("--dtype bfloat16 needs --device cuda: it runs on the GPU's "
+                           "tensor cores through CuPy; on the CPU use float32")
+    if np.lib.NumpyVersion(np.__version__) < "2.1.2":
+        raise BackendError(f"--dtype bfloat16 needs NumPy >= 2.1.2 (CuPy's bfloat16 kernels "
+                           f"need it); this is NumPy {np.__version__}")
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise BackendError("--dtype bfloat16 needs the ml_dtypes package: " + _INSTALL_HINT
+                           ) from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_half(dtype) -> bool:
+    """Whether ``dtype`` is a 16-bit float (float16 or bfloat16): mixed precision, with
+    float32 master weights and float32 row reductions."""
+    dtype = np.dtype(dtype)
+    return dtype == np.float16 or dtype.name == "bfloat16"
+
+
 def compute_dtype(dtype):
     """The dtype in which reductions over a row run for activations of ``dtype``: float32
-    for float16 (LayerNorm statistics, softmax and cross-entropy sums overflow or lose
-    their precision in half precision; the float32 list of PyTorch's autocast), else
-    ``dtype`` itself."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+    for float16 and bfloat16 (LayerNorm statistics, softmax and cross-entropy sums overflow
+    or lose their precision in half precision; the float32 list of PyTorch's autocast),
+    else ``dtype`` itself."""
+    return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
+
+
+def finfo(dtype):
+    """``numpy.finfo`` of a float dtype, bfloat16 included (through ``ml_dtypes.finfo``;
+    NumPy's refuses it)."""
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
 
 
 class DropoutRNG:

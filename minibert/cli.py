@@ -141,7 +141,7 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "dtype": (("--dtype",), dict(
         help="parameter and activation dtype; float16 is mixed precision: float16 compute, "
              "float32 master weights, dynamic loss scaling (for GPUs; NumPy's float16 is "
-             "slow)")),
+             "slow); bfloat16 (--device cuda only) is the same without loss scaling")),
     "tf32": (("--tf32",), dict(
         action="store_true",
         help="let float32 matmuls use TF32 tensor cores (--device cuda, Ampere+)")),
@@ -388,6 +388,8 @@ def start_job(args: JobOptions, given: set[str], prog: str, job: str | None = No
         device = backend.set_device(args.device)
         if args.tf32:
             backend.set_tf32(True)
+        if getattr(args, "dtype", None):
+            backend.resolve_dtype(args.dtype, device)
         fast.set_fast_paths(args.fast_cpu)
     except backend.BackendError as e:
         stop(str(e))

@@ -187,7 +187,7 @@ class NCCLCommunicator(MPICommunicator):  # pragma: no cover - needs GPUs and NC
         uid = nccl.get_unique_id() if self.rank == 0 else None
         uid = self.comm.bcast(uid, root=0)      # a small tuple, once at start-up
         self.nccl_comm = nccl.NcclCommunicator(self.world_size, uid, self.rank)
-        self._dtypes = {np.dtype(np.float16): nccl.NCCL_FLOAT16,
+        self._dtypes = {np.dtype(np.float16): nccl.NCCL_FLOAT16, "bfloat16": nccl.NCCL_BFLOAT16,
                         np.dtype(np.float32): nccl.NCCL_FLOAT32,
                         np.dtype(np.float64): nccl.NCCL_FLOAT64,
                         np.dtype(np.int64): nccl.NCCL_INT64}
@@ -196,7 +196,9 @@ class NCCLCommunicator(MPICommunicator):  # pragma: no cover - needs GPUs and NC
         import cupy
         if get_array_module(buf) is np:
             raise DistributedError("--distributed nccl works on GPU arrays; got a NumPy array")
-        return buf.data.ptr, buf.size, self._dtypes[np.dtype(buf.dtype)], \
+        dtype = np.dtype(buf.dtype)
+        kind = self._dtypes["bfloat16" if dtype.name == "bfloat16" else dtype]
+        return buf.data.ptr, buf.size, kind, \
             cupy.cuda.get_current_stream().ptr
 
     def allreduce_(self, buf):

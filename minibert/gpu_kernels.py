@@ -82,9 +82,10 @@ def _ctype(dtype) -> tuple[str, str, str]:
 
 
 def _compute(dtype):
-    """The dtype of the row statistics for activations of ``dtype`` (float16 -> float32,
-    as :func:`minibert.backend.compute_dtype`)."""
-    return numpy.dtype(numpy.float32) if numpy.dtype(dtype) == numpy.float16 else numpy.dtype(dtype)
+    """The dtype of the row statistics for activations of ``dtype`` (float16 and bfloat16
+    -> float32: :func:`minibert.backend.compute_dtype`)."""
+    from .backend import compute_dtype
+    return compute_dtype(dtype)
 
 
 _IND = "            "     # the indentation of a kernel body's lines

@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .backend import get_array_module, to_numpy
+from .backend import get_array_module, is_half, to_numpy
 from .fast import fast_path
 from .nn import FlatParameters, Parameter
 
@@ -126,10 +126,11 @@ class AdamW:
     kernel on the GPU) instead of a dozen small ones per parameter. Build it *after*
     ``model.to(device)``; ``flat.zero_grad()`` clears every gradient at once.
 
-    Mixed precision (Micikevicius et al. 2018): with float16 parameters the optimizer keeps
-    float32 master weights, moments and gradients, and a :class:`DynamicLossScaler`.
+    Mixed precision (Micikevicius et al. 2018): with float16 or bfloat16 parameters the
+    optimizer keeps float32 master weights, moments and gradients, and with float16 a
+    :class:`DynamicLossScaler` (bfloat16 keeps float32's exponent range and needs none).
     The training step backpropagates ``loss * loss_scale()``, takes the float32 gradient
-    from :meth:`unscaled_grad`, steps the master weights and copies them back to float16.
+    from :meth:`unscaled_grad`, steps the master weights and copies them back to 16 bits.
 
     Args:
         named_parameters: (name, Parameter) pairs, e.g. ``model.named_parameters()``.
@@ -138,7 +139,7 @@ class AdamW:
         correct_bias: use bias-corrected moments.
     Attributes:
         flat: the FlatParameters; m, v: (S,) moment buffers aligned with ``flat.data``.
-        master: (S,) float32 master weights with float16 parameters, else None.
+        master: (S,) float32 master weights with float16 / bfloat16 parameters, else None.
         scaler: the DynamicLossScaler with float16 parameters, else None.
     Raises:
         ValueError: lr < 0, betas outside [0, 1), eps <= 0 or weight_decay < 0.
@@ -161,10 +162,11 @@ class AdamW:
         self.t = 0
         xp = get_array_module(self.flat.data)
         self.master = self.master_grad = self.scaler = None
-        if self.flat.data.dtype == np.float16:
+        if is_half(self.flat.data.dtype):
             self.master = self.flat.data.astype(np.float32)          # (S,) float32
             self.master_grad = xp.empty_like(self.master)             # (S,) float32
-            self.scaler = DynamicLossScaler(xp)
+            if self.flat.data.dtype == np.float16:   # bfloat16 has float32's exponent range
+                self.scaler = DynamicLossScaler(xp)
         weights = self.flat.data if self.master is None else self.master
         self.m = xp.zeros_like(weights)                               # (S,)
         self.v = xp.zeros_like(weights)                               # (S,)
@@ -179,11 +181,14 @@ class AdamW:
 
     def unscaled_grad(self):
         """The (S,) gradient to clip, check and step on: ``flat.grad`` itself, or with
-        float16 parameters its float32 copy divided by the loss scale."""
-        if self.scaler is None:
+        16-bit parameters its float32 copy (float16: divided by the loss scale)."""
+        if self.master is None:
             return self.flat.grad
-        xp = get_array_module(self.master_grad)
-        xp.multiply(self.flat.grad, 1.0 / self.scaler.scale, out=self.master_grad)
+        if self.scaler is None:
+            self.master_grad[...] = self.flat.grad                   # bfloat16 -> float32
+        else:
+            xp = get_array_module(self.master_grad)
+            xp.multiply(self.flat.grad, 1.0 / self.scaler.scale, out=self.master_grad)
         return self.master_grad
 
     def update_scale(self, finite) -> None:
@@ -235,16 +240,18 @@ class AdamW:
         update(p, g, self.m, self.v, self.n_decay, lr, step_size, v_scale, b1, b2, self.eps,
                self.weight_decay, scratch=self._tmp)
         if self.master is not None:
-            self.flat.data[...] = self.master                        # float32 -> float16
+            self.flat.data[...] = self.master                        # float32 -> 16 bits
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Host copies of the moments ("m.<name>", "v.<name>", each of its parameter's
-        shape) and the step count ("t"); with float16 parameters also the float32 master
-        weights ("master.<name>") and the loss scaler ("scaler.scale", "scaler.good_steps")."""
+        shape) and the step count ("t"); with 16-bit parameters also the float32 master
+        weights ("master.<name>"), and with float16 the loss scaler ("scaler.scale",
+        "scaler.good_steps")."""
         state = {"t": np.asarray(self.t)}
         buffers = {"m.": to_numpy(self.m), "v.": to_numpy(self.v)}
         if self.master is not None:
             buffers["master."] = to_numpy(self.master)
+        if self.scaler is not None:
             state.update({"scaler." + k: v for k, v in self.scaler.state_dict().items()})
         for (n, p), a, b in zip(self.params, self.flat.offsets[:-1], self.flat.offsets[1:]):
             for prefix, buf in buffers.items():
@@ -264,7 +271,9 @@ class AdamW:
         stores = [("m.", self.m), ("v.", self.v)]
         if self.master is not None and all("master." + n in state for n, _ in self.params):
             stores.append(("master.", self.master))
-            self.scaler.load_state_dict({k: state["scaler." + k] for k in ("scale", "good_steps")})
+            if self.scaler is not None:
+                self.scaler.load_state_dict({k: state["scaler." + k]
+                                             for k in ("scale", "good_steps")})
         for (n, p), a, b in zip(self.params, self.flat.offsets[:-1], self.flat.offsets[1:]):
             for key, store in ((prefix + n, buf) for prefix, buf in stores):
                 arr = np.asarray(state[key])

@@ -12,10 +12,10 @@ GPU), prints one table row per step (PASS / FAIL / SKIP, seconds, what it found)
 - tests: ``pytest -q -rs tests/test_gpu.py tests/test_backend.py tests/test_gpu_kernels.py``
   against the real CuPy; a skip whose reason is not one of :data:`EXPECTED_SKIPS` fails;
 - parity: one step of mini on the CPU and the GPU with dropout off (loss and gradient
-  norm), and 50 steps float16 against float32 on the GPU;
+  norm), and 50 steps float16, then bfloat16, against float32 on the GPU;
 - smoke: 30 steps of ``train_mlm.py --device cuda``, ``--resume`` for 10 more (compared
-  with 40 uninterrupted steps), ``--dtype float16``, ``--tf32``, ``finetune.py --device
-  cuda`` from the run, the fill-mask pipeline and PLL scoring on the device;
+  with 40 uninterrupted steps), ``--dtype float16``, ``--dtype bfloat16``, ``--tf32``,
+  ``finetune.py --device cuda`` from the run, the fill-mask pipeline and PLL scoring on the device;
 - nccl: ``mpirun -np 1 train_mlm.py --device cuda --distributed nccl`` (and ``-np N``
   with N GPUs);
 - speed: ``bench/bench_train_step.py --device cuda`` for mini and small against PyTorch
@@ -151,25 +151,29 @@ def _env_steps(check: list[str], py: list[str], cache: str) -> list[Step]:
                                    "tests/test_gpu.py", "tests/test_backend.py",
                                    "tests/test_gpu_kernels.py"], 70, unexpected_skips),
         Step("parity/one-step-cpu-gpu", check + ["parity-one-step"], 20, _expect_ok),
-        Step("parity/float16-vs-float32-50-steps", check + ["parity-float16"], 25, _expect_ok),
+        Step("parity/float16-vs-float32-50-steps", check + ["parity-half", "float16"], 25,
+             _expect_ok),
+        Step("parity/bfloat16-vs-float32-50-steps", check + ["parity-half", "bfloat16"], 15,
+             _expect_ok),
     ]
 
 
 def _smoke_steps(w: Path, check: list[str], py: list[str], train, device: str) -> list[Step]:
     """The smoke steps under the work directory ``w``: prepare, train 30 steps then resume,
-    against 40 straight, float16, TF32, fine-tuning, fill-mask and PLL scoring. ``train(out,
+    against 40 straight, float16, bfloat16, TF32, fine-tuning, fill-mask and PLL scoring. ``train(out,
     steps, *extra)`` gives a train_mlm.py command."""
     run = w / "run"
     return [
         Step("smoke/prepare-corpus-and-vocab", check + ["prepare", str(w)], 15, _expect_ok),
         Step("smoke/train-30", check + ["interrupted-run", "30", *train(run, 40)[2:]], 35,
              _expect_ok),
-        Step("smoke/resume-10", train(run, 40, "--resume", str(run)), 20),
-        Step("smoke/uninterrupted-40", train(w / "run40", 40), 25),
+        Step("smoke/resume-10", train(run, 40, "--resume", str(run)), 13),
+        Step("smoke/uninterrupted-40", train(w / "run40", 40), 15),
         Step("smoke/resume-exact", check + ["same-run", str(run), str(w / "run40")], 5,
              _expect_ok),
         Step("smoke/float16", train(w / "run16", 30, "--dtype", "float16"), 25),
-        Step("smoke/tf32", train(w / "runtf32", 30, "--tf32"), 20),
+        Step("smoke/bfloat16", train(w / "runbf16", 30, "--dtype", "bfloat16"), 15),
+        Step("smoke/tf32", train(w / "runtf32", 30, "--tf32"), 12),
         Step("smoke/finetune", py + ["finetune.py", "--init", str(run), "--data",
                                      str(ROOT / "data/classify/en/sms_spam"), "--output-dir",
                                      str(w / "finetune"), "--max-seq-length", "64",
@@ -180,7 +184,7 @@ def _smoke_steps(w: Path, check: list[str], py: list[str], train, device: str) -
                                       "--no-progress"], 15),
         Step("smoke/pll-score", py + ["-m", "minibert", "score", str(run),
                                       "the whale swam in the sea .", "--device", device,
-                                      "--no-progress"], 15),
+                                      "--no-progress"], 10),
     ]
 
 
@@ -378,7 +382,8 @@ def _mini_model(device: str, dtype="float32", dropout: bool = False, preset: str
     p = 0.1 if dropout else 0.0
     config = BertConfig.from_preset(preset, vocab_size=1000, max_position_embeddings=64,
                                     hidden_dropout_prob=p, attention_probs_dropout_prob=p)
-    return BertForPreTraining(config, seed=0).to(device, dtype=np.dtype(dtype))
+    from .backend import resolve_dtype
+    return BertForPreTraining(config, seed=0).to(device, dtype=resolve_dtype(dtype, device))
 
 
 def _batch(step: int = 0, B: int = 8, T: int = 64):
@@ -417,10 +422,11 @@ def _check_parity_one_step(preset: str = "mini") -> int:
                    why=None if ok else "loss or gradient norm differs beyond 1e-4 / 2e-3")
 
 
-def _check_parity_float16(steps: int = 50, preset: str = "mini") -> int:
-    """``steps`` training steps of ``preset`` (dropout on) in float32 and in float16 on the
-    GPU: float16 learns as much, its loss drop (first step's loss minus the mean of the last
-    five) within 5 % of float32's, with at most 5 skipped steps in float16.
+def _check_parity_half(dtype: str = "float16", steps: int = 50, preset: str = "mini") -> int:
+    """``steps`` training steps of ``preset`` (dropout on) in float32 and in ``dtype``
+    (float16 or bfloat16) on the GPU: the half type learns as much, its loss drop (first
+    step's loss minus the mean of the last five) within 5 % of float32's, with at most 5
+    skipped steps (float16's loss scale settling; bfloat16 has no scaler).
 
     The drop, not the last losses: the run memorises its four batches (7.6 -> 0.28 nats in
     50 steps on the H200), so float16's first step, skipped while the loss scale settles,
@@ -440,8 +446,8 @@ def _check_parity_float16(steps: int = 50, preset: str = "mini") -> int:
             return out.loss, {}
 
     losses = {}
-    for dtype in ("float32", "float16"):
-        model = _mini_model("cuda", dtype, dropout=True, preset=preset)
+    for name in ("float32", dtype):
+        model = _mini_model("cuda", name, dropout=True, preset=preset)
         opt = AdamW(model.named_parameters(), lr=1e-3, correct_bias=True)
         cfg = TrainingConfig(max_steps=steps, lr=1e-3, max_grad_norm=1.0)
         rng = backend.DropoutRNG("cuda")
@@ -452,13 +458,13 @@ def _check_parity_float16(steps: int = 50, preset: str = "mini") -> int:
             skipped += not bool(finite)
             seen.append(float(loss))
         last = sum(seen[-5:]) / len(seen[-5:])
-        losses[dtype] = (seen[0], last, skipped)
-    (f32, l32, _), (f16, l16, skipped16) = losses["float32"], losses["float16"]
+        losses[name] = (seen[0], last, skipped)
+    (f32, l32, _), (f16, l16, skipped16) = losses["float32"], losses[dtype]
     drop32, drop16 = f32 - l32, f16 - l16
     ok = abs(drop16 - drop32) <= 0.05 * abs(drop32) and skipped16 <= 5
     return _result(ok, first_loss=[f32, f16], last5_loss=[l32, l16],
-                   loss_drop=[drop32, drop16], float16_skipped_steps=skipped16,
-                   why=None if ok else "float16's loss drop strays beyond 5% of float32's "
+                   loss_drop=[drop32, drop16], skipped_steps=skipped16,
+                   why=None if ok else f"{dtype}'s loss drop strays beyond 5% of float32's "
                    "or it skips > 5 steps")
 
 
@@ -522,7 +528,7 @@ def _check_prepare(workdir: str) -> int:
 CHECKS = {"prepare": _check_prepare, "interrupted-run": _check_interrupted_run,
           "device-summary": _check_device_summary, "start-up": _check_start_up,
           "tf32": _check_tf32, "parity-one-step": _check_parity_one_step,
-          "parity-float16": _check_parity_float16, "same-run": _check_same_run}
+          "parity-half": _check_parity_half, "same-run": _check_same_run}
 """The Python checks a step runs as ``python -m minibert.selftest --check NAME [ARGS]``."""
 
 

@@ -259,7 +259,19 @@ def _call(fn, args, kwargs, host: str = "refuse", launch: str | None = None):
     if out is not None:
         outs = out if isinstance(out, tuple) else (out,)
         return outs[0] if len(outs) == 1 else outs
-    return _wrap(result)
+    return _wrap(_bfloat16_loop(result, args))
+
+
+def _bfloat16_loop(result, args):
+    """CuPy's result type for an operation on bfloat16 arrays: bfloat16 where every array
+    operand is bfloat16 (CuPy 14 defines bfloat16 loops, ``cupy/_util.pyx``
+    ``bf16_loop``, and Python scalars do not promote), where ml_dtypes under NumPy widens
+    to float32 (its ``matmul``, and a bfloat16 array times a Python float)."""
+    arrays = [a for a in args if isinstance(a, (ndarray, np.ndarray))]
+    if (isinstance(result, np.ndarray) and result.dtype == np.float32 and arrays
+            and all(a.dtype.name == "bfloat16" for a in arrays)):
+        return result.astype(arrays[0].dtype)
+    return result
 
 
 class _Pointer:
@@ -840,7 +852,7 @@ def _matmul(a, b, out=None, **kwargs):
     if kwargs:
         raise TypeError(f"matmul: the stand-in takes no {sorted(kwargs)}")
     x, y = _unwrap(a), _unwrap(b)
-    result = np.matmul(x, y)
+    result = _bfloat16_loop(np.matmul(x, y), (x, y))
     if x.ndim <= 2 and y.ndim <= 2:
         for op in (x, y):
             if not (op.flags.c_contiguous or op.flags.f_contiguous):

@@ -297,3 +297,19 @@ def moby_chapters(tmp_path_factory, n: int):
     path = tmp_path_factory.mktemp("corpus") / f"moby{n}.txt"
     path.write_text("\n\n".join(text.split("\n\n")[:n]) + "\n", encoding="utf-8")
     return path
+
+
+def bfloat16_or_refusal():
+    """The bfloat16 dtype, where this environment can run it (NumPy >= 2.1.2 with ml_dtypes,
+    as pyproject.toml's test and gpu extras give); elsewhere (the floor run's NumPy 1.24, no
+    ml_dtypes) it asserts that ``resolve_dtype`` refuses it with a message naming the
+    missing piece, and returns None."""
+    import pytest
+    from minibert import backend
+    runs = np.lib.NumpyVersion(np.__version__) >= "2.1.2" and \
+        importlib.util.find_spec("ml_dtypes") is not None
+    if runs:
+        return backend.resolve_dtype("bfloat16", "cuda")
+    with pytest.raises(backend.BackendError, match="NumPy >= 2.1.2|ml_dtypes"):
+        backend.resolve_dtype("bfloat16", "cuda")
+    return None

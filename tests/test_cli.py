@@ -103,3 +103,21 @@ def test_the_harness_output_goes_through_runs_py(tmp_path):
     with pytest.raises(RunError, match="checkpoint of a pretrain run"):
         open_output(pre, settings, overwrite=False)
     assert load_checkpoint(pre / "checkpoint.npz")["trainer"]["step"] == 3  # left as it was
+
+
+@pytest.mark.parametrize("script", ["train_mlm.py", "finetune.py"])
+def test_bfloat16_on_the_cpu_is_an_error_line_before_anything_is_written(script, tmp_path):
+    """``--dtype bfloat16`` is a GPU dtype: on the CPU each job stops with one ``error:``
+    line naming the option and the device, before it takes an output directory."""
+    import subprocess
+    out = tmp_path / "out"
+    argv = [sys.executable, script, "--dtype", "bfloat16", "--device", "cpu",
+            "--output-dir", str(out)]
+    if script == "finetune.py":
+        argv += ["--init", str(tmp_path / "run"), "--data", str(tmp_path / "data")]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{script}: error: --dtype bfloat16 needs --device cuda: it runs on the GPU's tensor "
+        "cores through CuPy; on the CPU use float32")
+    assert "Traceback" not in done.stderr and not out.exists()

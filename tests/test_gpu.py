@@ -23,7 +23,7 @@ from minibert.optim import adamw_update as formula
 from minibert.pretraining import PretrainingBatch
 from minibert.training import TrainingConfig, train_step
 
-from helpers import SharedDraws
+from helpers import SharedDraws, bfloat16_or_refusal
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
@@ -404,3 +404,66 @@ def test_the_stand_in_runs_only_kernels_it_can_read(cuda):
         cupy.ElementwiseKernel("T x", "T y", "y = x", "host")(host)
     with pytest.raises(AttributeError, match="not in the NumPy stand-in"):
         _ = cupy.fuse                               # no fuse, no RawKernel
+
+
+def test_bfloat16_training_follows_float32_without_loss_scaling(cuda, tmp_path):
+    """``--dtype bfloat16`` on the device (fast paths on): bfloat16 parameters, products and
+    embedding scatter, float32 master weights and gradients, no loss scaler. Thirty steps on
+    one batch follow float32's losses; a checkpoint holds float32 weights (every bfloat16
+    widens exactly) and the master, and a bfloat16 model resumes from it exactly."""
+    import cupy
+    from minibert.fast import fast_paths
+    bf16 = bfloat16_or_refusal()
+    if bf16 is None:                      # the floor run: refused, as asserted there
+        return
+    config = BertConfig(**{**CONFIG.to_dict(), "hidden_dropout_prob": 0.0,
+                           "attention_probs_dropout_prob": 0.0})
+    cfg = TrainingConfig(max_steps=30, lr=3e-3, max_grad_norm=1.0)
+    micro = host_batches("pretraining")[:1]
+    with fast_paths(True):
+        models = {d: BertForPreTraining(config, seed=1).to("cuda", dtype=d)
+                  for d in (np.dtype(np.float32), bf16)}
+        opts = {d: AdamW(m.named_parameters(), lr=3e-3, correct_bias=True)
+                for d, m in models.items()}
+        half = opts[bf16]
+        assert half.master.dtype == np.float32 and half.scaler is None
+        assert half.loss_scale() == 1.0 and half.flat.data.dtype == bf16
+        losses = {d: [] for d in models}
+        for step in range(30):
+            for d, m in models.items():
+                losses[d].append(float(train_step(m, opts[d], PretrainingTask(), micro, step,
+                                                  3e-3, cfg, device="cuda")[0]))
+    full, low = losses[np.dtype(np.float32)], losses[bf16]
+    assert full[-1] < 0.7 * full[0]                              # it learns the batch
+    assert abs(low[0] - full[0]) < 0.01 * full[0]
+    assert abs(low[-1] - full[-1]) < 0.03 * full[-1], (full, low)
+    assert not any(k.startswith("scaler.") for k in half.state_dict())
+    np.testing.assert_array_equal(cupy.asnumpy(half.flat.data).astype(np.float32),
+                                  cupy.asnumpy(half.master).astype(bf16).astype(np.float32))
+    save_checkpoint(tmp_path / "c.npz", models[bf16], half, {"step": 30})
+    ck = load_checkpoint(tmp_path / "c.npz")
+    assert {np.asarray(v).dtype for v in ck["model"].values()} == {np.dtype(np.float32)}
+    again = BertForPreTraining(config, seed=2).to("cuda", dtype=bf16)
+    again.load_state_dict(ck["model"])
+    opt = AdamW(again.named_parameters(), lr=3e-3, correct_bias=True)
+    opt.load_state_dict(ck["optim"])
+    np.testing.assert_array_equal(cupy.asnumpy(opt.master), cupy.asnumpy(half.master))
+    np.testing.assert_array_equal(cupy.asnumpy(opt.flat.data).astype(np.float32),
+                                  cupy.asnumpy(half.flat.data).astype(np.float32))
+
+
+def test_bfloat16_is_refused_where_it_cannot_run(monkeypatch):
+    """``--dtype bfloat16`` needs the GPU, NumPy >= 2.1.2 and ml_dtypes: each missing piece
+    is a BackendError that names it (the jobs print it as their ``error:`` line)."""
+    with pytest.raises(backend.BackendError, match="needs --device cuda"):
+        backend.resolve_dtype("bfloat16", "cpu")
+    with pytest.raises(backend.BackendError, match="unknown dtype 'bf16'"):
+        backend.resolve_dtype("bf16", "cuda")
+    monkeypatch.setitem(__import__("sys").modules, "ml_dtypes", None)
+    new_numpy = np.lib.NumpyVersion(np.__version__) >= "2.1.2"
+    with pytest.raises(backend.BackendError, match="ml_dtypes" if new_numpy else "NumPy"):
+        backend.resolve_dtype("bfloat16", "cuda")
+    monkeypatch.setattr(np, "__version__", "1.26.4")
+    with pytest.raises(backend.BackendError, match="NumPy >= 2.1.2.*1.26.4"):
+        backend.resolve_dtype("bfloat16", "cuda")
+    assert backend.resolve_dtype("float16", "cpu") == np.float16

@@ -75,7 +75,7 @@ class FinetuningConfig(JobOptions):
     seed: int = 0                      # >= 0
     device: str | None = None          # "cpu" or "cuda"; None: $MINIBERT_DEVICE or cpu
     tf32: bool = False
-    dtype: str = "float32"             # float32 or float16 (mixed precision)
+    dtype: str = "float32"             # float32, float16 or bfloat16 (mixed precision)
     fast_cpu: bool = True              # the CPU fast paths (minibert.fast.set_fast_paths)
     metric: str = "auto"               # the dev metric that picks the best model (METRICS)
     distributed: str = "auto"          # auto, none, mpi, nccl
@@ -105,7 +105,8 @@ class FinetuningConfig(JobOptions):
         "warmup_proportion": float_in(0.0, 1.0), "adam_eps": positive_float,
         "weight_decay": non_negative_float, "max_grad_norm": non_negative_float,
         "max_nonfinite_steps": positive_int, "eval_every": positive_int,
-        "seed": int_at_least(0), "device": ("cpu", "cuda"), "dtype": ("float32", "float16"),
+        "seed": int_at_least(0), "device": ("cpu", "cuda"),
+        "dtype": ("float32", "float16", "bfloat16"),
         "metric": METRICS, "distributed": ("auto", "none", "mpi", "nccl"),
         "log_every": positive_int, "export_dtype": ("float32", "float16", "bfloat16"),
         "explain_dev": int_at_least(0), "report_to": report_to_choice}

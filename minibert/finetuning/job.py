@@ -48,7 +48,7 @@ from .. import distributed, viz
 from ..cli import fail, fast_paths_line, job_main, start_job
 from ..distillation.task import soft_targets
 from ..training import TrainingConfig, TrainingError, train
-from ..backend import get_device
+from ..backend import get_device, resolve_dtype
 from ..atomic import atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
 from ..hf import HFFormatError, save_hf_directory
@@ -180,7 +180,7 @@ def build_finetuning_model(cfg: FinetuningConfig, task, pre, data, resumed: dict
         model.load_state_dict(resumed["model"])
     frozen = freeze(model, cfg)
     trainable = int(sum(p.data.size for p in model.trainable_parameters()))
-    model.to(get_device(), dtype=np.dtype(cfg.dtype))
+    model.to(get_device(), dtype=resolve_dtype(cfg.dtype))
     fresh = ("all weights new (architecture only, random init)" if cfg.random_init
              else f"new: {report['new']}; not used: {report['unused'] or 'none'}")
     labels, test = data.labels, data.test

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from ..backend import get_array_module
+from ..backend import finfo, get_array_module
 from ..fast import fast_path
 from .activations import softmax_backward, softmax_forward
 from .dropout import dropout_backward, dropout_forward
@@ -20,8 +20,7 @@ def extended_attention_mask(attention_mask, dtype):
     """The additive mask from a (B, T) 0/1 padding mask, as HF's
     ``get_extended_attention_mask``: 0 where attended, the dtype's most negative finite value
     where padded. Returns (B, 1, 1, T), broadcast over heads and query positions."""
-    xp = get_array_module(attention_mask)
-    neg = xp.finfo(dtype).min
+    neg = finfo(dtype).min
     return ((1 - attention_mask[:, None, None, :]).astype(dtype)) * neg
 
 

@@ -15,7 +15,9 @@ def scatter_add_rows(dst, ids, src) -> None:
 
     ``dst[ids] += src`` is wrong with repeated ids: NumPy keeps only one of the updates
     and CuPy leaves the result undefined. On NumPy we sort the ids and sum each run
-    (faster than ``np.add.at``); on CuPy ``cupyx.scatter_add`` is an atomic scatter-add.
+    (faster than ``np.add.at``); on CuPy ``cupyx.scatter_add`` is an atomic scatter-add
+    (bfloat16, which CuPy 14's atomic add refuses, is summed into a float32 (V, C) buffer
+    first and added once).
 
     Args:
         dst: (V, C) array, updated in place.
@@ -25,7 +27,12 @@ def scatter_add_rows(dst, ids, src) -> None:
     xp = get_array_module(dst)
     if xp is not np:  # pragma: no cover - GPU only
         import cupyx
-        cupyx.scatter_add(dst, ids, src)
+        if dst.dtype.name == "bfloat16":
+            acc = xp.zeros(dst.shape, np.float32)                # (V, C)
+            cupyx.scatter_add(acc, ids, src.astype(np.float32))
+            dst += acc.astype(dst.dtype)
+        else:
+            cupyx.scatter_add(dst, ids, src)
         return
     if ids.size == 0:  # e.g. every position was padding
         return

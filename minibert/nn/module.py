@@ -93,6 +93,13 @@ def add_grads(params, grads) -> None:
         p.add_grad(g)
 
 
+def _host_copy(a) -> np.ndarray:
+    """A host NumPy copy of ``a``; bfloat16 (a type NumPy does not know: ``ml_dtypes``)
+    widened to float32."""
+    host = to_numpy(a)
+    return host.astype(np.float32) if host.dtype.name == "bfloat16" else host.copy()
+
+
 class Module:
     """Base class of every layer and model.
 
@@ -244,8 +251,10 @@ class Module:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Host NumPy copies of all parameters, keyed by name; tied weights appear under
-        every name they have (as in PyTorch's ``state_dict``)."""
-        return {name: to_numpy(p.data).copy() for name, p in self._named_parameters_all()}
+        every name they have (as in PyTorch's ``state_dict``). bfloat16 parameters come as
+        float32 (exact: every bfloat16 is a float32), so checkpoints and exports hold
+        NumPy's own types."""
+        return {name: _host_copy(p.data) for name, p in self._named_parameters_all()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         """Copy arrays from ``state`` into the parameters.

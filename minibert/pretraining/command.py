@@ -187,7 +187,8 @@ def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
     g.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.0,
                    help="MLM label smoothing")
     add_options(g, seed=0, device=None, tf32=False, fast_cpu=True,
-                dtype=dict(default="float32", choices=["float32", "float64", "float16"]))
+                dtype=dict(default="float32",
+                           choices=["float32", "float64", "float16", "bfloat16"]))
     distributed.add_arguments(g)
     g = p.add_argument_group("output")
     add_options(g, output_dir="runs/pretrain", overwrite=False, resume=None, log_every=10,

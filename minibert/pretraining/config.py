@@ -119,7 +119,7 @@ class PretrainingConfig(JobOptions):
     seed: int = 0                       # weights, data order and dropout, >= 0
     device: str | None = None           # "cpu" or "cuda"; None: $MINIBERT_DEVICE or cpu
     tf32: bool = False                  # TF32 matmuls on the GPU
-    dtype: str = "float32"              # float32, float64 or float16 (mixed precision)
+    dtype: str = "float32"              # float32, float64, float16 or bfloat16 (mixed precision)
     fast_cpu: bool = True               # the CPU fast paths (minibert.fast.set_fast_paths)
     distributed: str = "auto"           # auto, none, mpi, nccl
     cuda_aware_mpi: bool = False        # hand device buffers to MPI
@@ -170,7 +170,7 @@ class PretrainingConfig(JobOptions):
         "decay_ratio": float_in(0.0, 1.0, low_open=True, high_open=True),
         "ema_decay": float_in(0.0, 1.0, high_open=True),
         "label_smoothing": float_in(0.0, 1.0, high_open=True), "seed": non_negative_int,
-        "device": ("cpu", "cuda"), "dtype": ("float32", "float64", "float16"),
+        "device": ("cpu", "cuda"), "dtype": ("float32", "float64", "float16", "bfloat16"),
         "distributed": ("auto", "none", "mpi", "nccl"), "log_every": positive_int,
         "eval_every": positive_int, "log_grad_norms": non_negative_int,
         "save_every": positive_int, "report_to": report_to_choice}

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import distillation, distributed
 from ..averaging import WeightAverage, averaged
+from ..backend import resolve_dtype
 from ..albert import AlbertConfig
 from ..atomic import WriteError, atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
@@ -526,12 +527,12 @@ def build_pretraining_model(cfg: PretrainingConfig, config: ModelConfig, data: P
         CheckpointError: the resumed checkpoint's config differs. HFFormatError, KeyError,
             ValueError: weights that do not fit the model.
     """
-    model_kw = dict(seed=cfg.seed, dtype=np.dtype(cfg.dtype),
+    model_kw = dict(seed=cfg.seed, dtype=resolve_dtype(cfg.dtype),
                     label_smoothing=cfg.label_smoothing)
     objective = data.objective
     if start.teacher is not None:
         model = distillation.student_class(config)(
-            config, distillation.load_teacher(start.teacher, np.dtype(cfg.dtype)),
+            config, distillation.load_teacher(start.teacher, resolve_dtype(cfg.dtype)),
             start.weights, seq_relationship_head=objective.sentence_task is not None,
             **model_kw)
         if resumed is None:
