@@ -680,14 +680,17 @@ def gemm_ex(a, b, out=None, transpose_a: bool = False, transpose_b: bool = False
             with ``transpose_b``; CuPy arrays of one float dtype, their leading axes equal to
             ``out``'s or absent (a 2-D operand is repeated over the batch).
         out: (..., M, N) of the operands' dtype, rows unit-stride (C-contiguous), or None
-            for a new array (``beta`` must then be 0); with ``beta = 1`` the product is
-            added into it (a gradient accumulation).
+            for a new array (``beta`` must then be 0).
+        beta: 0 (``out`` is overwritten, not read) or 1 (the product is added into ``out``:
+            a gradient accumulation).
     Returns:
         out.
     Raises:
-        ValueError: shapes or dtypes that do not fit.
+        ValueError: shapes or dtypes that do not fit, or another beta.
     """
     from .backend import get_tf32
+    if beta not in (0.0, 1.0):
+        raise ValueError(f"gemm_ex: beta must be 0 or 1, got {beta}")
     dtype = numpy.dtype(a.dtype)
     if b.dtype != dtype or dtype.name not in _CUDA_TYPE:
         raise ValueError(f"gemm_ex: operands {a.dtype} and {b.dtype}; expected one of "

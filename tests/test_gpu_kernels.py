@@ -515,6 +515,8 @@ def test_gemm_ex_refuses_what_does_not_multiply_and_the_stand_in_catches_bad_arg
         gemm_ex(a, b.astype(np.float64), transpose_b=True)
     with pytest.raises(ValueError, match="beta != 0 needs out"):
         gemm_ex(a, b, transpose_b=True, beta=1.0)
+    with pytest.raises(ValueError, match="beta must be 0 or 1, got 0.5"):
+        gemm_ex(a, b, data((2, 3, 5), np.float32), transpose_b=True, beta=0.5)
     np.testing.assert_allclose(cupy.asnumpy(gemm_ex(a, b, transpose_b=True)),
                                cupy.asnumpy(a) @ cupy.asnumpy(b).swapaxes(1, 2), rtol=1e-5)
     if not cuda.stand_in:
