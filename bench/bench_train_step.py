@@ -6,13 +6,15 @@ transformers' BertForPreTraining on the same config and the same batch, in one r
     python bench/bench_train_step.py                       # tiny and mini, CPU
     python bench/bench_train_step.py --presets mini --device cuda
     python bench/bench_train_step.py --presets mini small --device cuda --precision fp16
+    python bench/bench_train_step.py --presets mini small --device cuda --precision bf16
 
 Peers: PyTorch doing minibert's work (transformers' modules, the MLM head only on the
 masked rows) and transformers' BertForPreTraining as users run it (the head on every
 position). All train with dropout on, batch 32 x 128 tokens, 15% of tokens masked (at
 most 20 per sequence, as BERT's data), vocab 30522, at one --precision: float32, TF32
-matmuls (GPU), or float16 mixed precision (minibert's ``--dtype float16`` against PyTorch's
-autocast with a GradScaler).
+matmuls (GPU), float16 mixed precision (minibert's ``--dtype float16`` against PyTorch's
+autocast with a GradScaler), or bfloat16 (GPU: ``--dtype bfloat16`` against autocast to
+bfloat16, neither with loss scaling).
 
 ``--isa avx2`` holds every process to what a CPU without AVX-512 runs, on a machine that
 has it: OpenBLAS's Haswell kernel (``OPENBLAS_CORETYPE``), NumPy's AVX2 loops (its
@@ -94,11 +96,12 @@ def gemm_peak(n: int = 2048, repeats: int = 5) -> float:
 
 def cuda_gemm_peak(precision: str = "fp32", n: int = 8192, repeats: int = 5) -> float:
     """The best GFLOP/s of an n x n x n matmul through CuPy on the GPU at ``precision``
-    (fp32: float32 with TF32 off; tf32: float32 with TF32 on; fp16: float16 operands,
-    float32 accumulation): the ceiling minibert's GPU step is measured against.
+    (fp32: float32 with TF32 off; tf32: float32 with TF32 on; fp16 / bf16: float16 /
+    bfloat16 operands, float32 accumulation): the ceiling minibert's GPU step is measured
+    against.
 
     Args:
-        precision: "fp32", "tf32" or "fp16". n: the matrices' side (two n x n operands).
+        precision: one of :data:`PRECISIONS`. n: the matrices' side (two n x n operands).
         repeats: timed products; the fastest counts.
     Returns:
         GFLOP/s (2 n^3 FLOPs over the fastest product's seconds, synchronised each time).
@@ -109,7 +112,7 @@ def cuda_gemm_peak(precision: str = "fp32", n: int = 8192, repeats: int = 5) -> 
     backend.set_device("cuda")
     if precision == "tf32":                     # off unless asked (backend's default)
         backend.set_tf32(True)
-    dtype = cupy.float16 if precision == "fp16" else cupy.float32
+    dtype = DTYPES[precision]()
     rng = np.random.default_rng(0)
     a, b = (cupy.asarray(rng.standard_normal((n, n), dtype=np.float32)).astype(dtype)
             for _ in range(2))
@@ -140,12 +143,18 @@ class FixedBatchTask:
         return out.loss, {}
 
 
-PRECISIONS = ("fp32", "tf32", "fp16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+DTYPES = {"fp32": lambda: np.dtype(np.float32), "tf32": lambda: np.dtype(np.float32),
+          "fp16": lambda: np.dtype(np.float16),
+          "bf16": lambda: __import__("minibert.backend").backend.resolve_dtype("bfloat16",
+                                                                               "cuda")}
+"""Each precision's parameter dtype in minibert (bf16 needs ml_dtypes: resolved on use)."""
 
 
 def minibert_step_fn(config, batch, device, precision="fp32"):
     """minibert's step: ``--tf32`` sets TF32 matmuls (GPU), fp16 is ``--dtype float16``
-    (float16 compute, float32 master weights in AdamW, dynamic loss scaling). The model is
+    (float16 compute, float32 master weights in AdamW, dynamic loss scaling), bf16 is
+    ``--dtype bfloat16`` (the same without loss scaling). The model is
     the pretraining class of the config's family (an ALBERT config gives
     AlbertForPreTraining, its sentence label under its own keyword); ``step.model`` is it."""
     from minibert import backend, fast
@@ -158,7 +167,7 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
     if precision == "tf32":
         backend.set_tf32(True)
     xp = backend.xp_for(device)
-    dtype = np.float16 if precision == "fp16" else np.float32
+    dtype = DTYPES[precision]()
     model = model_class(config, BertForPreTraining)(config, dtype=dtype).to(device)
     opt = AdamW(model.named_parameters(), lr=1e-4)
     inputs = {k: xp.asarray(v) for k, v in batch.items()}
@@ -177,7 +186,8 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
 
 def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
     """PyTorch eager: tf32 allows TF32 matmuls, fp16 is automatic mixed precision
-    (``torch.autocast`` float16 around the forward, ``GradScaler``), as its users run it."""
+    (``torch.autocast`` float16 around the forward, ``GradScaler``), bf16 the same to
+    bfloat16 without the scaler, as its users run it."""
     import contextlib
     import torch
     import transformers
@@ -191,9 +201,9 @@ def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
     inputs = {k: torch.from_numpy(v).to(dev) for k, v in batch.items()}
     if precision == "tf32":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    amp = precision == "fp16"
-    scaler = torch.amp.GradScaler(dev, enabled=amp)
-    autocast = (lambda: torch.autocast(dev, dtype=torch.float16)) if amp \
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
+    autocast = (lambda: torch.autocast(dev, dtype=half)) if half is not None \
         else contextlib.nullcontext
 
     def equal_work_loss():
@@ -318,7 +328,8 @@ def main(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32; tf32 (TF32 matmuls, --device cuda only); fp16 (minibert's "
-                        "--dtype float16 against PyTorch's autocast + GradScaler)")
+                        "--dtype float16 against PyTorch's autocast + GradScaler); bf16 "
+                        "(--dtype bfloat16 against autocast to bfloat16; --device cuda only)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--isa", choices=["native", "avx2"], default="native",
                    help="avx2: hold NumPy, OpenBLAS and PyTorch to AVX2 kernels, as on a CPU "
@@ -331,6 +342,9 @@ def main(argv=None):
                     f"got {getattr(args, name)}")
     if args.precision == "tf32" and args.device != "cuda":
         p.error("--precision tf32 is a GPU setting (TF32 tensor cores): use --device cuda")
+    if args.precision == "bf16" and args.device != "cuda":
+        p.error("--precision bf16 is a GPU setting (minibert's --dtype bfloat16): use "
+                "--device cuda")
     if args.isa == "avx2" and args.device != "cpu":
         p.error("--isa avx2 holds the CPU's kernels: use it with --device cpu")
     if args.isa == "avx2" and not args.one and os.environ.get("MINIBERT_BENCH_ISA") != "avx2":

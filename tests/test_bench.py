@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import load_bench as load
+from helpers import bfloat16_or_refusal, load_bench as load
 
 
 def test_bench_inference_compares_models(pretrained_run, dataset, capsys):
@@ -60,12 +60,14 @@ def test_bench_train_step_fp16_steps_run_and_tf32_needs_a_gpu(capsys):
     config = BertConfig.from_preset("tiny", vocab_size=1100)   # make_batch draws ids >= 1000
     hf_batch, batch = bench.make_batch(np.random.default_rng(0), 2, 16, 1100)
     for step in (bench.minibert_step_fn(config, batch, "cpu", "fp16"),
-                 bench.torch_step_fn(config, hf_batch, "cpu", True, "fp16")):
+                 bench.torch_step_fn(config, hf_batch, "cpu", True, "fp16"),
+                 bench.torch_step_fn(config, hf_batch, "cpu", True, "bf16")):
         losses = [step() for _ in range(2)]
         assert all(np.isfinite(losses)) and losses[0] > 0
-    with pytest.raises(SystemExit):
-        bench.main(["--precision", "tf32"])
-    assert "error: --precision tf32 is a GPU setting" in capsys.readouterr().err
+    for precision in ("tf32", "bf16"):
+        with pytest.raises(SystemExit):
+            bench.main(["--precision", precision])
+        assert f"error: --precision {precision} is a GPU setting" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
@@ -82,11 +84,13 @@ def test_bench_train_step_times_minibert_on_the_gpu_through_cupy_alone(cuda, mon
         raise AssertionError("minibert's benchmark process called torch.cuda.synchronize")
     monkeypatch.setattr(torch.cuda, "synchronize", no_torch_cuda)
     bench = load("bench_train_step")
-    args = SimpleNamespace(vocab_size=1100, batch_size=2, seq_len=16, device="cuda",
-                           precision="fp32", warmup=1, steps=2)
-    times = bench.time_steps("minibert", "tiny", args)
-    assert len(times) == 2 and all(t > 0 for t in times)
-    for precision in ("fp32", "fp16"):          # the MFU's ceiling, through CuPy alone too
+    precisions = ["fp32", "fp16"] + (["bf16"] if bfloat16_or_refusal() is not None else [])
+    for precision in precisions:
+        args = SimpleNamespace(vocab_size=1100, batch_size=2, seq_len=16, device="cuda",
+                               precision=precision, warmup=1, steps=2)
+        times = bench.time_steps("minibert", "tiny", args)
+        assert len(times) == 2 and all(t > 0 for t in times)
+        # the MFU's ceiling, through CuPy alone too
         assert bench.cuda_gemm_peak(precision, n=64, repeats=2) > 0
 
 
