@@ -37,6 +37,14 @@ What it models
   recorded beside the syncs by :func:`record`.
 - ``cupy.cublas.gemm`` (``out = alpha op(a) @ op(b) + beta out``, with CuPy's checks; its
   copies of strided operands counted as launches).
+- ``cupy.matmul`` / ``@`` with the launches and cuBLAS call CuPy 14 makes (:func:`_matmul`:
+  float16 batched products cast to float32 and back, strided operands copied), and the raw
+  ``cupy.cuda.cublas.gemmEx`` / ``gemmStridedBatchedEx``, which read their pointer
+  arguments as cuBLAS does (column-major, leading dimensions, batch strides; bounds and
+  types checked against the array whose ``.data.ptr`` gave the pointer). Every product is
+  recorded with its data and compute types (``record().products``).
+- bfloat16 (``ml_dtypes``): operations whose array operands are all bfloat16 give
+  bfloat16, as CuPy's bfloat16 loops do (NumPy with ml_dtypes widens some to float32).
 - ``cupyx.scatter_add`` (``numpy.add.at``), ``cupyx.scipy.special.erf`` (SciPy's),
   ``cupy.random.RandomState`` (``seed``, ``random_sample``) and ``default_rng``
   (``random``), ``cupy.linalg.norm``, and the ``cupy.cuda`` queries of minibert's
