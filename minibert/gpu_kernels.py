@@ -491,14 +491,12 @@ def layernorm_backward_into(dout, cache, dw_acc=None, db_acc=None):
     import cupy.cublas
     dx, cols = _layernorm_grads(dout, cache)
     N, C = cols.shape[1], cols.shape[2]
-    key = (cupy.cuda.runtime.getDevice(), N, cols.dtype.char)
     for i, acc in enumerate((dw_acc, db_acc)):
         if acc is None:
             continue
         if cols.dtype.char in "fd" and acc.dtype == cols.dtype and acc.flags.c_contiguous:
-            if key not in _ONES:
-                _ONES[key] = cupy.ones((1, N), cols.dtype)
-            cupy.cublas.gemm("N", "N", _ONES[key], cols[i], out=acc.reshape(1, C), beta=1.0)
+            cupy.cublas.gemm("N", "N", _ones_row(N, cols.dtype), cols[i],
+                             out=acc.reshape(1, C), beta=1.0)
         else:
             acc += cols[i].sum(axis=0)
     return dx
@@ -625,6 +623,15 @@ def bias_dropout_add_forward(x, b, residual, p: float, rng):
 _ONES = {}      # (device, n, dtype) -> a (1, n) row of ones on that device, made once
 
 
+def _ones_row(n: int, dtype):
+    """A (1, n) row of ones of ``dtype`` on the current device, made once (the left
+    operand of a column-sum product ``1^T X``)."""
+    key = (cupy.cuda.runtime.getDevice(), n, numpy.dtype(dtype).name)
+    if key not in _ONES:
+        _ONES[key] = cupy.ones((1, n), dtype)
+    return _ONES[key]
+
+
 # ------------------------------------------------------------------ matrix products
 #
 # cuBLAS enums (cublas_api.h, library_types.h), the values CuPy's cupy.cuda.cublas takes.
@@ -639,11 +646,11 @@ mode reads them during the call); kept alive here for the process."""
 
 
 def _gemm_layout(x, what: str):
-    """``(array, ld, batch_stride, batch)`` for a row-major operand of shape (..., R, C):
-    the array cuBLAS reads (``x`` itself when its rows are unit-stride and its leading axes
+    """``(array, ld, batch_stride)`` for a row-major operand of shape (..., R, C): the
+    array cuBLAS reads (``x`` itself when its rows are unit-stride and its leading axes
     collapse to one stride, else a C-contiguous copy: one launch), its row stride in
-    elements, the stride between matrices (0 for a 2-D operand, repeated over the batch)
-    and the number of matrices."""
+    elements and the stride between matrices (0 for a 2-D operand, repeated over the
+    batch)."""
     size = x.itemsize
     if x.ndim >= 2 and x.shape[-1] > 0 and (x.strides[-1] == size or x.shape[-1] == 1) and \
             x.strides[-2] % size == 0 and x.strides[-2] // size >= x.shape[-1]:
@@ -652,13 +659,12 @@ def _gemm_layout(x, what: str):
                  zip(lead, lead[1:]))
         batch_stride = lead[-1][1] // size if lead else 0
         if ok and (not lead or batch_stride >= x.shape[-2] * x.strides[-2] // size):
-            batch = math.prod(x.shape[:-2])
-            return x, max(x.strides[-2] // size, 1), batch_stride, batch
+            return x, max(x.strides[-2] // size, 1), batch_stride
     x = cupy.ascontiguousarray(x)
     if x.ndim < 2:
         raise ValueError(f"{what}: a matrix product needs >= 2 axes, got shape {x.shape}")
     R, C = x.shape[-2:]
-    return x, max(C, 1), R * C if x.ndim > 2 else 0, math.prod(x.shape[:-2])
+    return x, max(C, 1), R * C if x.ndim > 2 else 0
 
 
 def gemm_ex(a, b, out=None, transpose_a: bool = False, transpose_b: bool = False,
@@ -710,8 +716,8 @@ def gemm_ex(a, b, out=None, transpose_a: bool = False, transpose_b: bool = False
                          f"{out.flags.c_contiguous}); expected {(*lead, M, N)} {dtype}")
     if out.size == 0:
         return out
-    a, lda, stride_a, _ = _gemm_layout(a, "a")
-    b, ldb, stride_b, _ = _gemm_layout(b, "b")
+    a, lda, stride_a = _gemm_layout(a, "a")
+    b, ldb, stride_b = _gemm_layout(b, "b")
     batch = math.prod(lead)
     if dtype == numpy.float64:
         compute, algo, scalar = _COMPUTE_64F, _GEMM_DEFAULT, numpy.float64
@@ -774,10 +780,7 @@ def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
             dw_acc += d2.T @ x2
     if has_bias and db_acc is not None:
         if gemm and db_acc.dtype == dout.dtype and db_acc.flags.c_contiguous:
-            key = (cupy.cuda.runtime.getDevice(), d2.shape[0], dout.dtype.char)
-            if key not in _ONES:
-                _ONES[key] = cupy.ones((1, d2.shape[0]), dout.dtype)
-            gemm_ex(_ONES[key], d2, db_acc.reshape(1, O), beta=1.0)
+            gemm_ex(_ones_row(d2.shape[0], dout.dtype), d2, db_acc.reshape(1, O), beta=1.0)
         else:
             db_acc += d2.sum(axis=0)
     return dx
