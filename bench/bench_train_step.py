@@ -7,10 +7,13 @@ transformers' BertForPreTraining on the same config and the same batch, in one r
     python bench/bench_train_step.py --presets mini --device cuda
     python bench/bench_train_step.py --presets mini small --device cuda --precision fp16
     python bench/bench_train_step.py --presets mini small --device cuda --precision bf16
+    python bench/bench_train_step.py --presets mini --device cuda \
+        --precision fp32 tf32 fp16 bf16 --systems minibert torch_equal_work torch_graphed
 
 Peers: PyTorch doing minibert's work (transformers' modules, the MLM head only on the
-masked rows) and transformers' BertForPreTraining as users run it (the head on every
-position). All train with dropout on, batch 32 x 128 tokens, 15% of tokens masked (at
+masked rows), the same with its forward and backward replayed as CUDA graphs
+(``torch.cuda.make_graphed_callables``, GPU only), and transformers' BertForPreTraining as
+users run it (the head on every position). All train with dropout on, batch 32 x 128 tokens, 15% of tokens masked (at
 most 20 per sequence, as BERT's data), vocab 30522, at one --precision: float32, TF32
 matmuls (GPU), float16 mixed precision (minibert's ``--dtype float16`` against PyTorch's
 autocast with a GradScaler), or bfloat16 (GPU: ``--dtype bfloat16`` against autocast to
@@ -26,9 +29,9 @@ Each system runs in its own fresh Python process, as its users run it (minibert'
 ``set_fast_paths(True)``, which the jobs call and so does this benchmark, changes the
 process's malloc settings, which would otherwise speed up the peers in the same process too;
 see ``minibert.fast_cpu.keep_freed_memory``). The
-processes take turns: --rounds rounds of minibert, PyTorch equal work, transformers, so
-drifts in the machine's speed reach all three. Each process times --steps steps after
---warmup untimed ones. Reported: the median seconds per step over every round's steps,
+processes take turns: --rounds rounds of minibert, then each peer of --systems, so
+drifts in the machine's speed reach all of them. Each process times --steps steps after
+--warmup untimed ones at each --precision in turn (a fresh model for each). Reported: the median seconds per step over every round's steps,
 tokens/s (B*T / step time) and the ratio minibert / peer.
 
 MFU: the model FLOPs of a step (:func:`step_flops`: forward + backward = 3x the forward's
@@ -110,8 +113,8 @@ def cuda_gemm_peak(precision: str = "fp32", n: int = 8192, repeats: int = 5) -> 
     import cupy
     from minibert import backend
     backend.set_device("cuda")
-    if precision == "tf32":                     # off unless asked (backend's default)
-        backend.set_tf32(True)
+    if precision == "tf32" or backend.get_tf32():   # off unless asked (backend's default)
+        backend.set_tf32(precision == "tf32")
     dtype = DTYPES[precision]()
     rng = np.random.default_rng(0)
     a, b = (cupy.asarray(rng.standard_normal((n, n), dtype=np.float32)).astype(dtype)
@@ -164,8 +167,8 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
     from minibert.training import TrainingConfig, train_step
     backend.set_device(device)
     fast.set_fast_paths(True)  # what the jobs run
-    if precision == "tf32":
-        backend.set_tf32(True)
+    if precision == "tf32" or backend.get_tf32():   # on for tf32, off again after it
+        backend.set_tf32(precision == "tf32")
     xp = backend.xp_for(device)
     dtype = DTYPES[precision]()
     model = model_class(config, BertForPreTraining)(config, dtype=dtype).to(device)
@@ -184,10 +187,17 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
     return step
 
 
-def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
+def torch_step_fn(config, batch, device, equal_work=False, precision="fp32",
+                  graphed=False):
     """PyTorch eager: tf32 allows TF32 matmuls, fp16 is automatic mixed precision
     (``torch.autocast`` float16 around the forward, ``GradScaler``), bf16 the same to
-    bfloat16 without the scaler, as its users run it."""
+    bfloat16 without the scaler, as its users run it.
+
+    ``graphed`` (GPU, equal work only): the forward and backward replayed as CUDA graphs by
+    ``torch.cuda.make_graphed_callables`` (PyTorch's "CUDA Graphs" notes: autocast inside
+    with ``cache_enabled=False``; dropout draws from the graph-safe Philox generator); the
+    masked rows are found once, outside the graph, as the batch is fixed. Clipping, the
+    GradScaler and AdamW stay eager."""
     import contextlib
     import torch
     import transformers
@@ -199,30 +209,44 @@ def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
     model = transformers.BertForPreTraining(hf_config).to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.01)
     inputs = {k: torch.from_numpy(v).to(dev) for k, v in batch.items()}
-    if precision == "tf32":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = \
+        precision == "tf32"
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
-    autocast = (lambda: torch.autocast(dev, dtype=half)) if half is not None \
-        else contextlib.nullcontext
+    autocast = (lambda: torch.autocast(dev, dtype=half, cache_enabled=not graphed)) \
+        if half is not None else contextlib.nullcontext
+    labels = inputs["labels"]
+    rows = (labels != -100).nonzero(as_tuple=True)
 
-    def equal_work_loss():
+    class EqualWork(torch.nn.Module):
         # minibert's work: the MLM head only on the masked rows (google-research/bert's
         # gather_indexes), the NSP head on the pooled [CLS]
-        enc = model.bert(inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                         token_type_ids=inputs["token_type_ids"])
-        labels = inputs["labels"]
-        rows = (labels != -100).nonzero(as_tuple=True)
-        logits = model.cls.predictions(enc.last_hidden_state[rows])          # (N, V)
-        nsp = model.cls.seq_relationship(enc.pooler_output)                   # (B, 2)
-        f = torch.nn.functional
-        return f.cross_entropy(logits, labels[rows]) + f.cross_entropy(
-            nsp, inputs["next_sentence_label"])
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            with autocast():
+                enc = model.bert(input_ids, attention_mask=attention_mask,
+                                 token_type_ids=token_type_ids)
+                logits = model.cls.predictions(enc.last_hidden_state[rows])      # (N, V)
+                nsp = model.cls.seq_relationship(enc.pooler_output)               # (B, 2)
+                f = torch.nn.functional
+                return f.cross_entropy(logits, labels[rows]) + f.cross_entropy(
+                    nsp, inputs["next_sentence_label"])
+
+    args = (inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
+    equal = EqualWork()
+    if graphed:
+        equal = torch.cuda.make_graphed_callables(equal, args)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with autocast():
-            loss = equal_work_loss() if equal_work else model(**inputs).loss
+        if equal_work or graphed:
+            loss = equal(*args)
+        else:
+            with autocast():
+                loss = model(**inputs).loss
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -232,7 +256,7 @@ def torch_step_fn(config, batch, device, equal_work=False, precision="fp32"):
     return step
 
 
-SYSTEMS = ("minibert", "torch_equal_work", "transformers")
+SYSTEMS = ("minibert", "torch_equal_work", "transformers", "torch_graphed")
 
 
 # what an AVX2 CPU without AVX-512 runs, for every library of the benchmark
@@ -275,27 +299,25 @@ def kernels() -> str:
 
 def run_child(script: str, system: str, preset: str, **options):
     """Run ``script --one SYSTEM --presets PRESET --OPTION VALUE ...`` in a fresh Python
-    process (options named as keywords, ``batch_size`` -> ``--batch-size``) and return the
-    JSON of the last line it prints. Raises CalledProcessError when the child fails."""
+    process (options named as keywords, ``batch_size`` -> ``--batch-size``; a list gives
+    several values) and return the JSON of the last line it prints. Raises
+    CalledProcessError when the child fails."""
     argv = [sys.executable, script, "--one", system, "--presets", preset]
     for name, value in options.items():
-        argv += [f"--{name.replace('_', '-')}", str(value)]
+        values = value if isinstance(value, (list, tuple)) else [value]
+        argv += [f"--{name.replace('_', '-')}", *map(str, values)]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def time_steps(system: str, preset: str, args) -> list[float]:
-    """Build one system's step for ``preset`` in this process and return the seconds of
-    each of args.steps steps, after args.warmup untimed ones."""
+def time_steps(system: str, preset: str, args) -> dict[str, list[float]]:
+    """Build one system's step for ``preset`` in this process at each of args.precision in
+    turn and return {precision: the seconds of each of args.steps steps, after args.warmup
+    untimed ones}."""
     from minibert import BertConfig
     config = BertConfig.from_preset(preset, vocab_size=args.vocab_size)
     hf_batch, batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
                                  args.vocab_size)
-    if system == "minibert":
-        fn = minibert_step_fn(config, batch, args.device, args.precision)
-    else:
-        fn = torch_step_fn(config, hf_batch, args.device, system == "torch_equal_work",
-                           args.precision)
     sync = lambda: None  # noqa: E731
     if args.device == "cuda" and system == "minibert":
         import cupy                 # minibert's process never imports torch's CUDA runtime
@@ -303,15 +325,41 @@ def time_steps(system: str, preset: str, args) -> list[float]:
     elif args.device == "cuda":
         import torch
         sync = torch.cuda.synchronize
-    for _ in range(args.warmup):
-        fn()
-    times = []
-    for _ in range(args.steps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+    found = {}
+    for precision in args.precision:
+        if system == "minibert":
+            fn = minibert_step_fn(config, batch, args.device, precision)
+        else:
+            fn = torch_step_fn(config, hf_batch, args.device, system == "torch_equal_work",
+                               precision, graphed=system == "torch_graphed")
+        for _ in range(args.warmup):
+            fn()
+        times = []
+        for _ in range(args.steps):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        found[precision] = times
+        del fn
+    return found
+
+
+def speed_table(rows: list[dict]) -> list[str]:
+    """The rows as a Markdown table: preset, precision, minibert's ms per step and its ratio
+    to each peer that ran (tokens/s over tokens/s), and minibert's speed-up over its own
+    fp32 step of the same preset."""
+    peers = [s for s in SYSTEMS[1:] if any(f"{s}_s_per_step" in r for r in rows)]
+    lines = ["| preset | precision | minibert ms | " + " | ".join(
+        f"x {p}" for p in peers) + " | x own fp32 |", "|---|---|---|" + "---|" * (len(peers) + 1)]
+    fp32 = {r["preset"]: r["minibert_s_per_step"] for r in rows if r["precision"] == "fp32"}
+    for r in rows:
+        own = fp32.get(r["preset"])
+        gain = f"{own / r['minibert_s_per_step']:.2f}" if own else ""
+        lines.append(f"| {r['preset']} | {r['precision']} | {1e3 * r['minibert_s_per_step']:.1f}"
+                     " | " + " | ".join(f"{r.get(f'ratio_minibert_over_{p}', float('nan')):.2f}"
+                                        for p in peers) + f" | {gain} |")
+    return lines
 
 
 def main(argv=None):
@@ -326,10 +374,15 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2,
                    help="processes per system, taking turns with the other systems")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32; tf32 (TF32 matmuls, --device cuda only); fp16 (minibert's "
-                        "--dtype float16 against PyTorch's autocast + GradScaler); bf16 "
-                        "(--dtype bfloat16 against autocast to bfloat16; --device cuda only)")
+    p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["fp32"],
+                   help="one or more of: fp32; tf32 (TF32 matmuls, --device cuda only); fp16 "
+                        "(minibert's --dtype float16 against PyTorch's autocast + GradScaler); "
+                        "bf16 (--dtype bfloat16 against autocast to bfloat16; --device cuda "
+                        "only). Each process times them in turn")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=None,
+                   help="minibert and the peers to time (default: minibert, torch_equal_work "
+                        "and transformers, and torch_graphed with --device cuda: PyTorch's "
+                        "equal work with its forward and backward as CUDA graphs)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--isa", choices=["native", "avx2"], default="native",
                    help="avx2: hold NumPy, OpenBLAS and PyTorch to AVX2 kernels, as on a CPU "
@@ -340,19 +393,23 @@ def main(argv=None):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             p.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'warmup' else 1}, "
                     f"got {getattr(args, name)}")
-    if args.precision == "tf32" and args.device != "cuda":
-        p.error("--precision tf32 is a GPU setting (TF32 tensor cores): use --device cuda")
-    if args.precision == "bf16" and args.device != "cuda":
-        p.error("--precision bf16 is a GPU setting (minibert's --dtype bfloat16): use "
-                "--device cuda")
+    if args.device != "cuda" and {"tf32", "bf16"} & set(args.precision):
+        p.error("--precision tf32 and bf16 are GPU settings (TF32 tensor cores; minibert's "
+                "--dtype bfloat16): use --device cuda")
+    systems = args.systems or [s for s in SYSTEMS
+                               if s != "torch_graphed" or args.device == "cuda"]
+    if "minibert" not in systems:
+        p.error("--systems: minibert is what the peers are compared with; name it too")
+    if "torch_graphed" in systems and args.device != "cuda":
+        p.error("--systems torch_graphed replays CUDA graphs: use --device cuda")
     if args.isa == "avx2" and args.device != "cpu":
         p.error("--isa avx2 holds the CPU's kernels: use it with --device cpu")
     if args.isa == "avx2" and not args.one and os.environ.get("MINIBERT_BENCH_ISA") != "avx2":
         held_to_avx2()                                   # does not return
-    if args.one == "gemm_peak":  # a child process: the GPU's GEMM peak
-        print(json.dumps(cuda_gemm_peak(args.precision)))
+    if args.one == "gemm_peak":  # a child process: the GPU's GEMM peak at each precision
+        print(json.dumps({q: cuda_gemm_peak(q) for q in args.precision}))
         return 0
-    if args.one:  # a child process: one system, one preset
+    if args.one:  # a child process: one system, one preset, each precision
         print(json.dumps(time_steps(args.one, args.presets[0], args)))
         return 0
 
@@ -364,55 +421,72 @@ def main(argv=None):
         print(f"kernels: {kernels()}")
         peak = gemm_peak()
         print(f"float32 GEMM peak (2048^3 matmul, best of 5): {peak:.1f} GFLOP/s")
+        peaks = {q: peak for q in args.precision}
     else:
-        peak = run_child(__file__, "gemm_peak", args.presets[0], device="cuda",
-                         precision=args.precision)
-        print(f"{args.precision} GEMM peak on the GPU (8192^3 matmul through CuPy, best of "
-              f"5): {peak:.1f} GFLOP/s")
+        peaks = run_child(__file__, "gemm_peak", args.presets[0], device="cuda",
+                          precision=args.precision)
+        for q, peak in peaks.items():
+            print(f"{q} GEMM peak on the GPU (8192^3 matmul through CuPy, best of 5): "
+                  f"{peak:.1f} GFLOP/s")
     from minibert import BertConfig
     results = []
     for preset in args.presets:
         config = BertConfig.from_preset(preset, vocab_size=args.vocab_size)
-        times = {k: [] for k in SYSTEMS}
+        times = {(s, q): [] for s in systems for q in args.precision}
         for _ in range(args.rounds):
-            for system in SYSTEMS:
-                times[system] += run_child(
+            for system in systems:
+                found = run_child(
                     __file__, system, preset, batch_size=args.batch_size,
                     seq_len=args.seq_len, vocab_size=args.vocab_size, steps=args.steps,
-                    warmup=args.warmup, device=args.device, precision=args.precision)
-        tokens = args.batch_size * args.seq_len
-        row = {"preset": preset, "device": args.device, "precision": args.precision,
-               "batch": args.batch_size, "seq_len": args.seq_len, "vocab": args.vocab_size,
-               "rounds": args.rounds, "steps_per_round": args.steps}
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            row[f"{name}_s_per_step"] = round(med, 4)
-            row[f"{name}_tokens_per_s"] = round(tokens / med, 1)
-        for peer in SYSTEMS[1:]:
-            row[f"ratio_minibert_over_{peer}"] = round(
-                row["minibert_tokens_per_s"] / row[f"{peer}_tokens_per_s"], 3)
-        flops = step_flops(config, args.batch_size, args.seq_len, 20)
-        row["step_gflop"] = round(flops / 1e9, 2)
-        row["minibert_gflop_per_s"] = round(flops / row["minibert_s_per_step"] / 1e9, 1)
-        if peak:
-            row["gemm_peak_gflop_per_s"] = round(peak, 1)
-            row["minibert_mfu"] = round(row["minibert_gflop_per_s"] / peak, 3)
-            row["torch_equal_work_mfu"] = round(
-                flops / row["torch_equal_work_s_per_step"] / 1e9 / peak, 3)
-        results.append(row)
-        print(f"{preset:>6}: minibert {row['minibert_tokens_per_s']:>7.0f} tok/s "
-              f"({row['minibert_s_per_step']:.3f} s/step) | torch equal work "
-              f"{row['torch_equal_work_tokens_per_s']:>7.0f} tok/s "
-              f"({row['ratio_minibert_over_torch_equal_work']:.2f}x) | transformers as run "
-              f"{row['transformers_tokens_per_s']:>7.0f} tok/s "
-              f"({row['ratio_minibert_over_transformers']:.2f}x) | minibert "
-              f"{row['minibert_gflop_per_s']:.0f} GFLOP/s"
-              + (f", MFU {row['minibert_mfu']:.2f} (torch equal work "
-                 f"{row['torch_equal_work_mfu']:.2f})" if peak else ""), flush=True)
+                    warmup=args.warmup, device=args.device,
+                    precision=args.precision)
+                for q, ts in found.items():
+                    times[system, q] += ts
+        for q in args.precision:
+            row = report_row(config, preset, q, {s: times[s, q] for s in systems},
+                             peaks.get(q), args)
+            results.append(row)
+            print(f"{preset:>6} {q}: minibert {row['minibert_tokens_per_s']:>7.0f} tok/s "
+                  f"({row['minibert_s_per_step']:.4f} s/step) | " + " | ".join(
+                      f"{s} {row[f'{s}_tokens_per_s']:>7.0f} tok/s "
+                      f"({row[f'ratio_minibert_over_{s}']:.2f}x)" for s in systems[1:])
+                  + f" | minibert {row['minibert_gflop_per_s']:.0f} GFLOP/s"
+                  + (f", MFU {row['minibert_mfu']:.2f}" if "minibert_mfu" in row else ""),
+                  flush=True)
+    print("\n".join(speed_table(results)))
+    print(json.dumps({"speed": results}))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0
+
+
+def report_row(config, preset: str, precision: str, times: dict[str, list[float]], peak,
+               args) -> dict:
+    """One result row: each system's median seconds per step and tokens/s, minibert's ratio
+    to each peer, the step's GFLOP, minibert's GFLOP/s and, with a GEMM ``peak``, the MFU
+    of minibert and of PyTorch's equal work."""
+    tokens = args.batch_size * args.seq_len
+    row = {"preset": preset, "device": args.device, "precision": precision,
+           "batch": args.batch_size, "seq_len": args.seq_len, "vocab": args.vocab_size,
+           "rounds": args.rounds, "steps_per_round": args.steps}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        row[f"{name}_s_per_step"] = round(med, 5)
+        row[f"{name}_tokens_per_s"] = round(tokens / med, 1)
+    for peer in list(times)[1:]:
+        row[f"ratio_minibert_over_{peer}"] = round(
+            row["minibert_tokens_per_s"] / row[f"{peer}_tokens_per_s"], 3)
+    flops = step_flops(config, args.batch_size, args.seq_len, 20)
+    row["step_gflop"] = round(flops / 1e9, 2)
+    row["minibert_gflop_per_s"] = round(flops / row["minibert_s_per_step"] / 1e9, 1)
+    if peak:
+        row["gemm_peak_gflop_per_s"] = round(peak, 1)
+        row["minibert_mfu"] = round(row["minibert_gflop_per_s"] / peak, 3)
+        if "torch_equal_work" in times:
+            row["torch_equal_work_mfu"] = round(
+                flops / row["torch_equal_work_s_per_step"] / 1e9 / peak, 3)
+    return row
 
 
 if __name__ == "__main__":

@@ -44,9 +44,42 @@ def test_bench_train_step_times_each_system_in_its_own_processes(tmp_path, capsy
     assert (row["rounds"], row["steps_per_round"]) == (2, 2)
     for system in ("minibert", "torch_equal_work", "transformers"):
         assert row[f"{system}_tokens_per_s"] == pytest.approx(
-            2 * 16 / row[f"{system}_s_per_step"], rel=1e-2)     # s/step kept to 4 digits
+            2 * 16 / row[f"{system}_s_per_step"], rel=1e-2)     # s/step kept to 5 digits
     assert row["ratio_minibert_over_transformers"] == pytest.approx(
         row["minibert_tokens_per_s"] / row["transformers_tokens_per_s"], abs=1e-3)
+    assert "torch_graphed_s_per_step" not in row                 # CUDA graphs: GPU only
+
+
+def test_bench_train_step_times_several_precisions_in_one_process_each(tmp_path, capsys):
+    """--precision fp32 fp16 with two systems: one child process per system and round times
+    both precisions (a row each); the speed table gives minibert's ratio to each peer and to
+    its own fp32 step, read back from the rows."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    bench = load("bench_train_step")
+    children = []
+    real = bench.run_child
+
+    def counted(script, system, preset, **options):
+        children.append((system, tuple(options.get("precision", ()))))
+        return real(script, system, preset, **options)
+    bench.run_child = counted
+    out = tmp_path / "step.json"
+    assert bench.main(["--presets", "tiny", "--batch-size", "2", "--seq-len", "16",
+                       "--vocab-size", "1100", "--steps", "1", "--warmup", "1", "--rounds",
+                       "1", "--precision", "fp32", "fp16", "--systems", "minibert",
+                       "torch_equal_work", "--json", str(out)]) == 0
+    assert children == [("minibert", ("fp32", "fp16")), ("torch_equal_work", ("fp32", "fp16"))]
+    rows = json.loads(out.read_text())
+    assert [r["precision"] for r in rows] == ["fp32", "fp16"]
+    assert all("transformers_s_per_step" not in r for r in rows)
+    table = bench.speed_table(rows)
+    assert table[0] == "| preset | precision | minibert ms | x torch_equal_work | x own fp32 |"
+    fp16 = table[3].split(" | ")
+    assert float(fp16[3]) == pytest.approx(rows[1]["ratio_minibert_over_torch_equal_work"],
+                                           abs=0.006)
+    assert float(fp16[4].rstrip(" |")) == pytest.approx(
+        rows[0]["minibert_s_per_step"] / rows[1]["minibert_s_per_step"], abs=0.006)
 
 
 def test_bench_train_step_fp16_steps_run_and_tf32_needs_a_gpu(capsys):
@@ -66,8 +99,11 @@ def test_bench_train_step_fp16_steps_run_and_tf32_needs_a_gpu(capsys):
         assert all(np.isfinite(losses)) and losses[0] > 0
     for precision in ("tf32", "bf16"):
         with pytest.raises(SystemExit):
-            bench.main(["--precision", precision])
-        assert f"error: --precision {precision} is a GPU setting" in capsys.readouterr().err
+            bench.main(["--precision", "fp32", precision])
+        assert "error: --precision tf32 and bf16 are GPU settings" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--systems", "minibert", "torch_graphed"])
+    assert "error: --systems torch_graphed replays CUDA graphs" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
@@ -87,8 +123,8 @@ def test_bench_train_step_times_minibert_on_the_gpu_through_cupy_alone(cuda, mon
     precisions = ["fp32", "fp16"] + (["bf16"] if bfloat16_or_refusal() is not None else [])
     for precision in precisions:
         args = SimpleNamespace(vocab_size=1100, batch_size=2, seq_len=16, device="cuda",
-                               precision=precision, warmup=1, steps=2)
-        times = bench.time_steps("minibert", "tiny", args)
+                               precision=[precision], warmup=1, steps=2)
+        (times,) = bench.time_steps("minibert", "tiny", args).values()
         assert len(times) == 2 and all(t > 0 for t in times)
         # the MFU's ceiling, through CuPy alone too
         assert bench.cuda_gemm_peak(precision, n=64, repeats=2) > 0
