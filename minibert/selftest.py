@@ -18,8 +18,11 @@ GPU), prints one table row per step (PASS / FAIL / SKIP, seconds, what it found)
   ``finetune.py --device cuda`` from the run, the fill-mask pipeline and PLL scoring on the device;
 - nccl: ``mpirun -np 1 train_mlm.py --device cuda --distributed nccl`` (and ``-np N``
   with N GPUs);
-- speed: ``bench/bench_train_step.py --device cuda`` for mini and small against PyTorch
-  eager at fp32, tokens/s and MFU.
+- speed: the kernel launches of one mini step in float32 and float16, counted on the GPU
+  (CUPTI, through PyTorch's profiler) against :data:`LAUNCH_PINS`, the counts the stand-in
+  pins; then ``bench/bench_train_step.py --device cuda`` for mini and small at fp32, TF32,
+  float16 and bfloat16 against PyTorch eager and PyTorch with CUDA graphs, the speed table
+  printed; it fails when a half-precision step is slower than the float32 one.
 
 ``--dry-run`` prints the plan (every command, with its time limit) and runs nothing; it
 needs no GPU and exits 0. ``--only GROUP_OR_STEP ...`` runs a part of the plan. The checks
@@ -132,6 +135,27 @@ def _expect_ok(output: str) -> str | None:
     return None if obj["ok"] else obj.get("why", "check failed")
 
 
+SPEED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+"""The precisions of the speed table (bench/bench_train_step.py's --precision)."""
+
+
+def half_not_slower(output: str) -> str | None:
+    """A speed step (bench/bench_train_step.py): its ``{"speed": [row, ...]}`` line must
+    have a row per precision of :data:`SPEED_PRECISIONS`, and minibert's float16 and bfloat16
+    steps must not be slower than its float32 step of the same preset (issue 52)."""
+    obj = _json_line(output, "speed")
+    if obj is None:
+        return "no speed line"
+    rows = {(r["preset"], r["precision"]): r["minibert_s_per_step"] for r in obj["speed"]}
+    missing = [f"{p} {q}" for p in {p for p, _ in rows} for q in SPEED_PRECISIONS
+               if (p, q) not in rows]
+    if missing or not rows:
+        return f"no speed row for {', '.join(missing) or 'any preset'}"
+    slow = [f"{p} {q} {1e3 * t:.1f} ms > fp32 {1e3 * rows[p, 'fp32']:.1f} ms"
+            for (p, q), t in rows.items() if q in ("fp16", "bf16") and t > rows[p, "fp32"]]
+    return f"half precision slower than float32: {'; '.join(slow)}" if slow else None
+
+
 # ------------------------------------------------------------------------- the plan
 
 def _env_steps(check: list[str], py: list[str], cache: str) -> list[Step]:
@@ -141,8 +165,8 @@ def _env_steps(check: list[str], py: list[str], cache: str) -> list[Step]:
     return [
         Step("env/nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
                                 "compute_cap", "--format=csv"], 10),
-        Step("env/device-summary", check + ["device-summary"], 15, _expect_ok),
-        Step("env/start-up-cold", check + ["start-up"], 30, _expect_ok,
+        Step("env/device-summary", check + ["device-summary"], 10, _expect_ok),
+        Step("env/start-up-cold", check + ["start-up"], 15, _expect_ok,
              env={"CUPY_CACHE_DIR": cache}),
         Step("env/start-up-warm", check + ["start-up"], 15, _expect_ok,
              env={"CUPY_CACHE_DIR": cache}),
@@ -150,8 +174,8 @@ def _env_steps(check: list[str], py: list[str], cache: str) -> list[Step]:
         Step("tests/pytest", py + ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                                    "tests/test_gpu.py", "tests/test_backend.py",
                                    "tests/test_gpu_kernels.py"], 70, unexpected_skips),
-        Step("parity/one-step-cpu-gpu", check + ["parity-one-step"], 20, _expect_ok),
-        Step("parity/float16-vs-float32-50-steps", check + ["parity-half", "float16"], 25,
+        Step("parity/one-step-cpu-gpu", check + ["parity-one-step"], 15, _expect_ok),
+        Step("parity/float16-vs-float32-50-steps", check + ["parity-half", "float16"], 15,
              _expect_ok),
         Step("parity/bfloat16-vs-float32-50-steps", check + ["parity-half", "bfloat16"], 15,
              _expect_ok),
@@ -165,20 +189,20 @@ def _smoke_steps(w: Path, check: list[str], py: list[str], train, device: str) -
     run = w / "run"
     return [
         Step("smoke/prepare-corpus-and-vocab", check + ["prepare", str(w)], 15, _expect_ok),
-        Step("smoke/train-30", check + ["interrupted-run", "30", *train(run, 40)[2:]], 35,
+        Step("smoke/train-30", check + ["interrupted-run", "30", *train(run, 40)[2:]], 30,
              _expect_ok),
         Step("smoke/resume-10", train(run, 40, "--resume", str(run)), 13),
         Step("smoke/uninterrupted-40", train(w / "run40", 40), 15),
         Step("smoke/resume-exact", check + ["same-run", str(run), str(w / "run40")], 5,
              _expect_ok),
-        Step("smoke/float16", train(w / "run16", 30, "--dtype", "float16"), 25),
+        Step("smoke/float16", train(w / "run16", 30, "--dtype", "float16"), 15),
         Step("smoke/bfloat16", train(w / "runbf16", 30, "--dtype", "bfloat16"), 15),
         Step("smoke/tf32", train(w / "runtf32", 30, "--tf32"), 12),
         Step("smoke/finetune", py + ["finetune.py", "--init", str(run), "--data",
                                      str(ROOT / "data/classify/en/sms_spam"), "--output-dir",
                                      str(w / "finetune"), "--max-seq-length", "64",
                                      "--batch-size", "16", "--max-steps", "30",
-                                     "--device", device, "--no-progress"], 25),
+                                     "--device", device, "--no-progress"], 15),
         Step("smoke/fill-mask", py + ["-m", "minibert", "predict", "fill-mask", str(run),
                                       "the whale swam in the [MASK] .", "--device", device,
                                       "--no-progress"], 15),
@@ -195,17 +219,20 @@ def _nccl_and_speed_steps(w: Path, py: list[str], train, device: str,
     many = ["mpirun", "-np", str(gpus), *train(w / "ncclN", 10, "--distributed", "nccl")]
     steps = [
         Step("nccl/mpirun-np-1", ["mpirun", "-np", "1", *train(w / "nccl1", 10, "--distributed",
-                                                                "nccl")], 25,
+                                                                "nccl")], 15,
              env=OPEN_MPI_AS_ROOT),
         Step(f"nccl/mpirun-np-{max(gpus, 2)}", many if gpus > 1 else [], 30,
              skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two",
              env=OPEN_MPI_AS_ROOT),
     ]
-    for preset in ("mini", "small"):
+    steps.append(Step("speed/launches", py + ["-m", "minibert.selftest", "--check",
+                                              "launches"], 30, _expect_ok))
+    for preset, limit in (("mini", 100), ("small", 110)):
         steps.append(Step(f"speed/{preset}-vs-torch", py + [
             "bench/bench_train_step.py", "--presets", preset, "--device", device,
-            "--precision", "fp32", "--steps", "10", "--warmup", "3", "--rounds", "1"],
-            85))
+            "--precision", *SPEED_PRECISIONS, "--systems", "minibert", "torch_equal_work",
+            "torch_graphed", "--steps", "10", "--warmup", "3", "--rounds", "1"],
+            limit, half_not_slower))
     return steps
 
 
@@ -525,10 +552,96 @@ def _check_prepare(workdir: str) -> int:
     return _result(True, corpus=str(corpus), vocab=str(w / "vocab.txt"))
 
 
+LAUNCH_PINS = {"float32": 376, "float16": 462}
+"""The kernel launches of one mini training step (:func:`mini_train_step`, fast paths on)
+that tests/test_gpu_kernels.py pins on the stand-in (tests/fakecupy.py: one per CuPy call
+that launches, one per cuBLAS product) and ``--check launches`` holds a GPU to."""
+
+
+def mini_train_step(dtype="float32", micro_batches: int = 1):
+    """One optimizer step of the mini preset (4 layers, C=256; vocabulary 50, B=3, T=10 with
+    a padded row; dropout, clipping, AdamW with bias correction; float16: master weights and
+    loss scaling) on the current CUDA device, as a function: each call runs train_step once
+    more (step 0, 1, ...) on ``micro_batches`` copies of the batch. The step whose launches
+    :data:`LAUNCH_PINS` counts is the second (the first compiles the kernels)."""
+    import numpy as np
+    from . import backend
+    from .modeling import BertConfig, BertForPreTraining, masked_lm_from_labels
+    from .objectives import get_objective
+    from .optim import AdamW
+    from .pretraining import PretrainingBatch
+    from .training import TrainingConfig, train_step
+    import cupy
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 50, (3, 10))
+    mask = np.ones_like(ids)
+    mask[1, 6:] = ids[1, 6:] = 0                          # a padded row
+    labels = np.where(rng.random((3, 10)) < 0.3, ids, -100)
+    labels[:, 0] = ids[:, 0]
+    pos, mids, w = masked_lm_from_labels(labels, width=4)
+    batch = PretrainingBatch(ids, np.zeros_like(ids), mask, pos, mids, w.astype(np.float32),
+                             np.array([0, 1, 0]))
+    objective = get_objective("mlm+nsp")
+
+    class Task:                                           # train_mlm.py's forward
+        def forward(self, model, b):
+            x = {k: cupy.asarray(v) for k, v in b.model_inputs().items()}
+            out = model(**x)
+            return out.loss, objective.stats(out, x)
+
+    config = BertConfig.from_preset("mini", vocab_size=50, max_position_embeddings=16)
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    model = BertForPreTraining(config, seed=1).to("cuda", dtype=backend.resolve_dtype(name,
+                                                                                "cuda"))
+    opt = AdamW(model.named_parameters(), lr=1e-3, correct_bias=True)
+    cfg = TrainingConfig(max_steps=1 << 30, lr=1e-3, max_grad_norm=1.0)
+    dropout_rng, count = backend.DropoutRNG("cuda"), [0]
+
+    def step():
+        out = train_step(model, opt, Task(), [batch] * micro_batches, count[0], 1e-3, cfg,
+                         device="cuda", dropout_rng=dropout_rng)
+        count[0] += 1
+        return out
+    return step
+
+
+def _check_launches() -> int:
+    """The GPU work items (kernels, memsets, device-to-device copies: what a host call
+    enqueues, host-to-device uploads of the batch left out) of the second mini step in
+    float32 and float16, recorded by CUPTI through ``torch.profiler``; fails when one
+    exceeds its :data:`LAUNCH_PINS` (the note lists the most frequent kernels)."""
+    import collections
+    from . import backend
+    from .fast import set_fast_paths
+    backend.set_device("cuda")
+    set_fast_paths(True)
+    import cupy
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    found, top = {}, {}
+    for dtype in LAUNCH_PINS:
+        step = mini_train_step(dtype)
+        step()
+        cupy.cuda.Device().synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            cupy.cuda.Device().synchronize()
+        names = [e.name for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA
+                 and not e.name.startswith(("Memcpy HtoD", "Memcpy DtoH"))]
+        found[dtype] = len(names)
+        top[dtype] = collections.Counter(n[:60] for n in names).most_common(8)
+    over = [f"{d} {n} > {LAUNCH_PINS[d]}" for d, n in found.items() if n > LAUNCH_PINS[d]]
+    return _result(not over, launches=found, pins=LAUNCH_PINS, most_frequent=top,
+                   why=f"more launches than the stand-in pins: {', '.join(over)}" if over
+                   else None)
+
+
 CHECKS = {"prepare": _check_prepare, "interrupted-run": _check_interrupted_run,
           "device-summary": _check_device_summary, "start-up": _check_start_up,
           "tf32": _check_tf32, "parity-one-step": _check_parity_one_step,
-          "parity-half": _check_parity_half, "same-run": _check_same_run}
+          "parity-half": _check_parity_half, "same-run": _check_same_run,
+          "launches": _check_launches}
 """The Python checks a step runs as ``python -m minibert.selftest --check NAME [ARGS]``."""
 
 

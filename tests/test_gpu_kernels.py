@@ -10,12 +10,11 @@ fast_paths`), compared with the same function with them off.
 import numpy as np
 import pytest
 
-from minibert import BertConfig, backend
+from minibert import BertConfig
 from minibert.fast import fast_paths
 from minibert.modeling import BertForPreTraining
 from minibert.nn import activations, dropout, layernorm
-from minibert.optim import AdamW
-from minibert.training import TrainingConfig, train_step
+from minibert.selftest import LAUNCH_PINS, mini_train_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda")]
 
@@ -330,32 +329,27 @@ def test_each_kernel_is_one_launch(cuda):
 # or strided operand of a batched product and casts float16 ones to float32 and back; the
 # earlier model counted one launch per product and gave 759 / 372 (float16: 489) here.
 LAUNCHES_BEFORE = 789     # fast paths off: the formulas (float32)
-LAUNCHES_FAST = 376       # fast paths on: the kernels of minibert/gpu_kernels.py (float32;
-#                           397 before issue 52's direct cuBLAS products)
-LAUNCHES_FAST_FLOAT16 = 462 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 460
+LAUNCHES_FAST = LAUNCH_PINS["float32"]   # fast paths on: the kernels of minibert/gpu_kernels.py
+#                                          (float32; 397 before issue 52's direct cuBLAS products)
+LAUNCHES_FAST_FLOAT16 = LAUNCH_PINS["float16"] - (
+    0 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 2)
 # float16 with master weights and loss scaling (563 before). Under NumPy 1 (the floor run)
 # the backward's upstream gradient, ``scale * weight / k`` of a float32 0-d scale and Python
 # floats, is float64 by value-based casting, so the cross-entropy backward's cast of it to
-# float64 (twice a step) is not needed; CuPy 14 needs NumPy 2, so a GPU sees 462.
+# float64 (twice a step) is not needed; CuPy 14 needs NumPy 2, so a GPU sees the pin.
+# The pins live in minibert/selftest.py, whose ``--check launches`` holds a GPU to them.
 
 
 def mini_step(micro_batches: int, fast: bool, cuda, dtype=np.float32):
-    """One train_step of the mini preset (4 layers, C=256; vocabulary 50, T=10, B=3) on
-    the device in ``dtype`` (float16: master weights and loss scaling), after a first step
-    (which a GPU spends compiling); returns what the stand-in recorded during the second."""
-    from test_gpu import PretrainingTask, host_batches
+    """The second step of :func:`minibert.selftest.mini_train_step` (the mini preset, 4
+    layers, C=256; vocabulary 50, T=10, B=3) on the device in ``dtype``, with the fast paths
+    ``fast``; returns what the stand-in recorded during it (the first, which a GPU spends
+    compiling, is left out)."""
     with fast_paths(fast):
-        config = BertConfig.from_preset("mini", vocab_size=50, max_position_embeddings=16)
-        model = BertForPreTraining(config, seed=1).to("cuda", dtype=dtype)
-        opt = AdamW(model.named_parameters(), lr=1e-3, correct_bias=True)
-        cfg = TrainingConfig(max_steps=2, lr=1e-3, max_grad_norm=1.0)
-        rng = backend.DropoutRNG("cuda")
-        micro = host_batches("pretraining")[:micro_batches]
-        train_step(model, opt, PretrainingTask(), micro, 0, 1e-3, cfg, device="cuda",
-                   dropout_rng=rng)
+        step = mini_train_step(dtype, micro_batches)
+        step()
         with cuda.record() as seen:
-            train_step(model, opt, PretrainingTask(), micro, 1, 1e-3, cfg, device="cuda",
-                       dropout_rng=rng)
+            step()
     return seen
 
 

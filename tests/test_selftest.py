@@ -1,6 +1,7 @@
 """python -m minibert.selftest (issue 43 item 1): the plan its --dry-run prints on a machine
 without a GPU, and the step runner's verdicts, with stand-in steps."""
 import io
+import json
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ REQUIRED = ["env/nvidia-smi", "env/device-summary", "env/start-up-cold", "env/st
             "parity/float16-vs-float32-50-steps", "smoke/train-30", "smoke/resume-10",
             "smoke/resume-exact", "smoke/float16", "smoke/tf32", "smoke/finetune",
             "smoke/fill-mask", "smoke/pll-score", "nccl/mpirun-np-1", "nccl/mpirun-np-2",
-            "speed/mini-vs-torch", "speed/small-vs-torch"]
+            "speed/launches", "speed/mini-vs-torch", "speed/small-vs-torch"]
 
 
 def test_the_dry_run_prints_every_step_with_its_command_and_limit(tmp_path):
@@ -34,7 +35,8 @@ def test_the_dry_run_prints_every_step_with_its_command_and_limit(tmp_path):
                   "train_mlm.py", "--resume", "--dtype float16", "--tf32", "finetune.py",
                   "predict fill-mask", "minibert score", "mpirun -np 1", "--distributed nccl",
                   "bench/bench_train_step.py", "--presets mini", "--presets small",
-                  "--device cuda"):
+                  "--device cuda", "--precision fp32 tf32 fp16 bf16", "torch_graphed",
+                  "--check launches"):
         assert piece in text, piece
     assert not (tmp_path / "w").exists()                   # a dry run writes nothing
 
@@ -119,19 +121,42 @@ def test_a_check_step_fails_on_its_result_line():
         ("FAIL", "loss differs"), ("PASS", '{"ok": true}'), ("FAIL", "no result line")]
 
 
+def speed_line(preset="mini", **ms):
+    """A bench_train_step.py result line: minibert's ms per step by precision."""
+    rows = [{"preset": preset, "precision": q, "minibert_s_per_step": t / 1e3}
+            for q, t in ms.items()]
+    return json.dumps({"speed": rows})
+
+
+FAST_HALF = dict(fp32=16.0, tf32=12.0, fp16=9.0, bf16=9.5)
+
+
+def test_a_speed_step_fails_when_half_precision_is_slower_than_float32():
+    check = selftest.half_not_slower
+    assert check("mini fp32: ...\n" + speed_line(**FAST_HALF) + "\n") is None
+    assert check(speed_line(**dict(FAST_HALF, fp16=16.0))) is None          # level passes
+    why = check(speed_line(**dict(FAST_HALF, bf16=47.0)))
+    assert why == "half precision slower than float32: mini bf16 47.0 ms > fp32 16.0 ms"
+    assert "fp16" in check(speed_line(**dict(FAST_HALF, fp16=16.1)))
+    assert check(speed_line(fp32=16.0, fp16=9.0)) == "no speed row for mini tf32, mini bf16"
+    assert check("no json\n") == "no speed line"
+    assert check('{"speed": []}') == "no speed row for any preset"
+
+
 def test_main_runs_only_the_steps_asked_for(monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(selftest, "run_process", lambda step: (ran.append(step.name), (0, "{\"ok\": true}"))[1])
+    out = '{"ok": true}\n' + speed_line(**FAST_HALF)
+    monkeypatch.setattr(selftest, "run_process", lambda step: (ran.append(step.name), (0, out))[1])
     monkeypatch.setattr(selftest, "run_steps",
                         lambda steps, runner=None, out=None, log=None: run_steps(
                             steps, selftest.run_process, io.StringIO(), log))
     assert selftest.main(["--only", "env/tf32", "speed", "--gpus", "1"]) == 0
-    assert ran == ["env/tf32", "speed/mini-vs-torch", "speed/small-vs-torch"]
+    assert ran == ["env/tf32", "speed/launches", "speed/mini-vs-torch", "speed/small-vs-torch"]
 
 
 def test_the_log_keeps_every_steps_whole_output(monkeypatch, tmp_path):
-    outputs = {"env/tf32": (0, "line one\nline two\n"), "speed/mini-vs-torch": (3, "boom\n"),
-               "speed/small-vs-torch": (None, "half")}
+    outputs = {"env/tf32": (0, "line one\nline two\n"), "speed/launches": (0, '{"ok": true}'),
+               "speed/mini-vs-torch": (3, "boom\n"), "speed/small-vs-torch": (None, "half")}
     monkeypatch.setattr(selftest, "run_process", lambda step: outputs[step.name])
     log = tmp_path / "selftest.log"
     assert selftest.main(["--only", "env/tf32", "speed", "--gpus", "1", "--log", str(log)]) == 1
