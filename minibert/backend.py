@@ -435,15 +435,45 @@ def finfo(dtype):
     return np.finfo(dtype)
 
 
+# SplitMix64 (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators";
+# the mixing constants of Java's SplittableRandom): the k-th draw of a stream is the
+# finalizer of seed + k * golden, so any draw is a function of (seed, k) alone
+_SPLITMIX64 = """
+U z = seed + (offset + i + 1) * 0x9E3779B97F4A7C15ull;
+z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+z = z ^ (z >> 31);
+"""
+_UNIFORM_BITS = {"float32": "u = (z >> 40) * 5.9604644775390625e-08f",    # 24 bits x 2^-24
+                 "float64": "u = (z >> 11) * 1.1102230246251565e-16"}     # 53 bits x 2^-53
+_UNIFORM_KERNELS: dict = {}
+
+
+def _uniform_kernel(dtype):
+    """The ElementwiseKernel drawing uniforms in [0, 1) of ``dtype`` (float32 or float64):
+    element i of a draw at ``offset`` is SplitMix64's draw offset + i + 1 of ``seed``."""
+    name = np.dtype(dtype).name
+    if name not in _UNIFORM_KERNELS:
+        cupy = _import_cupy()
+        _UNIFORM_KERNELS[name] = cupy.ElementwiseKernel(
+            "U seed, U offset", f"{name} u", _SPLITMIX64 + _UNIFORM_BITS[name],
+            f"minibert_uniform_{name}")
+    return _UNIFORM_KERNELS[name]
+
+
 class DropoutRNG:
     """The one dropout generator of a run, re-keyed for every micro-batch.
 
-    ``reseed(derive_seed(seed, step, micro))`` makes the masks of a step depend only on
-    the run seed and the step, so a resumed run draws what an uninterrupted one would.
-    On the CPU a re-key is a fresh PCG64 ``numpy.random.default_rng`` (microseconds); on
-    the GPU it re-seeds one counter-based cuRAND Philox4x32-10 generator kept for the whole
-    run (``cupy.random.RandomState(method=PHILOX4_32_10)``: a host-side call, no new device
-    state, no kernel, no sync).
+    ``load(seeds)`` (one seed per micro-batch of a step, :func:`derive_seed` of the run
+    seed, the step and the micro-batch) then ``select(i)`` before micro-batch i makes the
+    masks of a step depend only on the run seed and the step, so a resumed run draws what
+    an uninterrupted one would. On the CPU a selection is a fresh PCG64
+    ``numpy.random.default_rng`` (microseconds). On the GPU the generator is counter-based
+    (SplitMix64, in one kernel per draw): the seeds live in a device buffer that ``load``
+    fills (one host-to-device copy) and each draw reads its seed from there, at an offset
+    counted from the selection on the host. Nothing of it is host state that a kernel bakes
+    in, so a step captured as a CUDA graph (:mod:`minibert.graphs`) draws new masks on
+    every replay from the seeds loaded before it.
 
     Args:
         device: "cpu" or "cuda" (default: the current device).
@@ -452,18 +482,35 @@ class DropoutRNG:
     def __init__(self, device: str | None = None):
         self.device = device or _device
         self._gen = None
+        self._seeds = self._seed = None           # GPU: (k,) uint64 buffer, its element i
+        self._host_seeds: list[int] = []          # CPU: the loaded seeds
+        self._offset = 0
+
+    def load(self, seeds) -> "DropoutRNG":
+        """The seeds (ints in [0, 2^64)) of a step's micro-batches; :meth:`select` picks one.
+        On the GPU they are copied into a device buffer kept while their number stays."""
         if self.device == "cuda":  # pragma: no cover - GPU only
             cupy = _import_cupy()
-            self._gen = cupy.random.RandomState(
-                0, method=cupy.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+            host = np.asarray([int(s) for s in seeds], dtype=np.uint64)
+            if self._seeds is None or self._seeds.shape != host.shape:
+                self._seeds = cupy.empty(host.shape, np.uint64)
+            self._seeds.set(host)
+        else:
+            self._host_seeds = [int(s) for s in seeds]
+        return self
+
+    def select(self, i: int) -> "DropoutRNG":
+        """Draw from the i-th loaded seed from its start."""
+        if self.device == "cuda":  # pragma: no cover - GPU only
+            self._seed, self._offset = self._seeds[i], 0
+        else:
+            self._gen = np.random.default_rng(self._host_seeds[i])
+        return self
 
     def reseed(self, seed: int) -> "DropoutRNG":
-        """Re-key the generator with ``seed`` (an int, e.g. from :func:`derive_seed`)."""
-        if self.device == "cuda":  # pragma: no cover - GPU only
-            self._gen.seed(int(seed))
-        else:
-            self._gen = np.random.default_rng(seed)
-        return self
+        """Re-key the generator with ``seed`` (an int, e.g. from :func:`derive_seed`):
+        ``load([seed]).select(0)``."""
+        return self.load([seed]).select(0)
 
     @property
     def numpy_generator(self):
@@ -472,9 +519,20 @@ class DropoutRNG:
         return self._gen if self.device == "cpu" else None
 
     def random(self, shape, dtype=np.float64):
-        """Uniform [0, 1) samples of ``shape`` and float ``dtype`` on the device."""
+        """Uniform [0, 1) samples of ``shape`` and float ``dtype`` (float32 or float64) on
+        the device.
+
+        Raises:
+            RuntimeError: on the GPU before any :meth:`select` / :meth:`reseed`."""
         if self.device == "cuda":  # pragma: no cover - GPU only
-            return self._gen.random_sample(shape, dtype=dtype)
+            if self._seed is None:
+                raise RuntimeError("DropoutRNG: no seed selected (load() and select(), or "
+                                   "reseed(), first)")
+            cupy = _import_cupy()
+            out = cupy.empty(shape, dtype)
+            _uniform_kernel(dtype)(self._seed, np.uint64(self._offset), out)
+            self._offset += out.size
+            return out
         return self._gen.random(shape, dtype=dtype)
 
 

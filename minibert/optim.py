@@ -66,12 +66,14 @@ class DynamicLossScaler:
         self.good_steps = xp.asarray(0, dtype=xp.int64)              # applied steps in a row
 
     def update(self, finite) -> None:
-        """After a step: ``finite`` (0-d bool array) says whether it was applied."""
+        """After a step: ``finite`` (0-d bool array) says whether it was applied; the state is
+        updated in place."""
         xp = get_array_module(self.scale)
         grow = finite & (self.good_steps + 1 >= self.growth_interval)
         factor = xp.where(finite, xp.where(grow, self.growth_factor, 1.0), self.backoff_factor)
-        self.scale = (self.scale * factor).astype(xp.float32)
-        self.good_steps = xp.where(finite & ~grow, self.good_steps + 1, 0)
+        # in place: a step captured as a CUDA graph reads and writes these same buffers
+        self.scale[...] = self.scale * factor
+        xp.multiply(self.good_steps + 1, finite & ~grow, out=self.good_steps)   # else 0
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Host 0-d arrays: "scale" (float32) and "good_steps" (int64)."""
@@ -173,6 +175,7 @@ class AdamW:
         # (S,) workspace of the CPU fast path (fast_cpu.adamw_update); the formula and the
         # GPU's fused kernel need none
         self._tmp = xp.empty_like(weights) if xp is np else None
+        self._staged = None      # GPU: (3,) device buffer of :meth:`stage`, made on first use
 
     def loss_scale(self):
         """What to multiply the loss by before backward: the dynamic scale (a 0-d device
@@ -213,10 +216,35 @@ class AdamW:
         shape = self.params[i][1].data.shape
         return self.m[a:b].reshape(shape), self.v[a:b].reshape(shape)
 
-    def step(self, lr=None) -> None:
+    def stage(self, lr: float):
+        """The host half of a step on the GPU: count the step (``t``) and copy its rates into
+        a device buffer that :meth:`step` reads, so that nothing of the step is a host value
+        a kernel bakes in (a step replayed as a CUDA graph, :mod:`minibert.graphs`, reads
+        new rates on every replay). On the CPU it returns ``lr`` and does nothing else.
+
+        Returns:
+            ``lr`` on the CPU; on the GPU the (3,) buffer, of the weights' dtype:
+            (lr, 1 / (1 - b1^t), 1 / sqrt(1 - b2^t)), the last two 1 without
+            ``correct_bias``.
+        """
+        weights = self.m
+        xp = get_array_module(weights)
+        if xp is np:
+            return lr
+        b1, b2 = self.betas
+        self.t += 1
+        c1, c2 = ((1.0 / (1.0 - b1 ** self.t), 1.0 / math.sqrt(1.0 - b2 ** self.t))
+                  if self.correct_bias else (1.0, 1.0))
+        if self._staged is None:
+            self._staged = xp.empty(3, weights.dtype)
+        self._staged.set(np.array([lr, c1, c2], dtype=weights.dtype))
+        return self._staged
+
+    def step(self, lr=None, staged=None) -> None:
         """Update every parameter in place from its ``grad``; ``lr`` (a float or a 0-d
         array on the parameters' device, so a skipped step costs no host read) overrides
-        self.lr.
+        self.lr. ``staged``: the buffer :meth:`stage` filled for this step (GPU): its bias
+        corrections are read from the device and ``t`` was counted there.
 
         Raises:
             RuntimeError: the parameters no longer alias the flat buffer (the model was
@@ -224,9 +252,12 @@ class AdamW:
         """
         lr = self.lr if lr is None else lr
         b1, b2 = self.betas
-        self.t += 1
         step_size, v_scale = lr, 1.0
-        if self.correct_bias:
+        if staged is not None:
+            step_size, v_scale = lr * staged[1], staged[2]
+        else:
+            self.t += 1
+        if staged is None and self.correct_bias:
             # a 0-d lr keeps its type: NumPy 1 widens float32 / Python float to float64
             correction = 1.0 - b1 ** self.t
             if hasattr(lr, "dtype"):

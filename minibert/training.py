@@ -259,7 +259,10 @@ def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr:
     (1 on one process). A step whose loss or gradient norm is not finite has its
     gradients zeroed and its learning rate set to 0: the parameters stay as they were
     (Adam's moments decay by one step). Zeroing, clipping and the update are whole-buffer
-    passes over the optimizer's flat gradient buffer.
+    passes over the optimizer's flat gradient buffer. The host half
+    (:func:`prepare_step`: the dropout seeds and, on the GPU, the step's rates copied to
+    the device) comes first, then the device half (:func:`device_step`), which a CUDA
+    graph can replay (:mod:`minibert.graphs`).
 
     Args:
         micro: the step's global batches; each rank trains on its rows of each.
@@ -274,41 +277,62 @@ def train_step(model, optimizer, workload: Workload, micro: list, step: int, lr:
         the same on every rank) and this rank's sum of the workload's per-micro-batch sums.
     """
     comm = comm or Communicator()
-    world = comm.world_size
+    rng = dropout_rng or backend.DropoutRNG(device)
+    staged = prepare_step(optimizer, len(micro), step, lr, cfg, comm, rng)
+    return device_step(model, optimizer, workload, micro, cfg, comm, rng, staged)
+
+
+def prepare_step(optimizer, k: int, step: int, lr: float, cfg: TrainingConfig,
+                 comm: Communicator, rng):
+    """The host half of :func:`train_step`: the k micro-batches' dropout seeds (from the
+    run seed, the step and the micro-batch, so a resumed run draws the same masks) loaded
+    into ``rng``, and the optimizer's rates of the step (:meth:`AdamW.stage`: ``lr`` on the
+    CPU, a device buffer on the GPU). Returns what :func:`device_step` takes as ``staged``."""
+    rng.load([backend.derive_seed(cfg.seed, step, i * comm.world_size + comm.rank)
+              for i in range(k)])
+    return optimizer.stage(lr)
+
+
+def device_step(model, optimizer, workload: Workload, micro: list, cfg: TrainingConfig,
+                comm: Communicator, rng, staged):
+    """The device half of :func:`train_step`, after :func:`prepare_step` (``staged``: its
+    result); launches kernels and reads nothing on the host. Returns train_step's result."""
     flat = optimizer.flat
     xp = get_array_module(flat.grad)
-    rng = dropout_rng or backend.DropoutRNG(device)
     model.set_dropout_rng(rng)
     optimizer.zero_grad()
     scale = optimizer.loss_scale()          # 1.0, or the dynamic scale of float16 training
     with frozen_parameters():            # no parameter changes until the optimizer step
-        loss_sum, sums = _forward_backward(model, workload, micro, step, cfg, rng, comm,
-                                           scale, xp)
-    if world > 1:
+        loss_sum, sums = _forward_backward(model, workload, micro, rng, comm, scale, xp)
+    if comm.world_size > 1:
         comm.allreduce_(flat.grad)
         loss_sum = comm.allreduce_(xp.array(loss_sum, ndmin=1))[0]
     grad = optimizer.unscaled_grad()                                # (S,), float32 or wider
     grad_norm = clip_grad_norm([grad], cfg.max_grad_norm or float("inf"))
     finite = xp.isfinite(grad_norm) & xp.isfinite(loss_sum)
     xp.copyto(grad, 0, where=~finite)                               # NaN * 0 is NaN: zero them
-    # lr 0 on a bad step; lr cast first, as NumPy 1 would widen a 0-d float32 times a
-    # Python float to float64 (NumPy 2 keeps float32)
-    optimizer.step(finite.astype(grad.dtype) * grad.dtype.type(lr))
+    if xp is np:
+        # lr 0 on a bad step; lr cast first, as NumPy 1 would widen a 0-d float32 times a
+        # Python float to float64 (NumPy 2 keeps float32)
+        optimizer.step(finite.astype(grad.dtype) * grad.dtype.type(staged))
+    else:
+        optimizer.step(finite.astype(grad.dtype) * staged[0], staged=staged)
     optimizer.update_scale(finite)
     return loss_sum, grad_norm, finite, sums
 
 
-def _forward_backward(model, workload: Workload, micro: list, step: int, cfg: TrainingConfig,
-                      rng, comm: Communicator, scale, xp):
-    """Forward and backward of this rank's rows of each micro-batch, the gradients
-    weighted ``scale`` x (rank's share) / k; returns (the weighted loss sum, the
-    workload's per-micro-batch sums added up), device values (:func:`train_step`)."""
+def _forward_backward(model, workload: Workload, micro: list, rng, comm: Communicator,
+                      scale, xp):
+    """Forward and backward of this rank's rows of each micro-batch (micro-batch i with
+    the dropout seed ``rng.select(i)``), the gradients weighted ``scale`` x (rank's share)
+    / k; returns (the weighted loss sum, the workload's per-micro-batch sums added up),
+    device values (:func:`train_step`)."""
     world, rank, k = comm.world_size, comm.rank, len(micro)
     backward = getattr(workload, "backward", None)   # a workload that computes its own loss
     loss_sum, sums = 0.0, {}
     for i, batch in enumerate(micro):
         shard, weight = shard_rows(batch, rank, world)
-        rng.reseed(backend.derive_seed(cfg.seed, step, i * world + rank))
+        rng.select(i)
         loss, batch_sums = workload.forward(model, shard)
         if backward is None:
             model.backward(dloss=scale * weight / k)

@@ -121,9 +121,9 @@ class Product(tuple):
     where = property(lambda self: self[5])
 
 
-def _product(routine: str, a, b, c, compute: str) -> None:
-    """Record one cuBLAS product (and its launch)."""
-    _launch(routine)
+def _product(routine: str, a, b, c, compute: str, replay=None) -> None:
+    """Record one cuBLAS product (and its launch; ``replay``: see :func:`_launch`)."""
+    _launch(routine, replay)
     if not _recorders:
         return
     names = [np.dtype(t).name if not isinstance(t, str) else t for t in (a, b, c)]
@@ -171,7 +171,10 @@ def _caller() -> str:
 
 
 def _sync(what: str) -> None:
-    """A device-to-host read: record it, and refuse it where syncs are disallowed."""
+    """A device-to-host read: record it, and refuse it where syncs are disallowed (and
+    while a stream captures, as CUDA does)."""
+    _refuse_while_capturing(f"{what}: the current stream is capturing, so D2H transfers "
+                            "and synchronization are not allowed")
     if not _recorders and getattr(_local, "allowed", True):
         return
     event = f"{what} at {_caller()}"
@@ -183,7 +186,10 @@ def _sync(what: str) -> None:
 
 
 def _upload(what: str) -> None:
-    """A host-to-device copy: record it (it is not a sync)."""
+    """A host-to-device copy: record it (it is not a sync); refused while a stream captures
+    (CuPy's copies from host memory are synchronous, ``cupy/cuda/memory.pyx``)."""
+    _refuse_while_capturing(f"{what}: the current stream is capturing, so H2D transfers "
+                            "are not allowed")
     if not _recorders:
         return
     event = f"{what} at {_caller()}"
@@ -203,14 +209,29 @@ def _one_launch():
         _local.silent = old
 
 
-def _launch(what: str) -> None:
+def _launch(what: str, replay=None) -> None:
     """A kernel launch: one per operation that would run a kernel on a GPU (a ufunc or
     operator, a reduction, a matrix product, an ``ElementwiseKernel`` call, a copy or fill,
     a gather / scatter, a random draw, ``erf``). Views (reshape, transpose, basic
     indexing), allocations without a fill (``empty``) and no-op casts are not launches.
     The count is one per CuPy call: a CuPy routine that runs two kernels (``var``,
-    ``linalg.norm``) counts once, a cuBLAS product counts once."""
-    if not _recorders or getattr(_local, "silent", False):
+    ``linalg.norm``) counts once, a cuBLAS product counts once.
+
+    While a stream captures (:class:`Stream`), ``replay`` (a function that runs the launch
+    again on the same buffers) is added to the graph; a launch without one, or on a stream
+    other than the capturing one, raises."""
+    if getattr(_local, "silent", False):
+        return
+    capture = _capturing()
+    if capture is not None:
+        if replay is None:
+            raise NotImplementedError(f"{what} at {_caller()}: the stand-in cannot replay "
+                                      "this launch from a CUDA graph (tests/fakecupy.py)")
+        if _current_stream() is not capture.stream:
+            raise RuntimeError(f"cudaErrorStreamCaptureImplicit: {what} at {_caller()} "
+                               "launches on another stream than the capturing one")
+        capture.replays.append(replay)
+    if not _recorders:
         return
     event = f"{what} at {_caller()}"
     for rec in _recorders:
@@ -247,7 +268,8 @@ def _wrap(x):
     (CuPy returns 0-d arrays where NumPy returns scalars)."""
     if isinstance(x, np.ndarray):
         a = object.__new__(ndarray)
-        a._a = x
+        a._a, a._mem = x, None
+        _allocated(a)
         return a
     if isinstance(x, np.generic):
         return _wrap(np.asarray(x))
@@ -260,14 +282,27 @@ def _call(fn, args, kwargs, host: str = "refuse", launch: str | None = None):
     """``fn`` on the host arrays behind ``args``; the result as device arrays. With
     ``out=``, the device array(s) given are returned, as NumPy returns its ``out``.
     ``launch``: the name of the kernel launch to record (None: no launch, a view)."""
-    result = fn(*_unwrap(args, host), **_unwrap(kwargs, host))
-    if launch is not None:
-        _launch(launch)
+    hargs, hkwargs = _unwrap(args, host), _unwrap(kwargs, host)
+    result = fn(*hargs, **hkwargs)
     out = kwargs.get("out")
     if out is not None:
+        if launch is not None:
+            _launch(launch, lambda: fn(*hargs, **hkwargs))
         outs = out if isinstance(out, tuple) else (out,)
         return outs[0] if len(outs) == 1 else outs
-    return _wrap(_bfloat16_loop(result, args))
+    wrapped = _wrap(_bfloat16_loop(result, args))
+    if launch is not None:
+        _launch(launch, lambda: _refill(wrapped, _bfloat16_loop(fn(*hargs, **hkwargs), args)))
+    return wrapped
+
+
+def _refill(wrapped, result) -> None:
+    """A replay's result written into the buffer(s) the captured call returned."""
+    if isinstance(wrapped, ndarray):
+        wrapped._a[...] = result
+    elif isinstance(wrapped, (list, tuple)):
+        for w, r in zip(wrapped, result):
+            _refill(w, r)
 
 
 def _bfloat16_loop(result, args):
@@ -322,10 +357,12 @@ class ndarray(NDArrayOperatorsMixin):
     Args (as CuPy's constructor): shape, dtype (default float64): an uninitialised array.
     """
 
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "_mem")
 
     def __init__(self, shape, dtype=float):
         self._a = np.empty(shape, dtype)
+        self._mem = None
+        _allocated(self)
 
     # -- metadata (no sync) ---------------------------------------------------------
     shape = property(lambda self: self._a.shape)
@@ -418,19 +455,21 @@ class ndarray(NDArrayOperatorsMixin):
 
     # -- copies on the device (no sync) -------------------------------------------------
     def __copy__(self):
-        _launch("ndarray.__copy__")
-        return _wrap(self._a.copy())
+        out = _wrap(self._a.copy())
+        _launch("ndarray.__copy__", lambda: np.copyto(out._a, self._a))
+        return out
 
     def __deepcopy__(self, memo):
-        _launch("ndarray.__deepcopy__")
-        return _wrap(self._a.copy())
+        out = _wrap(self._a.copy())
+        _launch("ndarray.__deepcopy__", lambda: np.copyto(out._a, self._a))
+        return out
 
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, key):
         key = _index(key)
         out = self._a[key]
         if not _is_basic(key):
-            _launch("ndarray.__getitem__ (gather)")
+            _launch("ndarray.__getitem__ (gather)", lambda: np.copyto(out, self._a[key]))
         if not isinstance(out, np.ndarray):       # one element: CuPy gives a 0-d view
             out = self._a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
         return _wrap(out)
@@ -440,8 +479,12 @@ class ndarray(NDArrayOperatorsMixin):
         if isinstance(value, np.ndarray) and value.ndim and _is_basic(key):
             # CuPy (gh-2079) refuses a host array through basic indexing
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        self._a[key] = _unwrap(value, "upload")
-        _launch("ndarray.__setitem__ (copy or fill)")
+        host = _unwrap(value, "upload")
+        self._a[key] = host
+
+        def replay():
+            self._a[key] = host
+        _launch("ndarray.__setitem__ (copy or fill)", replay)
 
     # -- NumPy's protocols ----------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -466,9 +509,15 @@ _VIEWS = frozenset("reshape ravel squeeze swapaxes transpose view expand_dims br
 (``reshape`` / ``ravel`` of a non-contiguous array copy on a GPU; minibert's do not)."""
 
 
+_CUBLAS_FUNCTIONS = frozenset("dot vdot inner tensordot einsum".split())
+"""The functions CuPy runs through cuBLAS (besides matmul)."""
+
+
 def _method(name: str, syncs: bool = False):
     """The ndarray method ``name``: NumPy's, on the host arrays, returning device arrays."""
     def method(self, *args, **kwargs):
+        if name in _CUBLAS_FUNCTIONS:
+            _no_cublas_while_capturing(f"ndarray.{name}")
         if syncs:
             _sync(f"ndarray.{name}()")
         launch = None if name in _VIEWS else f"ndarray.{name}"
@@ -521,6 +570,8 @@ def _function(name: str):
     syncs = name in ("nonzero", "flatnonzero", "argwhere", "unique")
 
     def function(*args, **kwargs):
+        if name in _CUBLAS_FUNCTIONS:
+            _no_cublas_while_capturing(f"cupy.{name}")
         if syncs or (name == "where" and len(args) == 1):
             _sync(f"cupy.{name}()")          # the output's size is read back
         launch = None if name in _VIEWS else f"cupy.{name}"
@@ -533,9 +584,10 @@ def asarray(a, dtype=None, order=None):
     """A device array of ``a``: the same array if it is one (and of ``dtype``), else a
     copy of host data (an upload)."""
     if isinstance(a, ndarray):
+        out = _wrap(np.asarray(a._a, dtype=dtype, order=order))
         if dtype is not None and np.dtype(dtype) != a.dtype:
-            _launch("cupy.asarray (cast)")
-        return _wrap(np.asarray(a._a, dtype=dtype, order=order))
+            _launch("cupy.asarray (cast)", lambda: np.copyto(out._a, a._a, casting="unsafe"))
+        return out
     return array(a, dtype=dtype, order=order or "K")
 
 
@@ -545,10 +597,12 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     host = _unwrap(obj, "upload")
     if not isinstance(obj, (ndarray, np.ndarray)) and not _only_device(obj):
         _upload(f"host data {type(obj).__name__}")
-    elif _only_device(obj):
-        _launch("cupy.array (device copy)")
-    return _wrap(np.array(host, dtype=dtype, copy=True if copy is None else copy,
-                          order=order, ndmin=ndmin))
+    out = _wrap(np.array(host, dtype=dtype, copy=True if copy is None else copy,
+                         order=order, ndmin=ndmin))
+    if _only_device(obj):
+        _launch("cupy.array (device copy)", lambda: np.copyto(
+            out._a, np.array(_unwrap(obj), dtype=dtype, ndmin=ndmin), casting="unsafe"))
+    return out
 
 
 def _only_device(obj) -> bool:
@@ -583,9 +637,12 @@ def scatter_add(a, slices, value):
                             np.uint32, np.uint64):
         raise TypeError("cupy.add.at only supports int32, int64, float16, float32, float64, "
                         "uint32, uint64 as data type")
-    value = np.asarray(_unwrap(value, "upload"), dtype=a.dtype)   # CuPy casts it to a's
-    np.add.at(a._a, _index(slices), value)
-    _launch("cupyx.scatter_add")
+    host, index = _unwrap(value, "upload"), _index(slices)
+
+    def add():
+        np.add.at(a._a, index, np.asarray(host, dtype=a.dtype))   # CuPy casts it to a's
+    add()
+    _launch("cupyx.scatter_add", add)
 
 
 def erf(x, out=None):
@@ -602,7 +659,10 @@ _C_FUNCTIONS = {"sqrt": np.sqrt, "exp": np.exp, "log": np.log, "log1p": np.log1p
                 "expm1": np.expm1, "tanh": np.tanh, "erf": scipy.special.erf,
                 "fabs": np.abs, "abs": np.abs, "pow": np.power,
                 "max": np.fmax, "min": np.fmin, "fmax": np.fmax, "fmin": np.fmin}
-_BINARY = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.divide}
+_BINARY = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.divide,
+           ast.BitXor: np.bitwise_xor, ast.BitAnd: np.bitwise_and, ast.BitOr: np.bitwise_or,
+           ast.RShift: np.right_shift, ast.LShift: np.left_shift}
+_INTEGER_SUFFIX = r"(?<![\w.])(0[xX][0-9a-fA-F]+|\d+)(?:[uU][lL]{0,2}|[lL]{1,2}[uU]?)(?![\w.])"
 _COMPARE = {ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater,
             ast.GtE: np.greater_equal, ast.Eq: np.equal, ast.NotEq: np.not_equal}
 _NAME = r"[A-Za-z_]\w*"
@@ -629,8 +689,10 @@ class ElementwiseKernel:
     the parameters, ``float``, ``double``, ``int``, ``bool`` or ``half``; ``const``
     allowed), ``name = expr`` (to a local or an output parameter) and ``if (expr) name =
     expr``. Expressions: names (parameters, locals, ``i`` the element index), int and
-    float literals (``1.0`` is a C ``double``, ``1.0f`` a ``float``), unary ``-``/``+``,
-    ``+ - * /`` (not on two integers: C truncates), one comparison, and calls of
+    float literals (``1.0`` is a C ``double``, ``1.0f`` a ``float``; integer suffixes such as
+    ``ull`` are read), unary ``-``/``+``, ``+ - * /`` (not ``/`` on two integers: C
+    truncates), ``^ & | >> <<``, with C's conversion of a signed operand to unsigned 64
+    bits (and NumPy's wrap-around, as C's unsigned arithmetic), one comparison, and calls of
     sqrt, exp, log, log1p, expm1, tanh, erf, fabs, abs, pow, fmax / max, fmin / min.
     Values keep C's types: ``float`` arithmetic stays float32 unless a ``double`` enters,
     and an assignment rounds to the variable's type. Anything else (blocks, loops,
@@ -712,8 +774,9 @@ class ElementwiseKernel:
 
     def _expr(self, text: str) -> ast.expr:
         """The expression's syntax tree, after checking every node is in the subset."""
+        src = re.sub(_INTEGER_SUFFIX, r"\1", text.strip())     # 0x9E37...ull: C's integer
         src = re.sub(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF](?!\w)",
-                     rf"{_FLOAT_SUFFIX}(\1)", text.strip())
+                     rf"{_FLOAT_SUFFIX}(\1)", src)
         try:
             tree = ast.parse(src, mode="eval").body
         except SyntaxError:
@@ -765,6 +828,17 @@ class ElementwiseKernel:
         if any(a.shape != shape for a in outs):
             raise ValueError("Out shape is mismatched")
         outs = outs or [ndarray(shape, dtype[p.name]) for p in self.out_params]
+
+        def run():
+            self._run(ins, outs, shape, dict(dtype), ctypes)
+        run()
+        _launch(f"ElementwiseKernel {self.name}", run)
+        if self.no_return:
+            return None
+        return outs[0] if nout == 1 and not self.return_tuple else tuple(outs)
+
+    def _run(self, ins, outs, shape, dtype, ctypes) -> None:
+        """The body over the broadcast arrays, written into ``outs``."""
         env = {p.name: np.broadcast_to(a._a, shape) if isinstance(a, ndarray)
                else np.asarray(a, dtype=dtype[p.name])[()]          # a scalar of C's type
                for p, a in zip(self.in_params, ins)}
@@ -783,10 +857,6 @@ class ElementwiseKernel:
                 env[target] = value
         for p, a in zip(self.out_params, outs):
             a._a[...] = env[p.name]
-        _launch(f"ElementwiseKernel {self.name}")
-        if self.no_return:
-            return None
-        return outs[0] if nout == 1 and not self.return_tuple else tuple(outs)
 
     def _eval(self, node, env):
         if isinstance(node, ast.Constant):          # C: 2 is an int, 2.0 a double
@@ -801,6 +871,10 @@ class ElementwiseKernel:
             if isinstance(node.op, ast.Div) and all(
                     np.asarray(v).dtype.kind in "iub" for v in (a, b)):
                 raise self._unsupported("integer division")
+            kinds = [np.asarray(v).dtype for v in (a, b)]
+            if np.dtype(np.uint64) in kinds:       # C: a signed operand converts to unsigned
+                a, b = (np.asarray(v).astype(np.uint64) if not isinstance(v, int)
+                        and np.asarray(v).dtype.kind == "i" else v for v in (a, b))
             return _BINARY[type(node.op)](a, b)
         if isinstance(node, ast.Compare):
             return _COMPARE[type(node.ops[0])](self._eval(node.left, env),
@@ -819,6 +893,7 @@ def gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
     ``out`` of the product's shape and dtype). One launch when a, b and out are C- or
     F-contiguous; CuPy copies a strided operand first (one more launch each) and a strided
     ``out`` into an F-ordered buffer and back (two more)."""
+    _no_cublas_while_capturing("cupy.cublas.gemm")
     if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype:
         raise AssertionError("gemm: a and b must be 2-D arrays of one dtype")
     if a.dtype.char not in "fdFD":
@@ -857,6 +932,7 @@ def _matmul(a, b, out=None, **kwargs):
       (``sgemmBatched`` plus three pointer kernels when an operand is broadcast), and a
       copy back into a float16 result (one launch).
     """
+    _no_cublas_while_capturing("cupy.matmul")
     if kwargs:
         raise TypeError(f"matmul: the stand-in takes no {sorted(kwargs)}")
     x, y = _unwrap(a), _unwrap(b)
@@ -962,19 +1038,23 @@ def _gemm_raw(routine, transa, transb, m, n, k, alpha, A, Atype, lda, strideA,
     if strideC and strideC < m + (n - 1) * ldc and batch > 1:
         raise AssertionError(f"{routine}: the batches of C overlap (stride {strideC})")
     arith = np.float64 if kind == "float64" else np.float32
-    op_a = (a if transa == 0 else a.transpose(0, 2, 1)).astype(arith)
-    op_b = (b if transb == 0 else b.transpose(0, 2, 1)).astype(arith)
-    result = arith(_scalar(alpha, kind)) * np.matmul(op_a, op_b)
-    beta_value = _scalar(beta, kind)
-    if beta_value != 0:
-        result = result + arith(beta_value) * c.astype(arith)
-    c[...] = result.astype(c.dtype)
-    _product(routine, _CUDA_TYPES[Atype], _CUDA_TYPES[Btype], _CUDA_TYPES[Ctype], kind)
+    alpha_value, beta_value = _scalar(alpha, kind), _scalar(beta, kind)   # read at the call
+
+    def run():
+        op_a = (a if transa == 0 else a.transpose(0, 2, 1)).astype(arith)
+        op_b = (b if transb == 0 else b.transpose(0, 2, 1)).astype(arith)
+        result = arith(alpha_value) * np.matmul(op_a, op_b)
+        if beta_value != 0:
+            result = result + arith(beta_value) * c.astype(arith)
+        c[...] = result.astype(c.dtype)
+    run()
+    _product(routine, _CUDA_TYPES[Atype], _CUDA_TYPES[Btype], _CUDA_TYPES[Ctype], kind, run)
 
 
 def gemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C,
            Ctype, ldc, computeType, algo):
     """``cupy.cuda.cublas.gemmEx`` (cublasGemmEx): see :func:`_gemm_raw`."""
+    _no_cublas_while_capturing("cupy.cuda.cublas.gemmEx")
     _gemm_raw("cublas.gemmEx", transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype,
               ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType, algo)
 
@@ -984,6 +1064,7 @@ def gemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 
                          computeType, algo):
     """``cupy.cuda.cublas.gemmStridedBatchedEx`` (cublasGemmStridedBatchedEx): see
     :func:`_gemm_raw`; a stride of 0 repeats one matrix over the batch."""
+    _no_cublas_while_capturing("cupy.cuda.cublas.gemmStridedBatchedEx")
     _gemm_raw("cublas.gemmStridedBatchedEx", transa, transb, m, n, k, alpha, A, Atype, lda,
               strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
               computeType, algo)
@@ -1027,6 +1108,14 @@ class ReductionKernel:
         params = self._map.in_params
         if len(args) != len(params):
             raise TypeError(f"Wrong number of arguments for {self.name!r}")
+        out = self._reduced(args, axis, keepdims)
+        _launch(f"ReductionKernel {self.name}",
+                lambda: np.copyto(out._a, self._reduced(args, axis, keepdims)._a))
+        return out
+
+    def _reduced(self, args, axis, keepdims):
+        """The map, the reduction and the post-map, in one (uncounted) launch."""
+        params = self._map.in_params
         with _one_launch():
             mapped = self._map(*args)
             reduced = self._reduce.reduce(mapped._a, axis=axis, keepdims=keepdims)
@@ -1035,9 +1124,7 @@ class ReductionKernel:
             post = ElementwiseKernel(
                 ", ".join([f"{p.type} {p.name}" for p, _ in scalars] + [f"{self._out.type} a"]),
                 f"{self._out.type} {self._out.name}", self._post, self.name)
-            out = post(*[v for _, v in scalars], a)
-        _launch(f"ReductionKernel {self.name}")
-        return out
+            return post(*[v for _, v in scalars], a)
 
 
 # ------------------------------------------------------------------ random, cuda, linalg
@@ -1064,6 +1151,7 @@ class RandomState:
         dtype = np.dtype(dtype)
         if dtype.char not in "fd":
             raise TypeError(f"cupy.random only supports float32 and float64, got {dtype}")
+        _refuse_while_capturing("cuRAND (RandomState.random_sample) during stream capture")
         _launch("RandomState.random_sample")
         return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
 
@@ -1075,8 +1163,207 @@ class Generator:
         self._rng = np.random.default_rng(seed)
 
     def random(self, size=None, dtype=np.float64):
+        _refuse_while_capturing("cuRAND (Generator.random) during stream capture")
         _launch("Generator.random")
         return _wrap(np.asarray(self._rng.random(size, dtype=dtype)))
+
+
+# ------------------------------------------------------------------ CUDA graphs
+
+class _Capture:
+    """What a capturing stream has recorded: one replay per launch, in order, and a weak
+    reference to the memory of each buffer allocated meanwhile."""
+
+    def __init__(self, stream):
+        self.stream, self.replays, self.memory = stream, [], []
+
+
+def _capturing():
+    """The capture in progress on this thread, or None."""
+    return getattr(_local, "capture", None)
+
+
+def _refuse_while_capturing(what: str) -> None:
+    if _capturing() is not None:
+        raise RuntimeError(f"{what} (at {_caller()}) is not allowed while a stream captures "
+                           "a CUDA graph")
+
+
+def _no_cublas_while_capturing(routine: str) -> None:
+    """CuPy sets its cuBLAS handle's stream on each call and refuses while the current
+    stream captures (``cupy_backends/cuda/libs/cublas.pyx``, ``_setStream``)."""
+    if _capturing() is not None:
+        raise NotImplementedError(f"{routine} at {_caller()}: calling cuBLAS API during "
+                                  "stream capture is currently unsupported")
+
+
+class _Memory:
+    """A block of the memory pool (``cupy.cuda.MemoryPointer``): it goes back to the pool
+    when the last reference to it goes."""
+
+    __slots__ = ("size", "__weakref__")
+
+    def __init__(self, size: int):
+        self.size = size
+
+
+class _MemoryPool:
+    """``cupy.get_default_memory_pool()``: ``malloc(size)`` gives a :class:`_Memory`."""
+
+    def malloc(self, size: int) -> _Memory:
+        return _Memory(int(size))
+
+
+_POOL = _MemoryPool()
+
+
+@contextlib.contextmanager
+def using_allocator(allocator=None):
+    """``cupy.cuda.using_allocator``: each device allocation in the block (on this
+    thread) calls ``allocator(nbytes)`` for its memory."""
+    old = getattr(_local, "allocator", None)
+    _local.allocator = allocator
+    try:
+        yield
+    finally:
+        _local.allocator = old
+
+
+def _allocated(a: "ndarray") -> None:
+    """A new device buffer: while a stream captures, its memory comes from the allocator
+    in force (or the pool) and the capture remembers it weakly; a graph whose buffer went
+    back to the pool refuses to launch (:meth:`Graph.launch`)."""
+    capture = _capturing()
+    if capture is None or a._a.base is not None:
+        return
+    allocator = getattr(_local, "allocator", None)
+    memory = (allocator or _POOL.malloc)(a._a.nbytes)
+    if not isinstance(memory, _Memory):
+        raise TypeError(f"the allocator gave {type(memory).__name__}, not a MemoryPointer")
+    a._mem = memory
+    import weakref
+    capture.memory.append((weakref.ref(memory), f"{a.shape} {a.dtype} at {_caller()}"))
+
+
+class Graph:
+    """``cupy.cuda.Graph``: what a stream captured. :meth:`launch` reruns the recorded
+    launches on the same buffers (one launch), and raises if a buffer allocated during the
+    capture has gone back to the memory pool (no array and no allocator holds it)."""
+
+    def __init__(self, capture: _Capture):
+        self._replays, self._memory = capture.replays, capture.memory
+
+    def launch(self, stream=None):
+        freed = [what for ref, what in self._memory if ref() is None]
+        if freed:
+            raise RuntimeError(f"{len(freed)} buffer(s) of this graph went back to the memory "
+                               f"pool after the capture (the next allocation may reuse them "
+                               f"while the graph writes them), e.g. {freed[0]}")
+        _refuse_while_capturing("cupy.cuda.Graph.launch")
+        with _one_launch():
+            for replay in self._replays:
+                replay()
+        _launch("cupy.cuda.Graph.launch")
+
+
+_STREAMS: list = []             # the current stream stack (``with stream:``), per process
+
+
+class Stream:
+    """``cupy.cuda.Stream``: ``with stream:`` makes it current; ``begin_capture`` /
+    ``end_capture`` capture what is launched on it into a :class:`Graph`. The null stream
+    (``ptr`` 0) cannot capture."""
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        self.ptr = 0 if null else id(self)
+
+    def __enter__(self):
+        _STREAMS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _STREAMS.pop()
+        return False
+
+    def synchronize(self):
+        _sync("cupy.cuda.Stream.synchronize()")
+
+    def is_capturing(self) -> bool:
+        capture = _capturing()
+        return capture is not None and capture.stream is self
+
+    def begin_capture(self, mode=None):
+        if self.ptr == 0:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if _capturing() is not None:
+            raise RuntimeError("cudaErrorIllegalState: a capture is already in progress")
+        _local.capture = _Capture(self)
+
+    def end_capture(self) -> Graph:
+        capture = _capturing()
+        if capture is None or capture.stream is not self:
+            raise RuntimeError("cudaErrorIllegalState: this stream is not capturing")
+        _local.capture = None
+        return Graph(capture)
+
+
+_NULL_STREAM = Stream(null=True)
+
+
+def _current_stream() -> Stream:
+    return _STREAMS[-1] if _STREAMS else _NULL_STREAM
+
+
+# nvmath-python's cuBLAS bindings (``nvmath.bindings.cublas``): a handle of one's own, on
+# the stream set on it, without CuPy's refusal during capture
+_HANDLES: dict = {}             # handle -> the stream set on it (None: the null stream)
+
+
+def _nvmath_create() -> int:
+    handle = len(_HANDLES) + 1
+    _HANDLES[handle] = _NULL_STREAM
+    return handle
+
+
+def _nvmath_set_stream(handle: int, stream_ptr: int) -> None:
+    found = [s for s in (*_STREAMS, _NULL_STREAM) if s.ptr == stream_ptr]
+    if handle not in _HANDLES or not found:
+        raise AssertionError(f"cublasSetStream: handle {handle} or stream {stream_ptr:#x} unknown")
+    _HANDLES[handle] = found[0]
+
+
+def _on_handle_stream(handle: int, routine: str):
+    """Run a product as if on the handle's stream (a graph captures it only there)."""
+    if handle not in _HANDLES:
+        raise AssertionError(f"{routine}: handle {handle} was not made by create()")
+    stream = _HANDLES[handle]
+    capture = _capturing()
+    if capture is not None and stream is not capture.stream:
+        raise RuntimeError(f"{routine} at {_caller()}: the handle's stream is not the "
+                           "capturing one (cublasSetStream before the capture)")
+    return contextlib.nullcontext() if stream is _current_stream() else _within(stream)
+
+
+@contextlib.contextmanager
+def _within(stream):
+    with stream:
+        yield
+
+
+def _nvmath_gemm_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb,
+                    beta, C, Ctype, ldc, compute_type, algo):
+    with _on_handle_stream(handle, "nvmath cublas.gemm_ex"):
+        _gemm_raw("nvmath cublas.gemm_ex", transa, transb, m, n, k, alpha, A, Atype, lda, 0,
+                  B, Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1, compute_type, algo)
+
+
+def _nvmath_gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda,
+                                    stride_a, B, Btype, ldb, stride_b, beta, C, Ctype, ldc,
+                                    stride_c, batch_count, compute_type, algo):
+    with _on_handle_stream(handle, "nvmath cublas.gemm_strided_batched_ex"):
+        _gemm_raw("nvmath cublas.gemm_strided_batched_ex", transa, transb, m, n, k, alpha, A,
+                  Atype, lda, stride_a, B, Btype, ldb, stride_b, beta, C, Ctype, ldc,
+                  stride_c, batch_count, compute_type, algo)
 
 
 class Device:
@@ -1100,13 +1387,6 @@ class Device:
 
     def __exit__(self, *exc):
         return False
-
-
-class _Stream:
-    ptr = 0
-
-    def synchronize(self):
-        _sync("cupy.cuda.Stream.synchronize()")
 
 
 class _runtime:
@@ -1160,6 +1440,7 @@ cupy = _module(
     "cupy", __version__="0+fakecupy", ndarray=ndarray, asarray=asarray, array=array,
     ascontiguousarray=ascontiguousarray, asnumpy=asnumpy, get_array_module=get_array_module,
     ElementwiseKernel=ElementwiseKernel, ReductionKernel=ReductionKernel,
+    get_default_memory_pool=lambda: _POOL,
     **{n: _function(n) for n in _NUMPY_NAMES}, **{n: getattr(np, n) for n in _PASSED_THROUGH},
     random=_module("cupy.random", RandomState=RandomState,
                    default_rng=lambda seed=None: Generator(seed)),
@@ -1172,13 +1453,25 @@ cupy = _module(
                                 gemmStridedBatchedEx=gemmStridedBatchedEx),
                  get_cublas_handle=lambda: 0,
                  nvrtc=types.SimpleNamespace(getVersion=lambda: (0, 0)),
-                 get_current_stream=lambda: _Stream()),
+                 get_current_stream=_current_stream, Stream=Stream, Graph=Graph,
+                 using_allocator=using_allocator),
 )
 _special = _module("cupyx.scipy.special", erf=erf)
 _scipy = _module("cupyx.scipy", special=_special)
 cupyx = _module("cupyx", allow_synchronize=allow_synchronize,
                 DeviceSynchronized=DeviceSynchronized, scatter_add=scatter_add, scipy=_scipy)
-MODULES = {"cupy": cupy, "cupy.cublas": cupy.cublas, "cupyx": cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}
+_nvmath_cublas = types.ModuleType("nvmath.bindings.cublas", "NumPy stand-in (tests/fakecupy.py)")
+_nvmath_cublas.__dict__.update(create=_nvmath_create, set_stream=_nvmath_set_stream,
+                               set_workspace=lambda handle, ptr, size: None,
+                               destroy=lambda handle: _HANDLES.pop(handle, None),
+                               gemm_ex=_nvmath_gemm_ex,
+                               gemm_strided_batched_ex=_nvmath_gemm_strided_batched_ex,
+                               __getattr__=_missing("nvmath.bindings.cublas"))
+_nvmath_bindings = _module("nvmath.bindings", cublas=_nvmath_cublas)
+_nvmath = _module("nvmath", bindings=_nvmath_bindings)
+MODULES = {"cupy": cupy, "cupy.cublas": cupy.cublas, "cupyx": cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special,
+           "nvmath": _nvmath, "nvmath.bindings": _nvmath_bindings,
+           "nvmath.bindings.cublas": _nvmath_cublas}
 
 
 # ------------------------------------------------------------------ installing it

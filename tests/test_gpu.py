@@ -308,7 +308,7 @@ class TwoRanksAsOne(Communicator):
     ("classifier", np.float32, None), ("pretraining", np.float32, TwoRanksAsOne())],
     ids=["pretraining", "pretraining-float16", "classifier", "pretraining-data-parallel"])
 def test_a_training_step_reads_nothing_back(cuda, head, dtype, comm):
-    """Two micro-batches with padding and dropout (cuRAND), clipping, the non-finite check,
+    """Two micro-batches with padding and dropout (counter-based), clipping, the non-finite check,
     the fused AdamW kernel (float16: master weights and the dynamic loss scale): no host
     read from the first forward to the optimizer step."""
     import cupy
@@ -329,11 +329,16 @@ def test_a_training_step_reads_nothing_back(cuda, head, dtype, comm):
         loss, norm, finite, sums = train_step(model, opt, task, micro, 1, 1e-3, cfg, comm=comm,
                                               device="cuda", dropout_rng=rng)
     assert seen.syncs == []
-    # the step's own machinery uploads nothing: only the task moves its host batch (and
-    # the objective its Python-int counts, 8 bytes each)
+    # the step's own machinery uploads two small buffers, before any kernel (the dropout
+    # seeds of the two micro-batches and the step's rates: prepare_step); the rest is the
+    # task moving its host batch (and the objective its Python-int counts, 8 bytes each)
+    staging = [u for u in seen.uploads if " at minibert/" in u]
+    assert [u.split(" at ")[0] for u in staging] == ["set() (2,) uint64", "set() (3,) "
+                                                     f"{np.dtype(opt.m.dtype).name}"], staging
+    assert seen.uploads[:2] == staging
     assert all(u.split(" at ")[1].startswith(("tests/test_gpu.py", "finetuning/tasks.py",
-                                              "objectives/base.py")) for u in seen.uploads), \
-        seen.uploads
+                                              "objectives/base.py"))
+               for u in seen.uploads[2:]), seen.uploads
     if bool(finite):                                      # the step did real work
         assert float(norm) > 0 and np.isfinite(float(loss))
         assert all(np.isfinite(float(v)) for v in sums.values())
