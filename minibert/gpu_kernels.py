@@ -727,20 +727,54 @@ def gemm_ex(a, b, out=None, transpose_a: bool = False, transpose_b: bool = False
         algo, scalar = _GEMM_DEFAULT_TENSOR_OP, numpy.float32
     one, beta_ = _SCALARS[(1.0, scalar)], _SCALARS[(float(beta), scalar)]
     kind = _CUDA_TYPE[dtype.name]
-    blas = cupy.cuda.cublas
-    op_b, op_a, handle = _CUBLAS_OP[transpose_b], _CUBLAS_OP[transpose_a], \
-        cupy.cuda.get_cublas_handle()
+    op_b, op_a = _CUBLAS_OP[transpose_b], _CUBLAS_OP[transpose_a]
+    handle, gemm, batched = _cublas()
     # column-major: C^T (N x M, ld N) = op(B)^T (N x K) op(A)^T (K x M)
     if batch == 1:
-        blas.gemmEx(handle, op_b, op_a, N, M, K, one.ctypes.data, b.data.ptr, kind, ldb,
-                    a.data.ptr, kind, lda, beta_.ctypes.data, out.data.ptr, kind, N,
-                    compute, algo)
+        gemm(handle, op_b, op_a, N, M, K, one.ctypes.data, b.data.ptr, kind, ldb,
+             a.data.ptr, kind, lda, beta_.ctypes.data, out.data.ptr, kind, N, compute, algo)
     else:
-        blas.gemmStridedBatchedEx(handle, op_b, op_a, N, M, K, one.ctypes.data,
-                                  b.data.ptr, kind, ldb, stride_b, a.data.ptr, kind, lda,
-                                  stride_a, beta_.ctypes.data, out.data.ptr, kind, N, M * N,
-                                  batch, compute, algo)
+        batched(handle, op_b, op_a, N, M, K, one.ctypes.data, b.data.ptr, kind, ldb, stride_b,
+                a.data.ptr, kind, lda, stride_a, beta_.ctypes.data, out.data.ptr, kind, N,
+                M * N, batch, compute, algo)
     return out
+
+
+_CAPTURE_HANDLES: dict = {}   # stream pointer -> (nvmath cuBLAS handle, its workspace)
+_CUBLAS_WORKSPACE = 32 << 20  # bytes: what NVIDIA's cuBLAS guide asks of a graph on Hopper
+
+
+def prepare_capture(stream) -> None:
+    """Make the cuBLAS handle :func:`gemm_ex` uses while ``stream`` captures a CUDA graph
+    (call it before ``stream.begin_capture()``): a handle of nvmath-python's cuBLAS
+    bindings with its stream and a workspace of its own set beforehand, as NVIDIA's cuBLAS
+    guide asks of a captured call ("CUDA Graphs Support"). CuPy's own handle cannot be
+    used: CuPy refuses every cuBLAS call while the current stream captures
+    (``cupy_backends/cuda/libs/cublas.pyx``).
+
+    Raises:
+        ImportError: nvmath-python is not installed (it comes with the ``gpu`` extra)."""
+    from nvmath.bindings import cublas
+    if stream.ptr not in _CAPTURE_HANDLES:
+        handle = cublas.create()
+        cublas.set_stream(handle, stream.ptr)
+        workspace = cupy.empty(_CUBLAS_WORKSPACE, numpy.uint8)
+        cublas.set_workspace(handle, workspace.data.ptr, _CUBLAS_WORKSPACE)
+        _CAPTURE_HANDLES[stream.ptr] = (handle, workspace)
+
+
+def _cublas():
+    """(handle, GemmEx, GemmStridedBatchedEx) for the current stream: CuPy's bindings, or
+    while the stream captures, nvmath's on the handle :func:`prepare_capture` made."""
+    stream = cupy.cuda.get_current_stream()
+    if not stream.is_capturing():
+        blas = cupy.cuda.cublas
+        return cupy.cuda.get_cublas_handle(), blas.gemmEx, blas.gemmStridedBatchedEx
+    if stream.ptr not in _CAPTURE_HANDLES:
+        raise RuntimeError("gemm_ex: the stream captures a CUDA graph but has no cuBLAS "
+                           "handle of its own: call prepare_capture(stream) first")
+    from nvmath.bindings import cublas
+    return _CAPTURE_HANDLES[stream.ptr][0], cublas.gemm_ex, cublas.gemm_strided_batched_ex
 
 
 def batched_matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
@@ -750,6 +784,17 @@ def batched_matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
     the product there and casts back (``cupy/_core/_routines_linalg.pyx``: three more
     launches, and no tensor cores), and copies a transposed operand first."""
     return gemm_ex(a, b, None, transpose_a, transpose_b)
+
+
+def linear_forward(x, w, b=None):
+    """:func:`minibert.nn.linear.linear_forward` with the product as one :func:`gemm_ex`
+    (``x2 w^T``, the weight read transposed in place) and the bias added in place: the
+    launches of the formula, and a product a captured CUDA graph can hold."""
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    out = gemm_ex(x2, w, None, transpose_b=True)         # (N, O)
+    if b is not None:
+        out += b
+    return out.reshape(*x.shape[:-1], w.shape[0]), (x, w, b is not None)
 
 
 def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
@@ -771,7 +816,7 @@ def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
     O = dout.shape[-1]
     d2 = dout.reshape(-1, O)                             # (N, O)
     x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
-    dx = (d2 @ w).reshape(x.shape)
+    dx = gemm_ex(d2, w).reshape(x.shape)                 # forward: out = x @ w.T + b
     gemm = x.dtype == dout.dtype
     if dw_acc is not None:
         if gemm and dw_acc.dtype == dout.dtype and dw_acc.flags.c_contiguous:
@@ -934,7 +979,7 @@ FAST_PATHS.update({
     "add_grads": add_grads, "clip_grad_norm": clip_grad_norm,
     "masked_softmax_forward": masked_softmax_forward,
     "dropout_softmax_backward": dropout_softmax_backward,
-    "linear_backward_into": linear_backward_into,
+    "linear_forward": linear_forward, "linear_backward_into": linear_backward_into,
     "layernorm_backward_into": layernorm_backward_into,
     "split_heads": split_heads, "merge_head_grads": merge_head_grads,
     "batched_matmul": batched_matmul,

@@ -147,7 +147,9 @@ class Objective(abc.ABC):
             t = self.sentence_task
             out[f"{t}_loss_sum"] = outputs.seq_relationship_loss * label.shape[0]
             out[f"{t}_correct"] = (outputs.seq_relationship_logits.argmax(axis=-1) == label).sum()
-            out[f"{t}_count"] = label.shape[0]
+            # made on the device (a fill), not copied from the host: a step captured as a
+            # CUDA graph may not copy host data
+            out[f"{t}_count"] = xp.full((), label.shape[0], dtype=count.dtype)
         return {k: xp.asarray(v) for k, v in out.items()}  # NumPy reductions give scalars
 
     @property
