@@ -338,6 +338,8 @@ def _reduction(kind: str, ctype: str):
         # row = sum(dd keep scale p): the dropout's backward inside the softmax's
         "dropout_softmax_row": ("T dd, bool keep, T scale, T p", "T row",
                                 "dd * keep * scale * p", "row = a"),
+        # sq = sum(g^2): a reduction, not cuBLAS's dot (which a captured graph cannot hold)
+        "sum_squares": ("T g", "T sq", "g * g", "sq = a"),
     }
     ins, out, map_expr, post = specs[kind]
     if kind == "masked_max":
@@ -488,15 +490,13 @@ def layernorm_backward_into(dout, cache, dw_acc=None, db_acc=None):
     Returns:
         dx (..., C) in dout's dtype.
     """
-    import cupy.cublas
     dx, cols = _layernorm_grads(dout, cache)
     N, C = cols.shape[1], cols.shape[2]
     for i, acc in enumerate((dw_acc, db_acc)):
         if acc is None:
             continue
         if cols.dtype.char in "fd" and acc.dtype == cols.dtype and acc.flags.c_contiguous:
-            cupy.cublas.gemm("N", "N", _ones_row(N, cols.dtype), cols[i],
-                             out=acc.reshape(1, C), beta=1.0)
+            gemm_ex(_ones_row(N, cols.dtype), cols[i], acc.reshape(1, C), beta=1.0)
         else:
             acc += cols[i].sum(axis=0)
     return dx
@@ -797,6 +797,21 @@ def linear_forward(x, w, b=None):
     return out.reshape(*x.shape[:-1], w.shape[0]), (x, w, b is not None)
 
 
+def linear_backward(dout, cache):
+    """:func:`minibert.nn.linear.linear_backward` with both products as :func:`gemm_ex`
+    calls (the transposed operand read in place): the launches of the formula, and
+    products a captured CUDA graph can hold. Returns dx (..., I), dw (O, I), db (O,) or
+    None."""
+    x, w, has_bias = cache
+    d2 = dout.reshape(-1, dout.shape[-1])                # (N, O)
+    x2 = x.reshape(-1, x.shape[-1])                      # (N, I)
+    # forward: out = x @ w.T + b
+    dx = gemm_ex(d2, w).reshape(x.shape)                 # (..., I)
+    dw = gemm_ex(d2, x2, transpose_a=True)               # (O, I)
+    db = d2.sum(axis=0) if has_bias else None            # (O,)
+    return dx, dw, db
+
+
 def linear_backward_into(dout, cache, dw_acc=None, db_acc=None):
     """:func:`minibert.nn.linear.linear_backward_into` with the accumulations inside the
     products: ``dw_acc += dout2^T x2`` and ``db_acc += 1^T dout2`` each one cuBLAS GemmEx
@@ -938,8 +953,9 @@ def dropout_softmax_backward(ddropped, dropout_cache, softmax_cache):
 
 def clip_grad_norm(grads, max_norm: float):
     """:func:`minibert.optim.clip_grad_norm` in three launches for one gradient buffer
-    instead of eight: the squared norm (``vdot``, summed over the buffers), one kernel for ``norm = sqrt(sq)`` and ``coef = min(max_norm / (norm +
-    1e-6), 1)`` (in double), and ``g *= coef``.
+    instead of eight: the squared norm (one reduction kernel, summed over the buffers), one
+    kernel for ``norm = sqrt(sq)`` and ``coef = min(max_norm / (norm + 1e-6), 1)`` (in
+    double), and ``g *= coef``.
 
     Args:
         grads: CuPy float arrays of one dtype (a flat buffer: one); max_norm: float (inf:
@@ -947,9 +963,10 @@ def clip_grad_norm(grads, max_norm: float):
     Returns:
         the norm before clipping, a 0-d array (no sync).
     """
-    sq = cupy.vdot(grads[0].ravel(), grads[0].ravel())
+    squares = _reduction("sum_squares", _ctype(grads[0].dtype)[0])
+    sq = squares(grads[0].ravel())
     for g in grads[1:]:
-        sq = sq + cupy.vdot(g.ravel(), g.ravel())
+        sq = sq + squares(g.ravel())
     total, coef = _kernel("clip_coef", _ctype(sq.dtype)[0])(sq, float(max_norm))
     for g in grads:
         g *= coef.astype(g.dtype, copy=False)
@@ -979,7 +996,8 @@ FAST_PATHS.update({
     "add_grads": add_grads, "clip_grad_norm": clip_grad_norm,
     "masked_softmax_forward": masked_softmax_forward,
     "dropout_softmax_backward": dropout_softmax_backward,
-    "linear_forward": linear_forward, "linear_backward_into": linear_backward_into,
+    "linear_forward": linear_forward, "linear_backward": linear_backward,
+    "linear_backward_into": linear_backward_into,
     "layernorm_backward_into": layernorm_backward_into,
     "split_heads": split_heads, "merge_head_grads": merge_head_grads,
     "batched_matmul": batched_matmul,

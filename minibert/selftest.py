@@ -552,18 +552,20 @@ def _check_prepare(workdir: str) -> int:
     return _result(True, corpus=str(corpus), vocab=str(w / "vocab.txt"))
 
 
-LAUNCH_PINS = {"float32": 376, "float16": 462}
+LAUNCH_PINS = {"float32": 380, "float16": 466}
 """The kernel launches of one mini training step (:func:`mini_train_step`, fast paths on)
 that tests/test_gpu_kernels.py pins on the stand-in (tests/fakecupy.py: one per CuPy call
 that launches, one per cuBLAS product) and ``--check launches`` holds a GPU to."""
 
 
-def mini_train_step(dtype="float32", micro_batches: int = 1):
+def mini_train_step(dtype="float32", micro_batches: int = 1, graphed: bool = False):
     """One optimizer step of the mini preset (4 layers, C=256; vocabulary 50, B=3, T=10 with
     a padded row; dropout, clipping, AdamW with bias correction; float16: master weights and
     loss scaling) on the current CUDA device, as a function: each call runs train_step once
     more (step 0, 1, ...) on ``micro_batches`` copies of the batch. The step whose launches
-    :data:`LAUNCH_PINS` counts is the second (the first compiles the kernels)."""
+    :data:`LAUNCH_PINS` counts is the second (the first compiles the kernels). ``graphed``:
+    the steps go through :class:`minibert.graphs.GraphedStep` (the second step is
+    captured, later ones replay the graph); ``step.graphed`` is it (None without)."""
     import numpy as np
     from . import backend
     from .modeling import BertConfig, BertForPreTraining, masked_lm_from_labels
@@ -596,12 +598,20 @@ def mini_train_step(dtype="float32", micro_batches: int = 1):
     opt = AdamW(model.named_parameters(), lr=1e-3, correct_bias=True)
     cfg = TrainingConfig(max_steps=1 << 30, lr=1e-3, max_grad_norm=1.0)
     dropout_rng, count = backend.DropoutRNG("cuda"), [0]
+    runner = None
+    if graphed:
+        from .distributed import Communicator
+        from .graphs import GraphedStep
+        runner = GraphedStep(model, opt, Task(), cfg, Communicator(), dropout_rng)
 
     def step():
-        out = train_step(model, opt, Task(), [batch] * micro_batches, count[0], 1e-3, cfg,
-                         device="cuda", dropout_rng=dropout_rng)
+        micro = [batch] * micro_batches
+        out = (runner(micro, count[0], 1e-3) if runner is not None else
+               train_step(model, opt, Task(), micro, count[0], 1e-3, cfg, device="cuda",
+                          dropout_rng=dropout_rng))
         count[0] += 1
         return out
+    step.graphed = runner
     return step
 
 

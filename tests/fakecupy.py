@@ -284,6 +284,12 @@ def _call(fn, args, kwargs, host: str = "refuse", launch: str | None = None):
     ``launch``: the name of the kernel launch to record (None: no launch, a view)."""
     hargs, hkwargs = _unwrap(args, host), _unwrap(kwargs, host)
     result = fn(*hargs, **hkwargs)
+    if (launch is None and isinstance(result, np.ndarray) and result.size
+            and getattr(fn, "__name__", "") not in ("empty", "empty_like")
+            and not any(isinstance(h, np.ndarray) and np.shares_memory(result, h)
+                        for h in (*hargs, getattr(fn, "__self__", None)))):
+        # a reshape that cannot be a view (a transposed array's): CuPy copies, one launch
+        launch = f"{getattr(fn, '__name__', fn)} (copy)"
     out = kwargs.get("out")
     if out is not None:
         if launch is not None:
@@ -506,7 +512,8 @@ class ndarray(NDArrayOperatorsMixin):
 _VIEWS = frozenset("reshape ravel squeeze swapaxes transpose view expand_dims broadcast_to "
                    "empty empty_like".split())
 """Methods and functions that make a view or an uninitialised array: no kernel launch
-(``reshape`` / ``ravel`` of a non-contiguous array copy on a GPU; minibert's do not)."""
+(a ``reshape`` / ``ravel`` that cannot be a view copies, on a GPU too: :func:`_call`
+counts that copy as a launch)."""
 
 
 _CUBLAS_FUNCTIONS = frozenset("dot vdot inner tensordot einsum".split())
@@ -1176,6 +1183,9 @@ class _Capture:
 
     def __init__(self, stream):
         self.stream, self.replays, self.memory = stream, [], []
+        # a capture runs nothing on a GPU; the stand-in computes as it records, so it keeps
+        # what every existing buffer held and puts it back when the capture ends
+        self.saved = [(ref, ref().copy()) for ref in list(_LIVE.values()) if ref() is not None]
 
 
 def _capturing():
@@ -1229,10 +1239,28 @@ def using_allocator(allocator=None):
         _local.allocator = old
 
 
+_LIVE: dict = {}                # id -> weakref of every host array that owns device data
+
+
+def _owner(x: np.ndarray) -> np.ndarray:
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x
+
+
 def _allocated(a: "ndarray") -> None:
-    """A new device buffer: while a stream captures, its memory comes from the allocator
-    in force (or the pool) and the capture remembers it weakly; a graph whose buffer went
-    back to the pool refuses to launch (:meth:`Graph.launch`)."""
+    """A new device buffer: remembered weakly (a capture restores what it wrote, see
+    :meth:`Stream.begin_capture`); while a stream captures, its memory comes from the
+    allocator in force (or the pool) and the capture remembers it weakly too: a graph whose
+    buffer went back to the pool refuses to launch (:meth:`Graph.launch`)."""
+    import weakref
+    owner = _owner(a._a)
+    if id(owner) not in _LIVE or _LIVE[id(owner)]() is not owner:
+        _LIVE[id(owner)] = weakref.ref(owner)
+        if len(_LIVE) > 4 * getattr(_allocated, "pruned", 1024):
+            for key in [k for k, r in _LIVE.items() if r() is None]:
+                del _LIVE[key]
+            _allocated.pruned = len(_LIVE)
     capture = _capturing()
     if capture is None or a._a.base is not None:
         return
@@ -1241,7 +1269,6 @@ def _allocated(a: "ndarray") -> None:
     if not isinstance(memory, _Memory):
         raise TypeError(f"the allocator gave {type(memory).__name__}, not a MemoryPointer")
     a._mem = memory
-    import weakref
     capture.memory.append((weakref.ref(memory), f"{a.shape} {a.dtype} at {_caller()}"))
 
 
@@ -1267,15 +1294,20 @@ class Graph:
 
 
 _STREAMS: list = []             # the current stream stack (``with stream:``), per process
+_ALL_STREAMS = __import__("weakref").WeakValueDictionary()   # ptr -> every live Stream
 
 
 class Stream:
     """``cupy.cuda.Stream``: ``with stream:`` makes it current; ``begin_capture`` /
     ``end_capture`` capture what is launched on it into a :class:`Graph`. The null stream
-    (``ptr`` 0) cannot capture."""
+    (``ptr`` 0) cannot capture. As on a GPU a capture changes no buffer that existed before
+    it: the stand-in computes while it records, then restores them at ``end_capture``
+    (buffers made during the capture keep the values computed, which a GPU leaves
+    unwritten until the graph launches)."""
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         self.ptr = 0 if null else id(self)
+        _ALL_STREAMS[self.ptr] = self
 
     def __enter__(self):
         _STREAMS.append(self)
@@ -1304,6 +1336,10 @@ class Stream:
         if capture is None or capture.stream is not self:
             raise RuntimeError("cudaErrorIllegalState: this stream is not capturing")
         _local.capture = None
+        for ref, saved in capture.saved:           # the capture wrote nothing for real
+            owner = ref()
+            if owner is not None:
+                owner[...] = saved
         return Graph(capture)
 
 
@@ -1326,10 +1362,10 @@ def _nvmath_create() -> int:
 
 
 def _nvmath_set_stream(handle: int, stream_ptr: int) -> None:
-    found = [s for s in (*_STREAMS, _NULL_STREAM) if s.ptr == stream_ptr]
-    if handle not in _HANDLES or not found:
+    stream = _ALL_STREAMS.get(stream_ptr)
+    if handle not in _HANDLES or stream is None:
         raise AssertionError(f"cublasSetStream: handle {handle} or stream {stream_ptr:#x} unknown")
-    _HANDLES[handle] = found[0]
+    _HANDLES[handle] = stream
 
 
 def _on_handle_stream(handle: int, routine: str):
