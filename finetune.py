@@ -153,7 +153,7 @@ def parse_args(argv=None) -> tuple[FinetuningConfig, set[str]]:
                 max_nonfinite_steps=5,
                 eval_every=dict(default=None, help="evaluate on dev (and keep the best "
                                 "model) every N steps instead of once per epoch"),
-                seed=0, device=None, tf32=False, fast_cpu=True,
+                seed=0, device=None, tf32=False, fast_cpu=True, cuda_graphs=False,
                 dtype=dict(default="float32", choices=["float32", "float16", "bfloat16"]))
     g.add_argument("--metric", choices=METRICS, default="auto",
                    help="dev metric that picks the best checkpoint; auto: entity f1 for O / "

@@ -167,6 +167,12 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
              "'minibert[tensorboard]'); as the HF Trainer's report_to")),
     "progress": (("--no-progress",), dict(dest="progress", action="store_false",
                                           help="no progress bars")),
+    "cuda_graphs": (("--cuda-graphs",), dict(
+        action=argparse.BooleanOptionalAction,
+        help="--device cuda: replay each training step from a CUDA graph captured once per "
+             "batch shape (one launch a step instead of some 380; minibert/graphs.py), "
+             "losses as without it to float32 round-off; a run that cannot be captured "
+             "falls back with the reason in its log")),
     "fast_cpu": (("--fast-cpu",), dict(
         action=argparse.BooleanOptionalAction,
         help="on NumPy, run GELU, softmax, LayerNorm, cross-entropy and AdamW through the "

@@ -33,9 +33,34 @@ import dataclasses
 
 import numpy as np
 
-from .training import device_step, prepare_step
+from .training import plain_step, device_step, prepare_step
 
-__all__ = ["GraphedStep", "unsupported"]
+__all__ = ["GraphedStep", "status_line", "step_function", "unsupported"]
+
+
+def status_line(enabled: bool, device: str | None, world_size: int) -> str:
+    """The job's log line for ``--cuda-graphs`` (``enabled``) on ``device`` (None: as
+    ``--device``) with ``world_size`` ranks: on, off, or off with the reason."""
+    from .backend import requested_device
+    from .fast import fast_paths_enabled
+    if not enabled:
+        return "cuda graphs: off"
+    why = unsupported(requested_device(device), world_size, fast_paths_enabled())
+    return (f"cuda graphs: off ({why})" if why else
+            "cuda graphs: on (a step replayed from a graph per batch shape, captured at its "
+            "second step)")
+
+
+def step_function(model, optimizer, workload, cfg, comm, device: str | None, rng):
+    """The step the training loop calls, ``f(micro, step, lr)`` -> train_step's result: a
+    :class:`GraphedStep` with ``cfg.cuda_graphs`` where :func:`unsupported` finds nothing
+    against it, else :func:`minibert.training.train_step` itself."""
+    from .backend import requested_device
+    from .fast import fast_paths_enabled
+    if cfg.cuda_graphs and unsupported(requested_device(device), comm.world_size,
+                                       fast_paths_enabled()) is None:
+        return GraphedStep(model, optimizer, workload, cfg, comm, rng)
+    return plain_step(model, optimizer, workload, cfg, comm, device, rng)
 
 
 def unsupported(device: str, world_size: int, fast_paths: bool) -> str | None:
@@ -131,6 +156,9 @@ class GraphedStep:
                 entry = self._graphs[key] = self._capture(micro, staged)
             except Exception as e:            # a step that breaks a capture rule
                 self.fallback = f"{type(e).__name__}: {e}"
+                if self._comm.is_leader:
+                    print(f"cuda graphs: off from step {step + 1} (the capture failed: "
+                          f"{self.fallback})", flush=True)
                 return self._eager(micro, staged)
         entry.load(micro)
         entry.graph.launch(stream=self._cupy.cuda.get_current_stream())

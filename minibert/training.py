@@ -128,6 +128,9 @@ class TrainingConfig:
     progress: show a tqdm bar. desc: its label.
     report_to: ``"tensorboard"``: metrics.jsonl's records also as TensorBoard event files
         (:mod:`minibert.reporting`); ``"none"`` (default).
+    cuda_graphs: replay the steps from CUDA graphs (:class:`minibert.graphs.GraphedStep`)
+        where the run allows it (:func:`minibert.graphs.unsupported`), else train uncaptured
+        and say why.
     """
 
     max_steps: int
@@ -147,6 +150,7 @@ class TrainingConfig:
     progress: bool = True
     desc: str = "train"
     report_to: str = "none"
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -651,10 +655,16 @@ def _start(model, optimizer, cfg: TrainingConfig, state: TrainState, comm: Commu
     return guard, LogWindow(state.window, comm, xp, data.dtype)
 
 
+def plain_step(model, optimizer, workload, cfg, comm, device, rng):
+    """:func:`train_step` as the loop calls it: ``f(micro, step, lr)``."""
+    return lambda micro, step, lr: train_step(model, optimizer, workload, micro, step, lr, cfg,
+                                              comm=comm, device=device, dropout_rng=rng)
+
+
 def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: TrainState, *,
           metrics_path, checkpoint_path, comm: Communicator | None = None,
           device: str | None = None, ema: WeightAverage | None = None,
-          stable_checkpoint_path=None) -> tuple[TrainState, dict | None]:
+          stable_checkpoint_path=None, make_step=None) -> tuple[TrainState, dict | None]:
     """Train ``model`` from ``state`` to ``cfg.max_steps``; returns the final state and the
     last evaluation record (None without evaluation).
 
@@ -675,6 +685,10 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
         stable_checkpoint_path: with the warmup_stable_decay schedule, where the state at
             the start of the decay phase is saved (atomically), the point from which a
             longer run continues (:mod:`minibert.pretraining.extension`).
+        make_step: ``make_step(model, optimizer, workload, cfg, comm, device, rng)`` gives
+            the step the loop calls, ``f(micro, step, lr)`` -> :func:`train_step`'s result
+            (:func:`minibert.graphs.step_function` replays it from CUDA graphs with
+            ``cfg.cuda_graphs``); default train_step itself.
     Raises:
         TrainingError: the model's parameters no longer alias the optimizer's buffer;
             see :func:`micro_batches`; ``cfg.max_nonfinite_steps`` non-finite steps in a
@@ -685,6 +699,8 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
     comm = comm or Communicator()
     guard, window = _start(model, optimizer, cfg, state, comm, checkpoint_path)
     groups, dropout_rng = step_batches(workload, cfg, state), backend.DropoutRNG(device)
+    step_fn = (make_step or plain_step)(model, optimizer, workload, cfg, comm, device,
+                                         dropout_rng)
     out = _RunOutputs(metrics_path, checkpoint_path, cfg, state, comm.is_leader, model=model,
                       optimizer=optimizer, workload=workload, guard=guard, window=window, ema=ema)
     last_eval, stable_at = None, (decay_start(cfg) if stable_checkpoint_path else None)
@@ -695,9 +711,7 @@ def train(model, optimizer, workload: Workload, cfg: TrainingConfig, state: Trai
                 out.save(state, stable_checkpoint_path)
             lr = scheduled_lr(step, cfg)
             window.count_tokens(micro := next(groups))
-            loss, grad_norm, finite, step_sums = train_step(
-                model, optimizer, workload, micro, step, lr, cfg, comm=comm, device=device,
-                dropout_rng=dropout_rng)
+            loss, grad_norm, finite, step_sums = step_fn(micro, step, lr)
             if ema is not None:
                 ema.update(step)
             guard.update(step, finite, loss, loss_scaled=optimizer.scaler is not None)

@@ -298,17 +298,19 @@ def _call(fn, args, kwargs, host: str = "refuse", launch: str | None = None):
         return outs[0] if len(outs) == 1 else outs
     wrapped = _wrap(_bfloat16_loop(result, args))
     if launch is not None:
-        _launch(launch, lambda: _refill(wrapped, _bfloat16_loop(fn(*hargs, **hkwargs), args)))
+        targets = _unwrap(wrapped, "allow")
+        _launch(launch, lambda: _refill(targets, _bfloat16_loop(fn(*hargs, **hkwargs), args)))
     return wrapped
 
 
-def _refill(wrapped, result) -> None:
-    """A replay's result written into the buffer(s) the captured call returned."""
-    if isinstance(wrapped, ndarray):
-        wrapped._a[...] = result
-    elif isinstance(wrapped, (list, tuple)):
-        for w, r in zip(wrapped, result):
-            _refill(w, r)
+def _refill(target, result) -> None:
+    """A replay's result written into the host array(s) behind what the captured call
+    returned (a replay holds host arrays, never the device arrays a caller may drop)."""
+    if isinstance(target, np.ndarray):
+        target[...] = result
+    elif isinstance(target, (list, tuple)):
+        for t, r in zip(target, result):
+            _refill(t, r)
 
 
 def _bfloat16_loop(result, args):
@@ -461,21 +463,20 @@ class ndarray(NDArrayOperatorsMixin):
 
     # -- copies on the device (no sync) -------------------------------------------------
     def __copy__(self):
-        out = _wrap(self._a.copy())
-        _launch("ndarray.__copy__", lambda: np.copyto(out._a, self._a))
+        out, src = _wrap(self._a.copy()), self._a
+        dst = out._a
+        _launch("ndarray.__copy__", lambda: np.copyto(dst, src))
         return out
 
     def __deepcopy__(self, memo):
-        out = _wrap(self._a.copy())
-        _launch("ndarray.__deepcopy__", lambda: np.copyto(out._a, self._a))
-        return out
+        return self.__copy__()
 
     # -- indexing ------------------------------------------------------------------------
     def __getitem__(self, key):
         key = _index(key)
-        out = self._a[key]
+        out, src = self._a[key], self._a
         if not _is_basic(key):
-            _launch("ndarray.__getitem__ (gather)", lambda: np.copyto(out, self._a[key]))
+            _launch("ndarray.__getitem__ (gather)", lambda: np.copyto(out, src[key]))
         if not isinstance(out, np.ndarray):       # one element: CuPy gives a 0-d view
             out = self._a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
         return _wrap(out)
@@ -485,11 +486,11 @@ class ndarray(NDArrayOperatorsMixin):
         if isinstance(value, np.ndarray) and value.ndim and _is_basic(key):
             # CuPy (gh-2079) refuses a host array through basic indexing
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        host = _unwrap(value, "upload")
-        self._a[key] = host
+        host, dst = _unwrap(value, "upload"), self._a
+        dst[key] = host
 
         def replay():
-            self._a[key] = host
+            dst[key] = host
         _launch("ndarray.__setitem__ (copy or fill)", replay)
 
     # -- NumPy's protocols ----------------------------------------------------------------
@@ -593,7 +594,8 @@ def asarray(a, dtype=None, order=None):
     if isinstance(a, ndarray):
         out = _wrap(np.asarray(a._a, dtype=dtype, order=order))
         if dtype is not None and np.dtype(dtype) != a.dtype:
-            _launch("cupy.asarray (cast)", lambda: np.copyto(out._a, a._a, casting="unsafe"))
+            dst, src = out._a, a._a
+            _launch("cupy.asarray (cast)", lambda: np.copyto(dst, src, casting="unsafe"))
         return out
     return array(a, dtype=dtype, order=order or "K")
 
@@ -607,8 +609,9 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     out = _wrap(np.array(host, dtype=dtype, copy=True if copy is None else copy,
                          order=order, ndmin=ndmin))
     if _only_device(obj):
+        dst = out._a
         _launch("cupy.array (device copy)", lambda: np.copyto(
-            out._a, np.array(_unwrap(obj), dtype=dtype, ndmin=ndmin), casting="unsafe"))
+            dst, np.array(host, dtype=dtype, ndmin=ndmin), casting="unsafe"))
     return out
 
 
@@ -644,10 +647,10 @@ def scatter_add(a, slices, value):
                             np.uint32, np.uint64):
         raise TypeError("cupy.add.at only supports int32, int64, float16, float32, float64, "
                         "uint32, uint64 as data type")
-    host, index = _unwrap(value, "upload"), _index(slices)
+    host, index, dst = _unwrap(value, "upload"), _index(slices), a._a
 
     def add():
-        np.add.at(a._a, index, np.asarray(host, dtype=a.dtype))   # CuPy casts it to a's
+        np.add.at(dst, index, np.asarray(host, dtype=dst.dtype))   # CuPy casts it to a's
     add()
     _launch("cupyx.scatter_add", add)
 
@@ -836,8 +839,11 @@ class ElementwiseKernel:
             raise ValueError("Out shape is mismatched")
         outs = outs or [ndarray(shape, dtype[p.name]) for p in self.out_params]
 
+        host_ins = [a._a if isinstance(a, ndarray) else a for a in ins]
+        host_outs = [a._a for a in outs]
+
         def run():
-            self._run(ins, outs, shape, dict(dtype), ctypes)
+            self._run(host_ins, host_outs, shape, dict(dtype), ctypes)
         run()
         _launch(f"ElementwiseKernel {self.name}", run)
         if self.no_return:
@@ -845,11 +851,11 @@ class ElementwiseKernel:
         return outs[0] if nout == 1 and not self.return_tuple else tuple(outs)
 
     def _run(self, ins, outs, shape, dtype, ctypes) -> None:
-        """The body over the broadcast arrays, written into ``outs``."""
-        env = {p.name: np.broadcast_to(a._a, shape) if isinstance(a, ndarray)
+        """The body over the broadcast host arrays ``ins``, written into ``outs``."""
+        env = {p.name: np.broadcast_to(a, shape) if isinstance(a, np.ndarray)
                else np.asarray(a, dtype=dtype[p.name])[()]          # a scalar of C's type
                for p, a in zip(self.in_params, ins)}
-        env.update({p.name: a._a.copy() for p, a in zip(self.out_params, outs)})
+        env.update({p.name: a.copy() for p, a in zip(self.out_params, outs)})
         if self._uses_i:                           # the element index (C's ptrdiff_t)
             env["i"] = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
         with np.errstate(all="ignore"):            # a GPU raises no float exceptions
@@ -863,7 +869,7 @@ class ElementwiseKernel:
                                      env[target])
                 env[target] = value
         for p, a in zip(self.out_params, outs):
-            a._a[...] = env[p.name]
+            a[...] = env[p.name]
 
     def _eval(self, node, env):
         if isinstance(node, ast.Constant):          # C: 2 is an int, 2.0 a double
@@ -1116,8 +1122,9 @@ class ReductionKernel:
         if len(args) != len(params):
             raise TypeError(f"Wrong number of arguments for {self.name!r}")
         out = self._reduced(args, axis, keepdims)
-        _launch(f"ReductionKernel {self.name}",
-                lambda: np.copyto(out._a, self._reduced(args, axis, keepdims)._a))
+        dst, hosts = out._a, [a._a if isinstance(a, ndarray) else a for a in args]
+        _launch(f"ReductionKernel {self.name}", lambda: np.copyto(dst, self._reduced(
+            [_wrap(h) if isinstance(h, np.ndarray) else h for h in hosts], axis, keepdims)._a))
         return out
 
     def _reduced(self, args, axis, keepdims):
@@ -1240,6 +1247,7 @@ def using_allocator(allocator=None):
 
 
 _LIVE: dict = {}                # id -> weakref of every host array that owns device data
+_HELD: dict = {}                # id of an owner allocated in a capture -> (its ref, memory ref)
 
 
 def _owner(x: np.ndarray) -> np.ndarray:
@@ -1261,14 +1269,20 @@ def _allocated(a: "ndarray") -> None:
             for key in [k for k, r in _LIVE.items() if r() is None]:
                 del _LIVE[key]
             _allocated.pruned = len(_LIVE)
+    if a._a.base is not None:                     # a view holds its owner's memory
+        held = _HELD.get(id(owner))
+        if held is not None and held[0]() is owner:
+            a._mem = held[1]()
+        return
     capture = _capturing()
-    if capture is None or a._a.base is not None:
+    if capture is None:
         return
     allocator = getattr(_local, "allocator", None)
     memory = (allocator or _POOL.malloc)(a._a.nbytes)
     if not isinstance(memory, _Memory):
         raise TypeError(f"the allocator gave {type(memory).__name__}, not a MemoryPointer")
     a._mem = memory
+    _HELD[id(owner)] = (weakref.ref(owner), weakref.ref(memory))
     capture.memory.append((weakref.ref(memory), f"{a.shape} {a.dtype} at {_caller()}"))
 
 

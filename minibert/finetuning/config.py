@@ -75,6 +75,7 @@ class FinetuningConfig(JobOptions):
     seed: int = 0                      # >= 0
     device: str | None = None          # "cpu" or "cuda"; None: $MINIBERT_DEVICE or cpu
     tf32: bool = False
+    cuda_graphs: bool = False          # steps replayed from CUDA graphs (minibert.graphs)
     dtype: str = "float32"             # float32, float16 or bfloat16 (mixed precision)
     fast_cpu: bool = True              # the CPU fast paths (minibert.fast.set_fast_paths)
     metric: str = "auto"               # the dev metric that picks the best model (METRICS)

@@ -46,6 +46,7 @@ import numpy as np
 
 from .. import distributed, viz
 from ..cli import fail, fast_paths_line, job_main, start_job
+from ..graphs import status_line, step_function
 from ..distillation.task import soft_targets
 from ..training import TrainingConfig, TrainingError, train
 from ..backend import get_device, resolve_dtype
@@ -60,7 +61,8 @@ from .config import DATA_ROOT, DEFAULT_INIT, FinetuningConfig
 from .tasks import FinetuningWorkload, make_task, task_for_model
 
 # Arguments a resumed run may change; every other one must match the checkpoint's run.
-RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
+RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu",
+               "cuda_graphs", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "max_nonfinite_steps",
                "eval_batch_size", "model", "predict", "plot_attention", "export_hf", "export_dtype",
                "test", "explain_dev", "report_to",
@@ -371,6 +373,7 @@ def run_finetuning(cfg: FinetuningConfig, given: set[str] | None = None,
                     resume_fixed=[k for k in cfg.to_dict() if k not in RESUME_FREE],
                     resume_defaults=RESUME_DEFAULTS, check=lambda _: load_init(cfg))
     print(fast_paths_line(cfg.fast_cpu, cfg.device))
+    print(status_line(cfg.cuda_graphs, cfg.device, job.comm.world_size))
     task, data, built, train_split, soft = _prepare(cfg, job, prog)
     model, comm, run = built.model, job.comm, job.run
     print(built.description)
@@ -389,7 +392,7 @@ def run_finetuning(cfg: FinetuningConfig, given: set[str] | None = None,
     try:
         state, _ = train(model, opt, workload, training_config(cfg, total, per_epoch), state,
                          metrics_path=run.metrics, checkpoint_path=run.checkpoint, comm=comm,
-                         device=job.device)
+                         device=job.device, make_step=step_function)
     except TrainingError as e:
         fail(prog, str(e))
     if not comm.is_leader:
@@ -483,4 +486,5 @@ def training_config(cfg: FinetuningConfig, total: int, per_epoch: int) -> Traini
                           seed=cfg.seed, log_every=cfg.log_every,
                           eval_every=cfg.eval_every or per_epoch, save_every=per_epoch,
                           max_nonfinite_steps=cfg.max_nonfinite_steps, progress=cfg.progress,
-                          desc="fine-tune", report_to=cfg.report_to)
+                          desc="fine-tune", report_to=cfg.report_to,
+                          cuda_graphs=cfg.cuda_graphs)

@@ -186,7 +186,7 @@ def parse_args(argv=None) -> tuple[PretrainingConfig, set[str]]:
     add_schedule_arguments(g)
     g.add_argument("--label-smoothing", type=float_in(0.0, 1.0, high_open=True), default=0.0,
                    help="MLM label smoothing")
-    add_options(g, seed=0, device=None, tf32=False, fast_cpu=True,
+    add_options(g, seed=0, device=None, tf32=False, fast_cpu=True, cuda_graphs=False,
                 dtype=dict(default="float32",
                            choices=["float32", "float64", "float16", "bfloat16"]))
     distributed.add_arguments(g)

@@ -119,6 +119,7 @@ class PretrainingConfig(JobOptions):
     seed: int = 0                       # weights, data order and dropout, >= 0
     device: str | None = None           # "cpu" or "cuda"; None: $MINIBERT_DEVICE or cpu
     tf32: bool = False                  # TF32 matmuls on the GPU
+    cuda_graphs: bool = False           # steps replayed from CUDA graphs (minibert.graphs)
     dtype: str = "float32"              # float32, float64, float16 or bfloat16 (mixed precision)
     fast_cpu: bool = True               # the CPU fast paths (minibert.fast.set_fast_paths)
     distributed: str = "auto"           # auto, none, mpi, nccl

@@ -34,6 +34,7 @@ from ..albert import AlbertConfig
 from ..atomic import WriteError, atomic_copy, atomic_write_bytes, atomic_write_json
 from ..checkpoint import check_same_config
 from ..cli import fail, fast_paths_line, flag, job_main, leader_first, start_job
+from ..graphs import status_line, step_function
 from ..distilbert import DistilBertConfig, distilbert_config_from_bert
 from ..hf import load_pretrained_weights
 from ..modeling import BertConfig, ModelConfig
@@ -67,7 +68,8 @@ ALBERT_OPTIONS = ("embedding_size", "num_hidden_groups", "inner_group_num")
 # Arguments a resumed run may change; every other one decides the data stream, the
 # schedule or the model, so --resume takes it from the checkpoint and refuses a new value.
 # --max-steps may grow where the schedule allows it (extension.check_extension).
-RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu", "distributed",
+RESUME_FREE = ("output_dir", "overwrite", "resume", "device", "tf32", "fast_cpu",
+               "cuda_graphs", "distributed",
                "cuda_aware_mpi", "progress", "log_every", "log_grad_norms", "eval_every",
                "eval_instances", "eval_samples", "eval_pairs", "eval_pairs_per_paradigm",
                "eval_blimp_per_paradigm",
@@ -804,6 +806,7 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
                     resume_defaults=RESUME_DEFAULTS,
                     check=lambda resumed: check_options(cfg, given, resumed))
     print(fast_paths_line(cfg.fast_cpu, cfg.device))
+    print(status_line(cfg.cuda_graphs, cfg.device, job.comm.world_size))
     if job.resumed is not None:
         job.resumed = extend_run(cfg, job.run, job.resumed, job.checked.stable,
                                  job.comm.is_leader)
@@ -822,7 +825,8 @@ def run_pretraining(cfg: PretrainingConfig, given: set[str] | None = None,
                                  metrics_path=job.run.metrics,
                                  checkpoint_path=job.run.checkpoint, comm=comm,
                                  device=job.device, ema=ema,
-                                 stable_checkpoint_path=job.run.stable_checkpoint)
+                                 stable_checkpoint_path=job.run.stable_checkpoint,
+                                 make_step=step_function)
     except (TrainingError, CorpusError) as e:
         fail(prog, str(e))
     if not comm.is_leader:
@@ -926,4 +930,5 @@ def training_config(cfg: PretrainingConfig, ramp_steps: int | None = None) -> Tr
                           save_every=cfg.save_every,
                           max_nonfinite_steps=cfg.max_nonfinite_steps,
                           log_grad_norms=cfg.log_grad_norms, progress=cfg.progress,
-                          desc="pretrain", report_to=cfg.report_to)
+                          desc="pretrain", report_to=cfg.report_to,
+                          cuda_graphs=cfg.cuda_graphs)
