@@ -146,6 +146,23 @@ class FixedBatchTask:
         return out.loss, {}
 
 
+class GraphedTask:
+    """The pretraining forward of a PretrainingBatch, its arrays moved to the model's device
+    (a no-op for the graph's static buffers, which are there already)."""
+
+    evaluate = None
+
+    def __init__(self, sentence_label: str):
+        self.sentence_label = sentence_label
+
+    def forward(self, model, batch):
+        from minibert.backend import get_array_module
+        xp = get_array_module(model.parameters()[0].data)
+        inputs = {k: xp.asarray(v) for k, v in batch.model_inputs().items()}
+        inputs[self.sentence_label] = inputs.pop("next_sentence_label")
+        return model(**inputs).loss, {}
+
+
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 DTYPES = {"fp32": lambda: np.dtype(np.float32), "tf32": lambda: np.dtype(np.float32),
           "fp16": lambda: np.dtype(np.float16),
@@ -154,12 +171,15 @@ DTYPES = {"fp32": lambda: np.dtype(np.float32), "tf32": lambda: np.dtype(np.floa
 """Each precision's parameter dtype in minibert (bf16 needs ml_dtypes: resolved on use)."""
 
 
-def minibert_step_fn(config, batch, device, precision="fp32"):
+def minibert_step_fn(config, batch, device, precision="fp32", graphed=False):
     """minibert's step: ``--tf32`` sets TF32 matmuls (GPU), fp16 is ``--dtype float16``
     (float16 compute, float32 master weights in AdamW, dynamic loss scaling), bf16 is
     ``--dtype bfloat16`` (the same without loss scaling). The model is
     the pretraining class of the config's family (an ALBERT config gives
-    AlbertForPreTraining, its sentence label under its own keyword); ``step.model`` is it."""
+    AlbertForPreTraining, its sentence label under its own keyword); ``step.model`` is it.
+    ``graphed``: the step replayed from a CUDA graph (``--cuda-graphs``,
+    :class:`minibert.graphs.GraphedStep`; the batch copied into its buffers each step, as
+    the job does)."""
     from minibert import backend, fast
     from minibert.auto import model_class
     from minibert.modeling import BertForPreTraining
@@ -178,9 +198,23 @@ def minibert_step_fn(config, batch, device, precision="fp32"):
     task = FixedBatchTask(inputs)
     cfg = TrainingConfig(max_steps=1, lr=1e-4, max_grad_norm=1.0)
     count = [0]
+    run = (lambda micro, s, lr: train_step(model, opt, task, micro, s, lr, cfg, device=device))
+    micro = [None]
+    if graphed:
+        from minibert.distributed import Communicator
+        from minibert.graphs import GraphedStep
+        from minibert.pretraining import PretrainingBatch
+        host = {k: np.asarray(v) for k, v in batch.items()}
+        micro = [PretrainingBatch(host["input_ids"], host["token_type_ids"],
+                                  host["attention_mask"], host["masked_lm_positions"],
+                                  host["masked_lm_ids"],
+                                  host["masked_lm_weights"].astype(np.float32),
+                                  host["next_sentence_label"])]
+        task = GraphedTask(model.sentence_label)
+        run = GraphedStep(model, opt, task, cfg, Communicator(), backend.DropoutRNG(device))
 
     def step():
-        loss, *_ = train_step(model, opt, task, [None], count[0], 1e-4, cfg, device=device)
+        loss, *_ = run(micro, count[0], 1e-4)
         count[0] += 1
         return float(loss)  # a host sync, as a training loop that logs the loss has
     step.model = model
@@ -256,7 +290,9 @@ def torch_step_fn(config, batch, device, equal_work=False, precision="fp32",
     return step
 
 
-SYSTEMS = ("minibert", "torch_equal_work", "transformers", "torch_graphed")
+SYSTEMS = ("minibert", "torch_equal_work", "transformers", "torch_graphed",
+           "minibert_graphed")
+GPU_ONLY = ("torch_graphed", "minibert_graphed")          # CUDA graphs
 
 
 # what an AVX2 CPU without AVX-512 runs, for every library of the benchmark
@@ -319,7 +355,7 @@ def time_steps(system: str, preset: str, args) -> dict[str, list[float]]:
     hf_batch, batch = make_batch(np.random.default_rng(0), args.batch_size, args.seq_len,
                                  args.vocab_size)
     sync = lambda: None  # noqa: E731
-    if args.device == "cuda" and system == "minibert":
+    if args.device == "cuda" and system.startswith("minibert"):
         import cupy                 # minibert's process never imports torch's CUDA runtime
         sync = cupy.cuda.get_current_stream().synchronize
     elif args.device == "cuda":
@@ -327,8 +363,9 @@ def time_steps(system: str, preset: str, args) -> dict[str, list[float]]:
         sync = torch.cuda.synchronize
     found = {}
     for precision in args.precision:
-        if system == "minibert":
-            fn = minibert_step_fn(config, batch, args.device, precision)
+        if system.startswith("minibert"):
+            fn = minibert_step_fn(config, batch, args.device, precision,
+                                  graphed=system == "minibert_graphed")
         else:
             fn = torch_step_fn(config, hf_batch, args.device, system == "torch_equal_work",
                                precision, graphed=system == "torch_graphed")
@@ -381,8 +418,9 @@ def main(argv=None):
                         "only). Each process times them in turn")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=None,
                    help="minibert and the peers to time (default: minibert, torch_equal_work "
-                        "and transformers, and torch_graphed with --device cuda: PyTorch's "
-                        "equal work with its forward and backward as CUDA graphs)")
+                        "and transformers, and with --device cuda torch_graphed (PyTorch's "
+                        "equal work with its forward and backward as CUDA graphs) and "
+                        "minibert_graphed (minibert's --cuda-graphs step))")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--isa", choices=["native", "avx2"], default="native",
                    help="avx2: hold NumPy, OpenBLAS and PyTorch to AVX2 kernels, as on a CPU "
@@ -397,11 +435,12 @@ def main(argv=None):
         p.error("--precision tf32 and bf16 are GPU settings (TF32 tensor cores; minibert's "
                 "--dtype bfloat16): use --device cuda")
     systems = args.systems or [s for s in SYSTEMS
-                               if s != "torch_graphed" or args.device == "cuda"]
+                               if s not in GPU_ONLY or args.device == "cuda"]
     if "minibert" not in systems:
         p.error("--systems: minibert is what the peers are compared with; name it too")
-    if "torch_graphed" in systems and args.device != "cuda":
-        p.error("--systems torch_graphed replays CUDA graphs: use --device cuda")
+    for system in set(GPU_ONLY) & set(systems):
+        if args.device != "cuda":
+            p.error(f"--systems {system} replays CUDA graphs: use --device cuda")
     if args.isa == "avx2" and args.device != "cpu":
         p.error("--isa avx2 holds the CPU's kernels: use it with --device cpu")
     if args.isa == "avx2" and not args.one and os.environ.get("MINIBERT_BENCH_ISA") != "avx2":

@@ -142,7 +142,8 @@ def _self_check(cupy) -> None:
     matmul (cuBLAS gemm, as the Linear layers' 2-D ``x @ W`` uses, and gemmBatched), erf from
     cupyx.scipy.special (a ufunc compiled by NVRTC), ``cupy.random.default_rng(0).random``
     (cuRAND's device API built into CuPy) and a Philox4x32-10
-    ``cupy.random.RandomState`` (the cuRAND host library: :class:`DropoutRNG`). Without the
+    ``cupy.random.RandomState`` (the cuRAND host library, which :class:`DropoutRNG` drew from
+    before its counter-based kernel; no training path uses cuRAND now). Without the
     CUDA toolkit wheels each of these fails only at its first use, deep in a training step.
 
     Raises:

@@ -391,7 +391,8 @@ def gelu_backward(dout, cache):
 
 
 def dropout_forward(x, p: float, rng):
-    """Inverted dropout: one cuRAND draw of float32 uniforms ``u`` and one kernel,
+    """Inverted dropout: one draw of float32 uniforms ``u`` (the counter-based generator of
+    :class:`minibert.backend.DropoutRNG`, one kernel) and one kernel,
     ``keep = u >= p``, ``out = x keep / (1 - p)`` (the formula of
     :func:`minibert.nn.dropout.dropout_forward` with the mask of
     :func:`minibert.backend.keep_mask` for a device generator).

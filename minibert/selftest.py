@@ -9,7 +9,8 @@ GPU), prints one table row per step (PASS / FAIL / SKIP, seconds, what it found)
   the start-up check of ``set_device("cuda")`` with a cold kernel cache, then warm; the TF32
   check of docs/gpu.md (a product of 1.0001s is exactly 256 with TF32 on the three matmul
   paths, about 256.0256 without);
-- tests: ``pytest -q -rs tests/test_gpu.py tests/test_backend.py tests/test_gpu_kernels.py``
+- tests: ``pytest -q -rs tests/test_gpu.py tests/test_backend.py tests/test_gpu_kernels.py
+  tests/test_graphs.py``
   against the real CuPy; a skip whose reason is not one of :data:`EXPECTED_SKIPS` fails;
 - parity: one step of mini on the CPU and the GPU with dropout off (loss and gradient
   norm), and 50 steps float16, then bfloat16, against float32 on the GPU;
@@ -173,7 +174,8 @@ def _env_steps(check: list[str], py: list[str], cache: str) -> list[Step]:
         Step("env/tf32", check + ["tf32"], 15, _expect_ok),
         Step("tests/pytest", py + ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                                    "tests/test_gpu.py", "tests/test_backend.py",
-                                   "tests/test_gpu_kernels.py"], 70, unexpected_skips),
+                                   "tests/test_gpu_kernels.py", "tests/test_graphs.py"], 80,
+             unexpected_skips),
         Step("parity/one-step-cpu-gpu", check + ["parity-one-step"], 15, _expect_ok),
         Step("parity/float16-vs-float32-50-steps", check + ["parity-half", "float16"], 15,
              _expect_ok),
@@ -227,11 +229,12 @@ def _nccl_and_speed_steps(w: Path, py: list[str], train, device: str,
     ]
     steps.append(Step("speed/launches", py + ["-m", "minibert.selftest", "--check",
                                               "launches"], 30, _expect_ok))
-    for preset, limit in (("mini", 100), ("small", 110)):
+    for preset, limit in (("mini", 100), ("small", 100)):
         steps.append(Step(f"speed/{preset}-vs-torch", py + [
             "bench/bench_train_step.py", "--presets", preset, "--device", device,
             "--precision", *SPEED_PRECISIONS, "--systems", "minibert", "torch_equal_work",
-            "torch_graphed", "--steps", "10", "--warmup", "3", "--rounds", "1"],
+            "torch_graphed", "minibert_graphed", "--steps", "10", "--warmup", "3",
+            "--rounds", "1"],
             limit, half_not_slower))
     return steps
 

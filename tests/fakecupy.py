@@ -45,6 +45,16 @@ What it models
   recorded with its data and compute types (``record().products``).
 - bfloat16 (``ml_dtypes``): operations whose array operands are all bfloat16 give
   bfloat16, as CuPy's bfloat16 loops do (NumPy with ml_dtypes widens some to float32).
+- CUDA graphs (``cupy.cuda.Stream.begin_capture`` / ``end_capture``, ``Graph.launch``,
+  ``cupy.cuda.using_allocator``, ``cupy.get_default_memory_pool().malloc``): while a
+  stream captures, a cuBLAS call through CuPy, a host read or sync, a host-to-device copy,
+  cuRAND and a launch on another stream raise; every launch records a replay that runs it
+  again on the same host arrays; the capture leaves every existing buffer as it was (a GPU
+  runs nothing while it records); a buffer allocated during the capture whose memory went
+  back to the pool (no array and no allocator holds it) makes the graph refuse to launch.
+  nvmath-python's cuBLAS bindings (``nvmath.bindings.cublas``: ``create``, ``set_stream``,
+  ``set_workspace``, ``gemm_ex``, ``gemm_strided_batched_ex``) run on the stream set on
+  their handle, captured only there.
 - ``cupyx.scatter_add`` (``numpy.add.at``), ``cupyx.scipy.special.erf`` (SciPy's),
   ``cupy.random.RandomState`` (``seed``, ``random_sample``) and ``default_rng``
   (``random``), ``cupy.linalg.norm``, and the ``cupy.cuda`` queries of minibert's
@@ -59,7 +69,9 @@ adds in NumPy's order, not in the GPU's), no NVRTC (a body the interpreter accep
 still not compile, and nothing runs on a GPU's float unit: no FMA contraction, no CUDA
 rounding of ``sqrt`` / ``exp`` / ``erf``), no cuBLAS (matrix products are NumPy's: no TF32,
 no ``set_compute_type``, no math modes), no cuRAND (the draws are NumPy's Philox4x64 /
-PCG64, not cuRAND's Philox4x32-10 or XORWOW streams), no NCCL, one device only.
+PCG64, not cuRAND's Philox4x32-10 or XORWOW streams), no NCCL, one device only; of CUDA
+graphs, no graph memory pools, no kernel-node parameters (a replay reruns Python closures
+over the recorded arrays), and a pool that never reuses memory on its own.
 """
 from __future__ import annotations
 

@@ -124,8 +124,9 @@ def test_bench_train_step_times_minibert_on_the_gpu_through_cupy_alone(cuda, mon
     for precision in precisions:
         args = SimpleNamespace(vocab_size=1100, batch_size=2, seq_len=16, device="cuda",
                                precision=[precision], warmup=1, steps=2)
-        (times,) = bench.time_steps("minibert", "tiny", args).values()
-        assert len(times) == 2 and all(t > 0 for t in times)
+        for system in ("minibert", "minibert_graphed"):
+            (times,) = bench.time_steps(system, "tiny", args).values()
+            assert len(times) == 2 and all(t > 0 for t in times)
         # the MFU's ceiling, through CuPy alone too
         assert bench.cuda_gemm_peak(precision, n=64, repeats=2) > 0
 
