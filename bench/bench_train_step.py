@@ -221,40 +221,27 @@ def minibert_step_fn(config, batch, device, precision="fp32", graphed=False):
     return step
 
 
-def torch_step_fn(config, batch, device, equal_work=False, precision="fp32",
-                  graphed=False):
-    """PyTorch eager: tf32 allows TF32 matmuls, fp16 is automatic mixed precision
-    (``torch.autocast`` float16 around the forward, ``GradScaler``), bf16 the same to
-    bfloat16 without the scaler, as its users run it.
-
-    ``graphed`` (GPU, equal work only): the forward and backward replayed as CUDA graphs by
-    ``torch.cuda.make_graphed_callables`` (PyTorch's "CUDA Graphs" notes: autocast inside
-    with ``cache_enabled=False``; dropout draws from the graph-safe Philox generator); the
-    masked rows are found once, outside the graph, as the batch is fixed. Clipping, the
-    GradScaler and AdamW stay eager."""
-    import contextlib
-    import torch
+def hf_model(config, dev: str):
+    """transformers' BertForPreTraining of minibert's ``config`` on ``dev``, in training
+    mode."""
     import transformers
     fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
               "intermediate_size", "hidden_act", "hidden_dropout_prob",
               "attention_probs_dropout_prob", "max_position_embeddings")
     hf_config = transformers.BertConfig(**{k: getattr(config, k) for k in fields})
-    dev = "cuda" if device == "cuda" else "cpu"
-    model = transformers.BertForPreTraining(hf_config).to(dev).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.01)
-    inputs = {k: torch.from_numpy(v).to(dev) for k, v in batch.items()}
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = \
-        precision == "tf32"
-    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
-    autocast = (lambda: torch.autocast(dev, dtype=half, cache_enabled=not graphed)) \
-        if half is not None else contextlib.nullcontext
+    return transformers.BertForPreTraining(hf_config).to(dev).train()
+
+
+def equal_work_module(model, inputs, autocast):
+    """minibert's work as a torch module of (input_ids, attention_mask, token_type_ids)
+    -> loss: the MLM head only on the masked rows of ``inputs["labels"]`` (found once:
+    the batch is fixed; google-research/bert's gather_indexes), the NSP head on the pooled
+    [CLS], the forward inside ``autocast()``."""
+    import torch
     labels = inputs["labels"]
     rows = (labels != -100).nonzero(as_tuple=True)
 
     class EqualWork(torch.nn.Module):
-        # minibert's work: the MLM head only on the masked rows (google-research/bert's
-        # gather_indexes), the NSP head on the pooled [CLS]
         def __init__(self):
             super().__init__()
             self.model = model
@@ -268,9 +255,34 @@ def torch_step_fn(config, batch, device, equal_work=False, precision="fp32",
                 f = torch.nn.functional
                 return f.cross_entropy(logits, labels[rows]) + f.cross_entropy(
                     nsp, inputs["next_sentence_label"])
+    return EqualWork()
 
+
+def torch_step_fn(config, batch, device, equal_work=False, precision="fp32",
+                  graphed=False):
+    """PyTorch eager: tf32 allows TF32 matmuls, fp16 is automatic mixed precision
+    (``torch.autocast`` float16 around the forward, ``GradScaler``), bf16 the same to
+    bfloat16 without the scaler, as its users run it.
+
+    ``graphed`` (GPU, equal work only): the forward and backward replayed as CUDA graphs by
+    ``torch.cuda.make_graphed_callables`` (PyTorch's "CUDA Graphs" notes: autocast inside
+    with ``cache_enabled=False``; dropout draws from the graph-safe Philox generator); the
+    masked rows are found once, outside the graph, as the batch is fixed. Clipping, the
+    GradScaler and AdamW stay eager."""
+    import contextlib
+    import torch
+    dev = "cuda" if device == "cuda" else "cpu"
+    model = hf_model(config, dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, weight_decay=0.01)
+    inputs = {k: torch.from_numpy(v).to(dev) for k, v in batch.items()}
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = \
+        precision == "tf32"
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
+    autocast = (lambda: torch.autocast(dev, dtype=half, cache_enabled=not graphed)) \
+        if half is not None else contextlib.nullcontext
     args = (inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-    equal = EqualWork()
+    equal = equal_work_module(model, inputs, autocast)
     if graphed:
         equal = torch.cuda.make_graphed_callables(equal, args)
 
