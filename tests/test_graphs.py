@@ -182,3 +182,27 @@ def test_train_mlm_with_cuda_graphs_resumes_exactly(cuda, corpus, tmp_path, monk
         assert losses[0] == losses[1]
     else:
         np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+
+
+def test_finetune_with_cuda_graphs_gives_the_uncaptured_losses(cuda, tiny_pretrained,
+                                                              classify_task, tmp_path, capsys):
+    """finetune.py --device cuda --cuda-graphs captures its step (the task's token counts
+    are device values of the static batch, not host reads) and logs the losses of
+    --no-cuda-graphs."""
+    import finetune
+    from helpers import records
+    losses = []
+    for flag in ("--cuda-graphs", "--no-cuda-graphs"):
+        out = tmp_path / flag.lstrip("-")
+        assert finetune.main(["--init", str(tiny_pretrained), "--data", str(classify_task),
+                              "--output-dir", str(out), "--max-seq-length", "16",
+                              "--batch-size", "8", "--max-steps", "6", "--log-every", "1",
+                              "--device", "cuda", "--no-progress", flag]) == 0
+        losses.append([r["loss"] for r in records(out, "train")])
+    printed = capsys.readouterr().out
+    assert "cuda graphs: on" in printed and "capture failed" not in printed
+    assert len(losses[0]) == 6
+    if cuda.stand_in:
+        assert losses[0] == losses[1]
+    else:
+        np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)

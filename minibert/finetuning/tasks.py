@@ -186,8 +186,10 @@ class TaskBase:
 
     @staticmethod
     def _token_counts(batch) -> dict:
-        mask = batch.attention_mask                    # host (B, T): no device read
-        return {"real_tokens": int(mask.sum()), "padded_tokens": int(mask.size)}
+        # the mask is the host batch's (B, T), or the static device buffer of a step
+        # captured as a CUDA graph, whose count is then a device value: no host read
+        mask = batch.attention_mask
+        return {"real_tokens": mask.sum(), "padded_tokens": int(mask.size)}
 
 
 # --------------------------------------------------------------------------------------
