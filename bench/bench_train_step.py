@@ -12,9 +12,10 @@ transformers' BertForPreTraining on the same config and the same batch, in one r
 
 Peers: PyTorch doing minibert's work (transformers' modules, the MLM head only on the
 masked rows), the same with its forward and backward replayed as CUDA graphs
-(``torch.cuda.make_graphed_callables``, GPU only), and transformers' BertForPreTraining as
-users run it (the head on every position). All train with dropout on, batch 32 x 128 tokens, 15% of tokens masked (at
-most 20 per sequence, as BERT's data), vocab 30522, at one --precision: float32, TF32
+(``torch.cuda.make_graphed_callables``, GPU only), transformers' BertForPreTraining as
+users run it (the head on every position), and minibert's own ``--cuda-graphs`` step
+(``minibert_graphed``, GPU only). All train with dropout on, batch 32 x 128 tokens, 15% of
+tokens masked (at most 20 per sequence, as BERT's data), vocab 30522, at one --precision: float32, TF32
 matmuls (GPU), float16 mixed precision (minibert's ``--dtype float16`` against PyTorch's
 autocast with a GradScaler), or bfloat16 (GPU: ``--dtype bfloat16`` against autocast to
 bfloat16, neither with loss scaling).
@@ -31,8 +32,9 @@ process's malloc settings, which would otherwise speed up the peers in the same 
 see ``minibert.fast_cpu.keep_freed_memory``). The
 processes take turns: --rounds rounds of minibert, then each peer of --systems, so
 drifts in the machine's speed reach all of them. Each process times --steps steps after
---warmup untimed ones at each --precision in turn (a fresh model for each). Reported: the median seconds per step over every round's steps,
-tokens/s (B*T / step time) and the ratio minibert / peer.
+--warmup untimed ones at each --precision in turn (a fresh model for each). Reported: the
+median seconds per step over every round's steps, tokens/s (B*T / step time), the ratio
+minibert / peer, and the speed table (:func:`speed_table`).
 
 MFU: the model FLOPs of a step (:func:`step_flops`: forward + backward = 3x the forward's
 matmul FLOPs, the MLM head on the masked rows only) per second, over the GEMM peak of this
