@@ -15,10 +15,10 @@ masked rows), the same with its forward and backward replayed as CUDA graphs
 (``torch.cuda.make_graphed_callables``, GPU only), transformers' BertForPreTraining as
 users run it (the head on every position), and minibert's own ``--cuda-graphs`` step
 (``minibert_graphed``, GPU only). All train with dropout on, batch 32 x 128 tokens, 15% of
-tokens masked (at most 20 per sequence, as BERT's data), vocab 30522, at one --precision: float32, TF32
-matmuls (GPU), float16 mixed precision (minibert's ``--dtype float16`` against PyTorch's
-autocast with a GradScaler), or bfloat16 (GPU: ``--dtype bfloat16`` against autocast to
-bfloat16, neither with loss scaling).
+tokens masked (at most 20 per sequence, as BERT's data), vocab 30522, at one --precision:
+float32, TF32 matmuls (GPU), float16 mixed precision (minibert's ``--dtype float16``
+against PyTorch's autocast with a GradScaler), or bfloat16 (GPU: ``--dtype bfloat16``
+against autocast to bfloat16, neither with loss scaling).
 
 ``--isa avx2`` holds every process to what a CPU without AVX-512 runs, on a machine that
 has it: OpenBLAS's Haswell kernel (``OPENBLAS_CORETYPE``), NumPy's AVX2 loops (its
