@@ -996,7 +996,7 @@ def _matmul(a, b, out=None, **kwargs):
 _CUDA_TYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float64), 2: np.dtype(np.float16),
                14: "bfloat16"}
 _COMPUTE_TYPES = {68: "float32", 77: "tf32", 70: "float64"}     # CUBLAS_COMPUTE_*
-_registered: dict = {}          # host address -> weakref of the array whose .data was asked
+_registered: dict = {}          # host address -> weakrefs of the arrays whose .data was asked there
 
 
 def _register(a: np.ndarray) -> int:
@@ -1004,7 +1004,8 @@ def _register(a: np.ndarray) -> int:
     cuBLAS call given that pointer finds the array (and its extent) again."""
     import weakref
     ptr = a.__array_interface__["data"][0]
-    _registered[ptr] = weakref.ref(a)
+    refs = [r for r in _registered.get(ptr, []) if r() is not None and r() is not a]
+    _registered[ptr] = refs + [weakref.ref(a)]     # a view may start where its base does
     return ptr
 
 
@@ -1022,8 +1023,13 @@ def _matrices(what, ptr, cuda_type, rows, cols, ld, stride, batch):
     (b, i, j) at ``ptr + (b stride + i + j ld) itemsize``. Raises AssertionError (where
     cuBLAS would read or write past the array, or misread it) for an unknown pointer, a
     dtype other than ``cuda_type``, ``ld < rows`` or an extent past the array."""
-    ref = _registered.get(ptr)
-    arr = ref() if ref is not None else None
+    def span(x):
+        return sum((n - 1) * st for n, st in zip(x.shape, x.strides)) + x.itemsize \
+            if x.size else 0
+    # of the live arrays whose .data.ptr this is (a base and a view of it may share one),
+    # the widest: cuBLAS reads memory, not arrays
+    live = [r() for r in _registered.get(ptr, []) if r() is not None]
+    arr = max(live, key=span) if live else None
     if arr is None:
         raise AssertionError(f"{what}: pointer {ptr:#x} is no live array's .data.ptr")
     kind = _CUDA_TYPES.get(cuda_type)
@@ -1036,7 +1042,7 @@ def _matrices(what, ptr, cuda_type, rows, cols, ld, stride, batch):
     isz = arr.itemsize
     if any(st < 0 for st in arr.strides):
         raise AssertionError(f"{what}: an array with negative strides")
-    span = sum((n - 1) * st for n, st in zip(arr.shape, arr.strides)) + isz if arr.size else 0
+    span = span(arr)
     extent = ((batch - 1) * stride + (rows - 1) + (cols - 1) * ld + 1) * isz
     if extent > span:
         raise AssertionError(f"{what}: cuBLAS would reach {extent} bytes from the pointer; "
