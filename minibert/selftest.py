@@ -20,7 +20,7 @@ GPU), prints one table row per step (PASS / FAIL / SKIP, seconds, what it found)
 - nccl: ``mpirun -np 1 train_mlm.py --device cuda --distributed nccl`` (and ``-np N``
   with N GPUs);
 - speed: the kernel launches of one mini step in float32 and float16, counted on the GPU
-  (CUPTI, through PyTorch's profiler) against :data:`LAUNCH_PINS`, the counts the stand-in
+  (CUPTI, through PyTorch's profiler, in bench/count_launches.py) against :data:`LAUNCH_PINS`, the counts the stand-in
   pins; then ``bench/bench_train_step.py --device cuda`` for mini and small at fp32, TF32,
   float16 and bfloat16 against PyTorch eager and PyTorch with CUDA graphs, the speed table
   printed; it fails when a half-precision step is slower than the float32 one.
@@ -227,8 +227,7 @@ def _nccl_and_speed_steps(w: Path, py: list[str], train, device: str,
              skip=None if gpus > 1 else f"{gpus} GPU: the -np N run needs two",
              env=OPEN_MPI_AS_ROOT),
     ]
-    steps.append(Step("speed/launches", py + ["-m", "minibert.selftest", "--check",
-                                              "launches"], 30, _expect_ok))
+    steps.append(Step("speed/launches", py + ["bench/count_launches.py"], 30, _expect_ok))
     for preset, limit in (("mini", 100), ("small", 100)):
         steps.append(Step(f"speed/{preset}-vs-torch", py + [
             "bench/bench_train_step.py", "--presets", preset, "--device", device,
@@ -558,7 +557,7 @@ def _check_prepare(workdir: str) -> int:
 LAUNCH_PINS = {"float32": 380, "float16": 466}
 """The kernel launches of one mini training step (:func:`mini_train_step`, fast paths on)
 that tests/test_gpu_kernels.py pins on the stand-in (tests/fakecupy.py: one per CuPy call
-that launches, one per cuBLAS product) and ``--check launches`` holds a GPU to."""
+that launches, one per cuBLAS product) and bench/count_launches.py holds a GPU to."""
 
 
 def mini_train_step(dtype="float32", micro_batches: int = 1, graphed: bool = False):
@@ -618,43 +617,10 @@ def mini_train_step(dtype="float32", micro_batches: int = 1, graphed: bool = Fal
     return step
 
 
-def _check_launches() -> int:
-    """The GPU work items (kernels, memsets, device-to-device copies: what a host call
-    enqueues, host-to-device uploads of the batch left out) of the second mini step in
-    float32 and float16, recorded by CUPTI through ``torch.profiler``; fails when one
-    exceeds its :data:`LAUNCH_PINS` (the note lists the most frequent kernels)."""
-    import collections
-    from . import backend
-    from .fast import set_fast_paths
-    backend.set_device("cuda")
-    set_fast_paths(True)
-    import cupy
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    found, top = {}, {}
-    for dtype in LAUNCH_PINS:
-        step = mini_train_step(dtype)
-        step()
-        cupy.cuda.Device().synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            cupy.cuda.Device().synchronize()
-        names = [e.name for e in prof.events()
-                 if e.device_type == torch.autograd.DeviceType.CUDA
-                 and not e.name.startswith(("Memcpy HtoD", "Memcpy DtoH"))]
-        found[dtype] = len(names)
-        top[dtype] = collections.Counter(n[:60] for n in names).most_common(8)
-    over = [f"{d} {n} > {LAUNCH_PINS[d]}" for d, n in found.items() if n > LAUNCH_PINS[d]]
-    return _result(not over, launches=found, pins=LAUNCH_PINS, most_frequent=top,
-                   why=f"more launches than the stand-in pins: {', '.join(over)}" if over
-                   else None)
-
-
 CHECKS = {"prepare": _check_prepare, "interrupted-run": _check_interrupted_run,
           "device-summary": _check_device_summary, "start-up": _check_start_up,
           "tf32": _check_tf32, "parity-one-step": _check_parity_one_step,
-          "parity-half": _check_parity_half, "same-run": _check_same_run,
-          "launches": _check_launches}
+          "parity-half": _check_parity_half, "same-run": _check_same_run}
 """The Python checks a step runs as ``python -m minibert.selftest --check NAME [ARGS]``."""
 
 

@@ -340,7 +340,7 @@ LAUNCHES_FAST_FLOAT16 = LAUNCH_PINS["float16"] - (
 # the backward's upstream gradient, ``scale * weight / k`` of a float32 0-d scale and Python
 # floats, is float64 by value-based casting, so the cross-entropy backward's cast of it to
 # float64 (twice a step) is not needed; CuPy 14 needs NumPy 2, so a GPU sees the pin.
-# The pins live in minibert/selftest.py, whose ``--check launches`` holds a GPU to them.
+# The pins live in minibert/selftest.py; bench/count_launches.py holds a GPU to them.
 
 
 def mini_step(micro_batches: int, fast: bool, cuda, dtype=np.float32):

@@ -36,7 +36,7 @@ def test_the_dry_run_prints_every_step_with_its_command_and_limit(tmp_path):
                   "predict fill-mask", "minibert score", "mpirun -np 1", "--distributed nccl",
                   "bench/bench_train_step.py", "--presets mini", "--presets small",
                   "--device cuda", "--precision fp32 tf32 fp16 bf16", "torch_graphed",
-                  "--check launches"):
+                  "bench/count_launches.py"):
         assert piece in text, piece
     assert not (tmp_path / "w").exists()                   # a dry run writes nothing
 
